@@ -1,0 +1,30 @@
+# Two commands for a new user:
+#   make demo   set up .venv and run the embedded default study (mqar_tiny), printing its Pareto front
+#   make test   set up .venv and run the test suite (CPU; GPU tests skip without a GPU)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch first, pinned to the CPU build that pip finds locally: an unpinned torch (or DeepSpeed
+# installed before torch) pulls a multi-GB CUDA build. GPU users install their own torch first
+# and run `pip install -e .` (pyproject's torch requirement is a range).
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup demo test clean
+
+$(BIN)/archsearch: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	@touch $@
+
+setup: $(BIN)/archsearch
+
+demo: setup
+	$(BIN)/archsearch launch mqar_tiny
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) studies runs
