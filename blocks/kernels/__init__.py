@@ -6,7 +6,9 @@ without a kernel yet). The ops call it first on CUDA inputs and fall back to the
 """
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+import threading
+from typing import Callable, Iterator
 
 _KERNELS: dict[tuple[str, str], Callable] = {}
 
@@ -28,6 +30,29 @@ def get_kernel(family: str, form: str) -> Callable | None:
 
 
 _loaded = False
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def inplace_decode_state() -> Iterator[None]:
+    """Inside this context the ``step`` kernels write the new recurrent state into the float32
+    ``state`` tensor they were given (and return that tensor) instead of a fresh one.
+
+    ``archsearch.decode_graph`` captures the decode step this way: the state buffers stay at fixed
+    addresses, so replaying the graph needs no copy of the states (a copy would double the state
+    traffic, which is a third of a decode step's bytes). Outside the context the ops stay functional.
+    """
+    prev = getattr(_local, "inplace", False)
+    _local.inplace = True
+    try:
+        yield
+    finally:
+        _local.inplace = prev
+
+
+def inplace_enabled() -> bool:
+    """True inside ``inplace_decode_state()`` (on this thread)."""
+    return getattr(_local, "inplace", False)
 
 
 def _load() -> None:
@@ -42,4 +67,5 @@ def _load() -> None:
         return
     if not torch.cuda.is_available():
         return
-    # Importing the kernel modules registers them (added as kernels are written).
+    # Importing the kernel modules registers them.
+    from . import scalar_decay, step  # noqa: F401
