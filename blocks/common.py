@@ -1,0 +1,102 @@
+"""Pieces shared by the block families: short causal conv with a decode cache, output gate and
+norm, Mamba-2 decay parameters, rotary embeddings.
+
+Shapes: ``B`` batch, ``T`` time, ``H`` heads, ``D``/``K``/``V`` head dims, ``C`` channels.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise convolution over time followed by SiLU (as in Mamba and fla's layers).
+
+    ``forward(x: [B, T, C], cache: [B, W-1, C] | None) -> (y: [B, T, C], cache: [B, W-1, C])``.
+    The cache holds the last ``W-1`` inputs (zeros before the sequence starts), in ``x``'s dtype,
+    so a sequence split anywhere gives the same output as one pass. Its size does not depend on
+    the context length: ``B * (W-1) * C * dtype_bytes``.
+    """
+
+    def __init__(self, channels: int, size: int) -> None:
+        super().__init__()
+        self.channels, self.size = channels, size
+        self.weight = nn.Parameter(torch.empty(channels, 1, size))
+        # Same init as nn.Conv1d (kaiming uniform with fan_in = size for a depthwise conv).
+        bound = 1.0 / math.sqrt(size)
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T, C = x.shape
+        if cache is None:
+            cache = x.new_zeros(B, self.size - 1, C)
+        xp = torch.cat([cache.to(x.dtype), x], dim=1)  # [B, W-1+T, C]
+        y = F.conv1d(xp.transpose(1, 2), self.weight.to(x.dtype), groups=C).transpose(1, 2)  # [B, T, C]
+        # clone: a slice would keep the whole [B, W-1+T, C] buffer alive inside the decode state.
+        new_cache = xp[:, xp.shape[1] - (self.size - 1):].clone()
+        return F.silu(y), new_cache
+
+    def cache_bytes(self, batch: int, dtype: torch.dtype) -> int:
+        return batch * (self.size - 1) * self.channels * dtype_bytes(dtype)
+
+
+class HeadNorm(nn.Module):
+    """RMSNorm over the last dim of ``[B, T, H, V]`` (weight ``[V]`` shared by the heads), in float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(dim, eps=eps)
+
+    def forward(self, o: torch.Tensor) -> torch.Tensor:
+        return self.norm(o.float()).to(o.dtype)
+
+
+class OutputGate(nn.Module):
+    """``y = o * act(W x)``: ``x: [B, T, d_model]``, ``o: [B, T, H*V]``. ``act`` is SiLU (GLA,
+    RetNet, Gated DeltaNet) or sigmoid (gated softmax attention, Qwen3-Next)."""
+
+    def __init__(self, d_model: int, width: int, act: str = "silu") -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, width, bias=False)
+        self.act = F.silu if act == "silu" else torch.sigmoid
+
+    def forward(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        return o * self.act(self.proj(x))
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    """``x`` with ``softplus(x) == y`` (for ``y > 0``), used to initialise ``dt_bias``."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+def mamba2_decay_params(num_heads: int) -> tuple[nn.Parameter, nn.Parameter]:
+    """``A_log [H]`` and ``dt_bias [H]`` initialised as in Mamba-2 / Gated DeltaNet:
+    ``A ~ U(1, 16)``, ``dt ~ logU(1e-3, 1e-1)`` so ``g = -A * softplus(dt_proj(x) + dt_bias)``
+    starts with decays between ``exp(-16 * 0.1)`` and ``exp(-1e-3)``."""
+    A = torch.empty(num_heads).uniform_(1.0, 16.0)
+    dt = torch.exp(torch.empty(num_heads).uniform_(math.log(1e-3), math.log(1e-1))).clamp_min(1e-4)
+    return nn.Parameter(torch.log(A)), nn.Parameter(inverse_softplus(dt))
+
+
+def rotary(x: torch.Tensor, start: torch.Tensor | int, theta: float) -> torch.Tensor:
+    """Rotary position embedding (half-split layout, as in GPT-NeoX/Llama) of ``x: [B, T, H, D]``
+    at absolute positions ``start + [0, T)``; ``start`` is an int or a 0-d tensor. D must be even.
+    Computed in float32, returned in ``x``'s dtype."""
+    B, T, H, D = x.shape
+    half = D // 2
+    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)  # [D/2]
+    pos = torch.arange(T, device=x.device, dtype=torch.float32) + (
+        start.to(device=x.device, dtype=torch.float32) if torch.is_tensor(start) else float(start)
+    )
+    ang = pos[:, None] * inv_freq[None, :]  # [T, D/2]
+    cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]  # [1, T, 1, D/2]
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

@@ -1,0 +1,232 @@
+"""What every linear-state family shares: the config fields, the projections, short convs, output
+norm and gate, the choice of op form, and the decode-state layout.
+
+A family subclass says which ``blocks.ops`` module runs the recurrence and turns the projected
+``q, k, v`` into that op's inputs (feature maps, L2 norm, decays, beta) in ``mix_inputs``.
+
+Data flow for ``x: [B, T, d_model]``::
+
+    q, k: [B, T, H*Kin] = W_q x, W_k x      v: [B, T, H*V] = W_v x
+    (conv_size > 0) each through a causal depthwise conv + SiLU, caches in the state
+    q, k: [B, T, H, Kin], v: [B, T, H, V]   -> mix_inputs -> op(q, k, v, *gates) -> o: [B, T, H, Vs]
+    mix_outputs(o) -> [B, T, H, V] -> (output_norm) RMSNorm per head -> [B, T, H*V]
+    (output_gate) * silu(W_g x) -> W_o -> y: [B, T, d_model]
+
+State (dict): ``S: [B, H, Ks, Vs]`` float32 (Ks, Vs: the state dims after the feature map and
+any denominator column), and with ``conv_size = W > 0``: ``conv_q, conv_k: [B, W-1, H*Kin]``,
+``conv_v: [B, W-1, H*V]`` in the activation dtype. Its bytes do not depend on the context.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import ModuleType
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from .base import Block, BlockConfig, State, check
+from .common import HeadNorm, OutputGate, ShortConv, dtype_bytes
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_positive_int(value: Any, field: str, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    check(is_int(value) and value >= 1, field, value, "be a positive integer" + (" or null" if optional else ""))
+
+
+def check_bool(value: Any, field: str) -> None:
+    check(isinstance(value, bool), field, value, "be true or false")
+
+
+def check_choice(value: Any, field: str, choices: tuple[str, ...]) -> None:
+    check(value in choices, field, value, "be one of " + "|".join(choices))
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearConfig(BlockConfig):
+    """Fields shared by every linear family (``None`` = derived from ``d_model``).
+
+    num_heads   H (default ``max(1, d_model // 64)``)
+    head_dim_k  query/key dim per head before any feature map (default ``d_model // H``)
+    head_dim_v  value dim per head before ``expand_v`` (default ``d_model // H``)
+    expand_v    state expansion: the value dim per head is ``head_dim_v * expand_v`` (an integer)
+    conv_size   short causal depthwise conv on q, k, v: 0 = off, else 2..4
+    output_gate multiply by ``silu(W_g x)`` before the output projection
+    output_norm RMSNorm per head on the op's output
+    chunk_size  chunk length of the op's chunked form
+    mode        "chunk" (chunk for T > 1, step for a T == 1 continuation) or "recurrent"
+                (the op's reference loop everywhere; for tests)
+    """
+
+    num_heads: int | None = None
+    head_dim_k: int | None = None
+    head_dim_v: int | None = None
+    expand_v: float = 1
+    conv_size: int = 0
+    output_gate: bool = True
+    output_norm: bool = True
+    chunk_size: int = 64
+    mode: str = "chunk"
+
+    def validate(self, d_model: int) -> None:
+        check_positive_int(self.num_heads, "num_heads", optional=True)
+        H = self.heads(d_model)
+        if self.head_dim_k is None or self.head_dim_v is None:
+            check(d_model % H == 0, "num_heads", self.num_heads,
+                  f"divide d_model={d_model} when a head dim is derived")
+        check_positive_int(self.head_dim_k, "head_dim_k", optional=True)
+        check_positive_int(self.head_dim_v, "head_dim_v", optional=True)
+        check(is_number(self.expand_v) and self.expand_v > 0, "expand_v", self.expand_v, "be a positive number")
+        vdim = (self.head_dim_v or d_model // H) * self.expand_v
+        check(float(vdim).is_integer(), "expand_v", self.expand_v,
+              f"make head_dim_v * expand_v an integer (head_dim_v={self.head_dim_v or d_model // H})")
+        check(is_int(self.conv_size) and (self.conv_size == 0 or 2 <= self.conv_size <= 4),
+              "conv_size", self.conv_size, "be 0 (off) or 2..4")
+        check_bool(self.output_gate, "output_gate")
+        self.validate_output_norm()
+        check_positive_int(self.chunk_size, "chunk_size")
+        check_choice(self.mode, "mode", ("chunk", "recurrent"))
+
+    def validate_output_norm(self) -> None:
+        check_bool(self.output_norm, "output_norm")
+
+    def heads(self, d_model: int) -> int:
+        return self.num_heads if self.num_heads is not None else max(1, d_model // 64)
+
+    def dims(self, d_model: int) -> tuple[int, int, int]:
+        """``(H, Kin, V)``: heads, query/key dim per head, value dim per head (after expand_v)."""
+        H = self.heads(d_model)
+        K = self.head_dim_k if self.head_dim_k is not None else d_model // H
+        V = int((self.head_dim_v if self.head_dim_v is not None else d_model // H) * self.expand_v)
+        return H, K, V
+
+
+class LinearBlock(Block):
+    """Base of the linear-state families (see the module docstring for the data flow and state).
+
+    Subclasses set ``Config``, ``letter`` and ``op`` (the ``blocks.ops`` module name), and override
+    ``mix_inputs`` (and ``mix_outputs``/``state_dims`` when the state is not ``[H, Kin, V]``).
+    """
+
+    op: ClassVar[str] = ""
+    gate_act: ClassVar[str] = "silu"
+
+    def __init__(self, d_model: int, **config) -> None:
+        super().__init__(d_model, **config)
+        c = self.config
+        H, Kin, V = c.dims(d_model)
+        self.num_heads, self.head_dim_k, self.head_dim_v = H, Kin, V
+        self.q_proj = nn.Linear(d_model, H * Kin, bias=False)
+        self.k_proj = nn.Linear(d_model, H * Kin, bias=False)
+        self.v_proj = nn.Linear(d_model, H * V, bias=False)
+        self.convs = (
+            nn.ModuleDict({"q": ShortConv(H * Kin, c.conv_size), "k": ShortConv(H * Kin, c.conv_size),
+                           "v": ShortConv(H * V, c.conv_size)})
+            if c.conv_size else None
+        )
+        self.norm = HeadNorm(V) if self.use_output_norm else None
+        self.gate = OutputGate(d_model, H * V, self.gate_act) if c.output_gate else None
+        self.o_proj = nn.Linear(H * V, d_model, bias=False)
+
+    # ----- what a family customises -------------------------------------------------------
+    @property
+    def use_output_norm(self) -> bool:
+        return bool(self.config.output_norm)
+
+    def state_dims(self) -> tuple[int, int]:
+        """``(Ks, Vs)`` of the recurrent state ``[B, H, Ks, Vs]``."""
+        return self.head_dim_k, self.head_dim_v
+
+    def mix_inputs(self, x, q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple, float | None]:
+        """``(q, k, v, gates, scale)`` for the op from ``x: [B, T, d_model]`` and the projected
+        ``q, k: [B, T, H, Kin]``, ``v: [B, T, H, V]``; ``gates`` are the op's extra per-step
+        arguments (``g``, ``gk``, ``beta``), each with the T dim at position 1."""
+        raise NotImplementedError
+
+    def mix_outputs(self, o: torch.Tensor) -> torch.Tensor:
+        """The op's ``o: [B, T, H, Vs]`` -> ``[B, T, H, V]``."""
+        return o
+
+    # ----- the shared machinery -----------------------------------------------------------
+    def ops_module(self) -> ModuleType:
+        return importlib.import_module(f"blocks.ops.{self.op}")
+
+    def forward(self, x: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
+        """``x: [B, T, d_model]`` (any T >= 1), ``state`` from a previous call or None
+        -> ``(y: [B, T, d_model], new_state)``. The input state is not modified."""
+        B, T, _ = x.shape
+        H = self.num_heads
+        new_state: State = {}
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*Kin], .., [B, T, H*V]
+        if self.convs is not None:
+            q, new_state["conv_q"] = self.convs["q"](q, None if state is None else state["conv_q"])
+            k, new_state["conv_k"] = self.convs["k"](k, None if state is None else state["conv_k"])
+            v, new_state["conv_v"] = self.convs["v"](v, None if state is None else state["conv_v"])
+        q, k = q.view(B, T, H, self.head_dim_k), k.view(B, T, H, self.head_dim_k)
+        v = v.view(B, T, H, self.head_dim_v)
+        q, k, v, gates, scale = self.mix_inputs(x, q, k, v)
+        o, new_state["S"] = self.run_op(q, k, v, gates, scale, None if state is None else state["S"])
+        o = self.mix_outputs(o)  # [B, T, H, V]
+        if self.norm is not None:
+            o = self.norm(o)
+        o = o.reshape(B, T, H * self.head_dim_v)
+        if self.gate is not None:
+            o = self.gate(x, o)
+        return self.o_proj(o), new_state
+
+    def run_op(self, q, k, v, gates, scale, S0):
+        """Reference loop (mode "recurrent"), one decode step (T == 1 continuing a state) or the
+        chunked form -> ``(o: [B, T, H, Vs], S: [B, H, Ks, Vs] float32)``."""
+        ops = self.ops_module()
+        if self.config.mode == "recurrent":
+            return ops.recurrent(q, k, v, *gates, scale=scale, initial_state=S0, output_final_state=True)
+        if q.shape[1] == 1 and S0 is not None:
+            o, S = ops.step(q[:, 0], k[:, 0], v[:, 0], *(g[:, 0] for g in gates), state=S0, scale=scale)
+            return o[:, None], S
+        return ops.chunk(q, k, v, *gates, scale=scale, initial_state=S0, output_final_state=True,
+                         chunk_size=self.config.chunk_size)
+
+    def state_bytes(self, batch: int, context: int, dtype: torch.dtype = torch.float32) -> int:
+        """``B*H*Ks*Vs*4`` (float32 state) ``+ B*(W-1)*H*(2*Kin + V)*bytes(dtype)`` with a conv
+        of size W; independent of ``context``."""
+        Ks, Vs = self.state_dims()
+        n = batch * self.num_heads * Ks * Vs * 4
+        if self.convs is not None:
+            n += sum(conv.cache_bytes(batch, dtype) for conv in self.convs.values())
+        return n
+
+    # ----- contract-suite declarations -----------------------------------------------------
+    @classmethod
+    def example_configs(cls) -> dict[str, dict[str, Any]]:
+        """Representative configs the contract suite runs (at d_model=32)."""
+        return {
+            "default": {},
+            "conv_gate_norm": {"num_heads": 2, "conv_size": 4, "output_gate": True, "output_norm": True},
+            "plain_kv": {"num_heads": 2, "head_dim_k": 8, "head_dim_v": 12, "expand_v": 2, "conv_size": 0,
+                         "output_gate": False, "output_norm": False},
+        }
+
+    @classmethod
+    def bad_configs(cls) -> list[tuple[dict[str, Any], str]]:
+        """``(config, field the ConfigError must name)`` pairs, at d_model=32."""
+        return [
+            ({"num_heads": 0}, "num_heads"),
+            ({"num_heads": 3}, "num_heads"),
+            ({"conv_size": 5}, "conv_size"),
+            ({"conv_size": 1}, "conv_size"),
+            ({"head_dim_k": -1}, "head_dim_k"),
+            ({"expand_v": 0.3}, "expand_v"),
+            ({"mode": "fast"}, "mode"),
+            ({"output_gate": "yes"}, "output_gate"),
+            ({"chunk_size": 0}, "chunk_size"),
+        ]
