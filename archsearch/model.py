@@ -1,0 +1,242 @@
+"""HybridLM: a decoder-only language model whose token mixers come from the blocks registry.
+
+Layout (pre-norm residual, Llama-style)::
+
+    x = embed(input_ids)                                   # [B, T, d_model]
+    for each layer:  x = x + mixer(norm1(x), state)        # mixer: blocks.build(layer.block, ...)
+                     x = x + swiglu(norm2(x))              # absent when mlp_expansion == 0
+    logits = head(final_norm(x))                           # [B, T, vocab]; head tied to embed
+
+Inference carries one state dict per layer (KV caches for softmax layers, ``[B, H, K, V]`` float32
+recurrent states and conv caches for linear ones)::
+
+    logits, states = model.prefill(prompt)                 # prompt [B, T] -> logits [B, V]
+    logits, states = model.decode_step(token, states)      # token [B] -> logits [B, V]
+    out = model.generate(prompt, 32, temperature=0.8, top_k=50, generator=g)
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import blocks
+from blocks.base import Block, State
+
+from archsearch.spec import ArchSpec
+
+States = list[State | None]
+
+
+class SwiGLU(nn.Module):
+    """``w2(silu(w1 x) * w3 x)``; ``x: [..., d_model]`` -> ``[..., d_model]``, hidden width ``hidden``."""
+
+    def __init__(self, d_model: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, hidden, bias=False)
+        self.w3 = nn.Linear(d_model, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def _norm(kind: str, d_model: int) -> nn.Module:
+    if kind == "rmsnorm":
+        return nn.RMSNorm(d_model, eps=1e-6)
+    return nn.LayerNorm(d_model, eps=1e-5)
+
+
+def mlp_hidden(spec: ArchSpec) -> int:
+    """SwiGLU hidden width: ``round(mlp_expansion * d_model)`` (0 when the MLP is off)."""
+    return int(round(spec.mlp_expansion * spec.d_model)) if spec.mlp_expansion > 0 else 0
+
+
+class HybridLayer(nn.Module):
+    """One residual layer: ``x + mixer(norm1(x))`` then ``+ mlp(norm2(x))``; ``x: [B, T, d_model]``."""
+
+    def __init__(self, spec: ArchSpec, index: int) -> None:
+        super().__init__()
+        layer = spec.layers[index]
+        self.norm1 = _norm(spec.norm, spec.d_model)
+        self.mixer: Block = blocks.build(layer.block, d_model=spec.d_model, **dict(layer.config))
+        hidden = mlp_hidden(spec)
+        self.norm2 = _norm(spec.norm, spec.d_model) if hidden else None
+        self.mlp = SwiGLU(spec.d_model, hidden) if hidden else None
+
+    def forward(self, x: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
+        y, state = self.mixer(self.norm1(x), state)
+        x = x + y
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x, state
+
+
+class HybridLM(nn.Module):
+    """Language model built from an :class:`ArchSpec` (validated on construction)."""
+
+    def __init__(self, spec: ArchSpec) -> None:
+        super().__init__()
+        spec.validate()
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.layers = nn.ModuleList(HybridLayer(spec, i) for i in range(len(spec.layers)))
+        self.final_norm = _norm(spec.norm, spec.d_model)
+        self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        self._init_weights()
+        if spec.tied_embeddings:
+            self.head.weight = self.embed.weight
+
+    def _init_weights(self) -> None:
+        # GPT-2 / Llama style: N(0, 0.02) embeddings and MLP inputs; the MLP output projection, which
+        # writes into the residual stream, scaled by 1/sqrt(2 * layers) so the stream's variance
+        # stays O(1) with depth. Mixers keep the initialisation their block chose.
+        std = 0.02
+        nn.init.normal_(self.embed.weight, std=std)
+        nn.init.normal_(self.head.weight, std=std)
+        for layer in self.layers:
+            if layer.mlp is not None:
+                nn.init.normal_(layer.mlp.w1.weight, std=std)
+                nn.init.normal_(layer.mlp.w3.weight, std=std)
+                nn.init.normal_(layer.mlp.w2.weight, std=std / math.sqrt(2 * len(self.layers)))
+
+    # --- forward and inference --------------------------------------------------------------------
+    def forward(
+        self, input_ids: torch.Tensor, states: Sequence[State | None] | None = None
+    ) -> tuple[torch.Tensor, States]:
+        """``input_ids: [B, T]`` long -> ``(logits [B, T, V], states)``; ``states`` (one per layer)
+        continues an earlier call, so ``forward(cat(a, b)) == forward(b, forward(a)[1])``."""
+        if states is None:
+            states = [None] * len(self.layers)
+        elif len(states) != len(self.layers):
+            raise ValueError(f"states: expected {len(self.layers)} layer states, got {len(states)}")
+        x = self.embed(input_ids)
+        new_states: States = []
+        for layer, state in zip(self.layers, states):
+            x, state = layer(x, state)
+            new_states.append(state)
+        return self.head(self.final_norm(x)), new_states
+
+    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, States]:
+        """Run the prompt ``[B, T]``; returns the last position's logits ``[B, V]`` and the states."""
+        logits, states = self(input_ids)
+        return logits[:, -1], states
+
+    def decode_step(self, token: torch.Tensor, states: Sequence[State | None]) -> tuple[torch.Tensor, States]:
+        """One token per sequence ``[B]`` -> ``(logits [B, V], states)`` advanced by one position."""
+        logits, states = self(token[:, None], states)
+        return logits[:, 0], states
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continue ``prompt [B, T]`` by ``max_new_tokens`` -> ``[B, T + max_new_tokens]``.
+
+        ``temperature == 0`` is greedy (argmax); otherwise tokens are sampled from
+        ``softmax(logits / temperature)`` restricted to the ``top_k`` most likely (all when None),
+        drawing from ``generator`` so a seeded generator reproduces the output.
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature: must be >= 0, got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k: must be >= 1, got {top_k}")
+        out = [prompt]
+        if max_new_tokens == 0:
+            return prompt
+        logits, states = self.prefill(prompt)
+        for step in range(max_new_tokens):
+            token = _pick(logits, temperature, top_k, generator)  # [B]
+            out.append(token[:, None])
+            if step + 1 < max_new_tokens:
+                logits, states = self.decode_step(token, states)
+        return torch.cat(out, dim=1)
+
+    # --- accounting -------------------------------------------------------------------------------
+    def state_bytes(self, batch: int, context: int, dtype: torch.dtype = torch.float32) -> int:
+        """Decode-state bytes (KV caches + recurrent states) after ``context`` tokens, all layers."""
+        return sum(layer.mixer.state_bytes(batch, context, dtype) for layer in self.layers)
+
+    def num_params(self) -> int:
+        """Trainable parameters, a tied embedding/head matrix counted once."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def flops_per_token(self, context: int) -> int:
+        """Analytic forward FLOPs for one token at position ``context`` (the decode-step cost).
+
+        ``2 * N_matmul + sum over layers of the mixer's sequence math``, where ``N_matmul`` counts
+        the weights that multiply activations once per token: every ``nn.Linear`` / ``nn.Conv1d``
+        weight in the mixers and MLPs plus the LM head (``d_model * vocab``, also when tied);
+        embedding lookups, norms and biases are not counted. Sequence math per layer (see
+        :func:`mixer_sequence_flops`): softmax ``4 * min(context, window) * H * D`` (``q k^T`` and
+        ``p v``); linear families ``4 * H * K * V`` (state update ``k v^T`` and read-out ``S^T q``),
+        ``6 * H * K * V`` for the delta rule (plus ``S^T k``). A causal training pass over
+        ``context`` tokens averages about half the softmax term per token.
+        """
+        if context < 1:
+            raise ValueError(f"context: must be >= 1, got {context}")
+        n_matmul = self.spec.d_model * self.spec.vocab_size
+        seq = 0
+        for layer in self.layers:
+            n_matmul += _matmul_params(layer.mixer)
+            if layer.mlp is not None:
+                n_matmul += _matmul_params(layer.mlp)
+            seq += mixer_sequence_flops(layer.mixer, context)
+        return 2 * n_matmul + seq
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> torch.Tensor:
+    """``logits [B, V]`` -> next tokens ``[B]`` (greedy at temperature 0, else sampled)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def _matmul_params(module: nn.Module) -> int:
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d)))
+
+
+def _resolved(block: Block, *names: str) -> int | None:
+    """First of ``names`` that the block resolved (attribute) or configured (config field) to an int."""
+    for name in names:
+        for source in (block, block.config):
+            value = getattr(source, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def mixer_sequence_flops(block: Block, context: int) -> int:
+    """The mixer's per-token FLOPs beyond its projections at ``context`` (see ``flops_per_token``).
+
+    A block may define ``sequence_flops(context) -> int`` itself; otherwise this reads the head
+    sizes the block resolved (``num_heads``, ``head_dim``/``head_dim_k``/``head_dim_v``, ``window``).
+    """
+    own = getattr(block, "sequence_flops", None)
+    if callable(own):
+        return int(own(context))
+    heads = _resolved(block, "num_heads", "n_heads", "H")
+    if block.name == "softmax":
+        head_dim = _resolved(block, "head_dim", "D")
+        window = getattr(block.config, "window", 0) or 0
+        span = min(context, window) if window > 0 else context
+        return 4 * span * heads * head_dim
+    k = _resolved(block, "head_dim_k", "head_k_dim", "K")
+    v = _resolved(block, "head_dim_v", "head_v_dim", "V")
+    factor = 6 if "delta" in block.name else 4
+    return factor * heads * k * v
