@@ -44,14 +44,16 @@ class ShortConv(nn.Module):
 
 
 class HeadNorm(nn.Module):
-    """RMSNorm over the last dim of ``[B, T, H, V]`` (weight ``[V]`` shared by the heads), in float32."""
+    """RMSNorm over the last dim of ``[B, T, H, V]`` (weight ``[V]`` shared by the heads), computed
+    in float32 whatever the activation and weight dtypes, returned in the input dtype."""
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
-        self.norm = nn.RMSNorm(dim, eps=eps)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, o: torch.Tensor) -> torch.Tensor:
-        return self.norm(o.float()).to(o.dtype)
+        return F.rms_norm(o.float(), self.weight.shape, self.weight.float(), self.eps).to(o.dtype)
 
 
 class OutputGate(nn.Module):

@@ -1,0 +1,61 @@
+"""The Block contract suite (``blocks.contract``) over every registered block and example config.
+
+Parametrised from the registry: registering a block adds its cases here without editing this file.
+"""
+import pytest
+
+import blocks
+from blocks import contract
+
+CASES = contract.cases()
+IDS = [c.id for c in CASES]
+
+
+def test_every_registered_block_has_cases():
+    assert {c.name for c in CASES} == set(blocks.names())
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_pieces_equal_one_pass(case):
+    contract.check_pieces(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_decode_equals_one_pass(case):
+    contract.check_decode(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_recurrent_equals_chunk(case):
+    if not contract.has_mode(case):
+        pytest.skip(f"{case.name} has no mode field")
+    contract.check_recurrent(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_state_bytes_exact(case):
+    contract.check_state_bytes(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_state_not_modified(case):
+    contract.check_state_immutable(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_num_params(case):
+    contract.check_num_params(case)
+
+
+BAD = contract.bad_config_cases()
+
+
+@pytest.mark.parametrize("name,config,field", BAD, ids=[f"{n}-{f}-{i}" for i, (n, _, f) in enumerate(BAD)])
+def test_bad_config_names_field(name, config, field):
+    contract.check_bad_config(name, config, field)
+
+
+@pytest.mark.parametrize("name", blocks.names())
+def test_block_declares_bad_configs_and_letter(name):
+    contract.check_declares_bad_configs(name)
+    contract.check_letter(name)
