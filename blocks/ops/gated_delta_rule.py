@@ -17,9 +17,11 @@ import torch
 from .utils import (
     check_chunk_size,
     check_gate,
+    causal_decay,
     check_qkv,
     chunked,
     cuda_kernel,
+    decay_to_end,
     default_scale,
     initial_state_f32,
     unchunked,
@@ -108,18 +110,15 @@ def chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chun
     bc = chunked(beta, C)  # [B, H, N, C]; padding has beta = 0 (no write)
     N = qc.shape[2]
     dev = q.device
-    ones = torch.ones(C, C, dtype=torch.bool, device=dev)
-    strict, causal = ones.tril(-1), ones.tril()
 
     if g is None:
         G = None
-        decay_strict = strict.float()
-        decay_causal = causal.float()
+        decay_causal = torch.ones(C, C, device=dev).tril()
     else:
-        G = chunked(g, C).cumsum(-1)  # [B, H, N, C]
-        diff = G[..., :, None] - G[..., None, :]
-        decay_strict = diff.masked_fill(~strict, float("-inf")).exp()
-        decay_causal = diff.masked_fill(~causal, float("-inf")).exp()
+        gc = chunked(g, C)  # [B, H, N, C]
+        G = gc.cumsum(-1)
+        decay_causal = causal_decay(G)  # exp(G_i - G_j) for j <= i
+    decay_strict = decay_causal.tril(-1)
 
     A = bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * decay_strict  # [B, H, N, C, C]
     k_w = kc * bc[..., None] if G is None else kc * (bc * G.exp())[..., None]
@@ -133,7 +132,7 @@ def chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chun
         q_in, k_in, chunk_decay = qc, kc, None
     else:
         q_in = qc * G.exp()[..., None]
-        k_in = kc * (G[..., -1:] - G).exp()[..., None]
+        k_in = kc * decay_to_end(gc).exp()[..., None]
         chunk_decay = G[..., -1].exp()  # [B, H, N]
     outs = []
     for n in range(N):

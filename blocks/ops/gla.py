@@ -14,9 +14,11 @@ import torch
 from .utils import (
     check_chunk_size,
     check_gate,
+    causal_decay,
     check_qkv,
     chunked,
     cuda_kernel,
+    decay_to_end,
     default_scale,
     initial_state_f32,
     unchunked,
@@ -69,7 +71,7 @@ def chunk(
     secondary chunking). Off-diagonal sub-blocks (query sub-chunk a after key sub-chunk b) factor
     through the decay at the end of b, ``r_b``: ``(q_i * exp(G_i - r_b)) . (k_j * exp(r_b - G_j))``,
     both exponents <= 0. Diagonal sub-blocks use the pairwise ``exp(G_i - G_j)`` masked to -inf
-    for ``j > i`` before ``exp``. So nothing overflows however strong the decay, and the extra memory
+    for ``j > i`` before ``exp`` (``utils.causal_decay``). So nothing overflows however strong the decay, and the extra memory
     is ``SUBCHUNK`` x (not ``chunk_size`` x) the size of ``q``.
 
     On CUDA inputs a ``blocks.kernels`` kernel runs instead when one is registered.
@@ -89,7 +91,8 @@ def chunk(
     scale = default_scale(scale, K)
     S = initial_state_f32(initial_state, B, H, K, V, q.device)
     qc, kc, vc = chunked(q, C) * scale, chunked(k, C), chunked(v, C)  # [B, H, N, C, D]
-    G = chunked(gk, C).cumsum(-2)  # [B, H, N, C, K]
+    gc = chunked(gk, C)  # [B, H, N, C, K]
+    G = gc.cumsum(-2)
     N = qc.shape[2]
     dev = q.device
 
@@ -100,17 +103,16 @@ def chunk(
     e_q = Gs[:, :, :, :, None] - r[:, :, :, None, :, None, :]  # [B, H, N, a, b, c, K]
     e_q = e_q.masked_fill(~after[:, :, None, None], float("-inf"))
     q_off = qs[:, :, :, :, None] * e_q.exp()
-    k_off = ks * (r[..., None, :] - Gs).exp()  # [B, H, N, b, c, K]
+    k_off = ks * decay_to_end(gc.reshape(B, H, N, M, c, K), dim=-2).exp()  # r_b - G_j: [B, H, N, b, c, K]
     A = torch.einsum("zhnabik,zhnbjk->zhnaibj", q_off, k_off)  # [B, H, N, a, c, b, c]
-    # Diagonal sub-blocks: exact pairwise decay.
-    causal = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
-    e_d = (Gs[..., :, None, :] - Gs[..., None, :, :]).masked_fill(~causal[..., None], float("-inf"))
-    A_diag = (qs[..., :, None, :] * ks[..., None, :, :] * e_d.exp()).sum(-1)  # [B, H, N, M, c, c]
+    # Diagonal sub-blocks: exact pairwise decay per channel, [B, H, N, M, c(i), c(j), K].
+    d_d = causal_decay(Gs.transpose(-1, -2)).permute(0, 1, 2, 3, 5, 6, 4)
+    A_diag = (qs[..., :, None, :] * ks[..., None, :, :] * d_d).sum(-1)  # [B, H, N, M, c, c]
     A = A + torch.einsum("zhnaij,ab->zhnaibj", A_diag, torch.eye(M, device=dev))
     o = A.reshape(B, H, N, C, C) @ vc  # intra-chunk part, [B, H, N, C, V]
 
     q_in = qc * G.exp()  # reads the chunk's starting state
-    k_in = kc * (G[..., -1:, :] - G).exp()  # writes into the chunk's final state
+    k_in = kc * decay_to_end(gc, dim=-2).exp()  # writes into the chunk's final state
     update = k_in.transpose(-1, -2) @ vc  # [B, H, N, K, V]
     chunk_decay = G[..., -1, :].exp()  # [B, H, N, K]
     starts = []

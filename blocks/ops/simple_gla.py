@@ -15,9 +15,11 @@ import torch
 from .utils import (
     check_chunk_size,
     check_gate,
+    causal_decay,
     check_qkv,
     chunked,
     cuda_kernel,
+    decay_to_end,
     default_scale,
     initial_state_f32,
     unchunked,
@@ -79,7 +81,7 @@ def chunk_scalar_decay(q, k, v, g, scale, initial_state, output_final_state, chu
         o_i = exp(G_i) q_i^T S_0 + sum_{j<=i} exp(G_i - G_j) (q_i . k_j) v_j
         S_C = exp(G_C) S_0 + sum_j exp(G_C - G_j) k_j v_j^T
     Every exponent is <= 0 (the ``j > i`` pairs are masked to -inf before ``exp``), so strong decay
-    underflows to 0 instead of overflowing.
+    underflows to 0 instead of overflowing; ``G_C - G_j`` is summed directly (``utils.decay_to_end``).
     """
     check_chunk_size(chunk_size)
     B, T, H, K = q.shape
@@ -89,18 +91,17 @@ def chunk_scalar_decay(q, k, v, g, scale, initial_state, output_final_state, chu
     S = initial_state_f32(initial_state, B, H, K, V, q.device)
     qc, kc, vc = chunked(q, C) * scale, chunked(k, C), chunked(v, C)  # [B, H, N, C, D]
     N = qc.shape[2]
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
 
     A = qc @ kc.transpose(-1, -2)  # [B, H, N, C(i), C(j)]
     if g is None:
-        A = A.masked_fill(~causal, 0.0)
+        A = A.tril()
         q_in, k_in, chunk_decay = qc, kc, None
     else:
-        G = chunked(g, C).cumsum(-1)  # [B, H, N, C]
-        pair = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf"))
-        A = A * pair.exp()
+        gc = chunked(g, C)  # [B, H, N, C]
+        G = gc.cumsum(-1)
+        A = A * causal_decay(G)
         q_in = qc * G.exp()[..., None]  # reads the chunk's starting state
-        k_in = kc * (G[..., -1:] - G).exp()[..., None]  # writes into the chunk's final state
+        k_in = kc * decay_to_end(gc).exp()[..., None]  # writes into the chunk's final state
         chunk_decay = G[..., -1].exp()  # [B, H, N]
     o = A @ vc  # intra-chunk part, [B, H, N, C, V]
     update = k_in.transpose(-1, -2) @ vc  # [B, H, N, K, V]

@@ -77,6 +77,34 @@ def unchunked(o: torch.Tensor, T: int, dtype: torch.dtype) -> torch.Tensor:
     return o.reshape(B, H, N * C, V)[:, :, :T].transpose(1, 2).to(dtype)
 
 
+def decay_to_end(g: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``sum_{s > i} g_s`` along ``dim`` (the decay from position ``i`` to the end of its chunk).
+
+    Equal to ``G_last - G_i`` for the prefix sums ``G``, but summed directly: the difference of
+    prefix sums loses precision when ``|G|`` is large, and its gradient for ``i = last`` is a
+    ``+x - x`` cancellation that swamps the (tiny) true gradient under strong decay.
+    """
+    rest = g.flip(dim).cumsum(dim).flip(dim).narrow(dim, 1, g.shape[dim] - 1)
+    shape = list(g.shape)
+    shape[dim] = 1
+    return torch.cat([rest, g.new_zeros(shape)], dim=dim)
+
+
+def causal_decay(G: torch.Tensor) -> torch.Tensor:
+    """``exp(G_i - G_j)`` for ``j <= i``, 0 above the diagonal: ``G: [..., C]`` -> ``[..., C, C]``.
+
+    The upper triangle is masked to -inf *before* ``exp`` (exponents stay <= 0, nothing
+    overflows); the diagonal is the constant ``exp(0) = 1`` with no gradient path, because
+    ``G_i - G_i`` would feed ``+x - x`` gradients into ``G_i`` that cancel and drown the true,
+    possibly tiny, off-diagonal gradient in float32 rounding.
+    """
+    C = G.shape[-1]
+    eye = torch.eye(C, dtype=torch.bool, device=G.device)
+    strict = torch.ones(C, C, dtype=torch.bool, device=G.device).tril(-1)
+    diff = G[..., :, None] - G[..., None, :]
+    return diff.masked_fill(~strict, float("-inf")).masked_fill(eye, 0.0).exp()
+
+
 def check_chunk_size(chunk_size: int) -> None:
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size!r}")
