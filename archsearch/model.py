@@ -180,7 +180,8 @@ class HybridLM(nn.Module):
         embedding lookups, norms and biases are not counted. Sequence math per layer (see
         :func:`mixer_sequence_flops`): softmax ``4 * min(context, window) * H * D`` (``q k^T`` and
         ``p v``); linear families ``4 * H * K * V`` (state update ``k v^T`` and read-out ``S^T q``),
-        ``6 * H * K * V`` for the delta rule (plus ``S^T k``). A causal training pass over
+        ``6 * H * K * V`` for the delta rule (plus ``S^T k``), with ``K, V`` the state dims after any
+        feature map. A causal training pass over
         ``context`` tokens averages about half the softmax term per token.
         """
         if context < 1:
@@ -208,35 +209,28 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator
 
 
 def _matmul_params(module: nn.Module) -> int:
-    return sum(m.weight.numel() for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d)))
+    """Weights that multiply activations once per token: linear layers and (depthwise) short convs."""
+    from blocks.common import ShortConv
 
-
-def _resolved(block: Block, *names: str) -> int | None:
-    """First of ``names`` that the block resolved (attribute) or configured (config field) to an int."""
-    for name in names:
-        for source in (block, block.config):
-            value = getattr(source, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d, ShortConv)))
 
 
 def mixer_sequence_flops(block: Block, context: int) -> int:
     """The mixer's per-token FLOPs beyond its projections at ``context`` (see ``flops_per_token``).
 
-    A block may define ``sequence_flops(context) -> int`` itself; otherwise this reads the head
-    sizes the block resolved (``num_heads``, ``head_dim``/``head_dim_k``/``head_dim_v``, ``window``).
+    Softmax blocks: ``4 * S * H * D`` with ``S = min(context, window)`` (``cache_len``); linear
+    blocks: ``4 * H * Ks * Vs`` over the recurrent state ``[H, Ks, Vs]`` (``state_dims()``, after any
+    feature map), ``6 * H * Ks * Vs`` for the delta rule families. A block may instead define
+    ``sequence_flops(context) -> int`` itself. Feature-map arithmetic (Taylor, Hedgehog,
+    Performer) and gates are elementwise or small and not counted.
     """
     own = getattr(block, "sequence_flops", None)
     if callable(own):
         return int(own(context))
-    heads = _resolved(block, "num_heads", "n_heads", "H")
-    if block.name == "softmax":
-        head_dim = _resolved(block, "head_dim", "D")
-        window = getattr(block.config, "window", 0) or 0
-        span = min(context, window) if window > 0 else context
-        return 4 * span * heads * head_dim
-    k = _resolved(block, "head_dim_k", "head_k_dim", "K")
-    v = _resolved(block, "head_dim_v", "head_v_dim", "V")
-    factor = 6 if "delta" in block.name else 4
-    return factor * heads * k * v
+    if hasattr(block, "cache_len"):  # KV-cache attention
+        return 4 * block.cache_len(context) * block.num_heads * block.head_dim
+    if hasattr(block, "state_dims"):  # recurrent state [B, H, Ks, Vs]
+        ks, vs = block.state_dims()
+        factor = 6 if "delta" in block.name else 4
+        return factor * block.num_heads * ks * vs
+    raise TypeError(f"block {block.name!r}: cannot count its sequence FLOPs (no cache_len, state_dims or sequence_flops)")
