@@ -67,7 +67,10 @@ def default_ds_config(num_gpus: int) -> dict[str, Any]:
 
 
 def ds_config_for_slot(slot, override: str | os.PathLike | dict | None = None) -> dict[str, Any]:
-    """The config a trial on ``slot`` runs with: ``override`` (a path, name or dict) or the default."""
+    """The config a trial on ``slot`` runs with: ``override`` (a path, name or dict), else the
+    slot's own (``--ds-config``), else the default for the slot's GPU count."""
+    if override is None:
+        override = getattr(slot, "ds_config", None)
     if override is None:
         return default_ds_config(len(slot.gpus))
     if isinstance(override, dict):

@@ -35,6 +35,8 @@ class Slot:
     cpu_threads: OMP/torch threads per process, so concurrent CPU slots do not oversubscribe cores.
     hostfile: a DeepSpeed hostfile for a trial that spans several hosts (None = this host only).
     master_addr: the rendezvous address (the first host of the hostfile for multi-node trials).
+    ds_config: the user's DeepSpeed config (``--ds-config``: a path or a shipped name) for trials on
+        this slot; None = the default for the slot (``launch.dsconfig.default_ds_config``).
     """
 
     index: int
@@ -44,6 +46,7 @@ class Slot:
     cpu_threads: int = 1
     hostfile: str | None = None
     master_addr: str = "127.0.0.1"
+    ds_config: str | None = None
 
     @property
     def device(self) -> str:
@@ -123,6 +126,7 @@ def plan_slots(
     cpu_slots: int,
     *,
     hostfile: str | None = None,
+    ds_config: str | None = None,
 ) -> list["Slot"]:
     """Split the machine into slots.
 
@@ -130,12 +134,20 @@ def plan_slots(
     gpus_per_trial: GPUs per trial (k) on GPU; gloo processes per trial on CPU.
     cpu_slots: concurrent CPU trials when there are no GPUs (ignored on GPU: G // k slots).
     hostfile: a DeepSpeed hostfile; gives one slot whose trials span every host in it.
+    ds_config: a DeepSpeed config file (or shipped name) every slot's trials use instead of the
+    default; checked here so a bad file fails before any trial starts.
     Bad values raise UserError naming the argument.
     """
     if not isinstance(gpus_per_trial, int) or gpus_per_trial < 1:
         raise UserError(f"gpus_per_trial: must be an integer >= 1, got {gpus_per_trial!r}")
     if not isinstance(cpu_slots, int) or cpu_slots < 1:
         raise UserError(f"slots: must be an integer >= 1, got {cpu_slots!r}")
+    if ds_config is not None:
+        from launch.dsconfig import load_ds_config
+
+        load_ds_config(ds_config)
+        if os.path.exists(ds_config):
+            ds_config = os.path.abspath(ds_config)
     if hostfile is not None:
         from launch.hostfile import read_hostfile
 
@@ -149,6 +161,7 @@ def plan_slots(
                 cpu_threads=1,
                 hostfile=os.path.abspath(hostfile),
                 master_addr=next(iter(hosts)),
+                ds_config=ds_config,
             )
         ]
     if gpus is None:
@@ -175,14 +188,16 @@ def plan_slots(
             port = pick_free_port(ports)
             ports.add(port)
             group = tuple(gpus[i * gpus_per_trial:(i + 1) * gpus_per_trial])
-            slots.append(Slot(index=i, gpus=group, num_procs=gpus_per_trial, master_port=port, cpu_threads=threads))
+            slots.append(Slot(index=i, gpus=group, num_procs=gpus_per_trial, master_port=port,
+                              cpu_threads=threads, ds_config=ds_config))
         return slots
 
     threads = max(1, usable_cpus() // (cpu_slots * gpus_per_trial))
     for i in range(cpu_slots):
         port = pick_free_port(ports)
         ports.add(port)
-        slots.append(Slot(index=i, gpus=(), num_procs=gpus_per_trial, master_port=port, cpu_threads=threads))
+        slots.append(Slot(index=i, gpus=(), num_procs=gpus_per_trial, master_port=port,
+                          cpu_threads=threads, ds_config=ds_config))
     return slots
 
 
