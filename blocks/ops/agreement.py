@@ -26,7 +26,7 @@ class Case:
 
     ``kv_heads`` and ``window`` apply to ``softmax`` only (there ``state_len`` is the length of the
     initial KV cache); ``decay`` picks the gates: "random" (``logsigmoid`` of a normal),
-    "none" (``g = 0``) or "strong" (``g = -30``).
+    "none" (``g = 0``), "strong" (``g = -30``) or a float (that constant ``g``).
     """
 
     family: str
@@ -38,7 +38,7 @@ class Case:
     chunk_size: int = 16
     initial_state: bool = True
     seed: int = 0
-    decay: str = "random"
+    decay: str | float = "random"
     kv_heads: int | None = None
     window: int = 0
     state_len: int = 3
@@ -57,9 +57,10 @@ def make_inputs(case: Case, device: str | torch.device = "cpu") -> tuple[dict[st
     def decay(*shape):
         if case.decay == "none":
             return torch.zeros(*shape)
-        if case.decay == "strong":
-            return torch.full(shape, -30.0)
-        return F.logsigmoid(randn(*shape))
+        if case.decay == "random":
+            return F.logsigmoid(randn(*shape))
+        value = -30.0 if case.decay == "strong" else float(case.decay)
+        return torch.full(shape, value)
 
     fam = case.family
     if fam == "softmax":
@@ -146,13 +147,15 @@ def forward_backward(case: Case, form: str, device="cpu") -> dict[str, torch.Ten
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """``||a - b|| / ||b||`` in float64.
 
-    The denominator is floored at an RMS of 1e-6 so that a reference that is exactly zero
-    (e.g. the query gradient of softmax over a single key) is not divided by 0; inputs here are
-    O(1), so the floor only matters for such structurally-zero tensors.
+    When the reference ``b`` is exactly zero (e.g. the query gradient of softmax over a single
+    key) the RMS of ``a`` is returned instead: an absolute error, since nothing is there to be
+    relative to. Inputs here are O(1), so that is on the same scale.
     """
     a, b = a.double(), b.double()
-    floor = 1e-6 * max(b.numel(), 1) ** 0.5
-    return (a - b).norm().item() / max(b.norm().item(), floor)
+    den = b.norm().item()
+    if den == 0.0:
+        return (a.norm() / max(a.numel(), 1) ** 0.5).item()
+    return (a - b).norm().item() / den
 
 
 def compare(case: Case, forms: tuple[str, ...] = ("chunk", "step"), device="cpu") -> dict[str, dict[str, float]]:
