@@ -156,11 +156,13 @@ def score_sums(
     """``(correct, total nats, scored positions)`` over positions with ``target != -100``:
     ``correct`` counts argmax == target; nats are summed float32 cross-entropies.
 
-    ``model`` is put in eval mode for the pass and restored to its previous mode afterwards.
+    ``model`` (an ``nn.Module``, a DeepSpeed engine or any callable) is put in eval mode for the
+    pass and restored to its previous mode afterwards.
     """
     require(isinstance(batch_size, int) and batch_size >= 1, "batch_size", "be >= 1", batch_size)
     was_training = getattr(model, "training", False)
-    model.eval()
+    if hasattr(model, "eval"):
+        model.eval()
     correct, nll, count = 0, 0.0, 0
     try:
         for start in range(0, len(inputs), batch_size):
