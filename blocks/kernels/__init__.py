@@ -11,6 +11,7 @@ import threading
 from typing import Callable, Iterator
 
 _KERNELS: dict[tuple[str, str], Callable] = {}
+_local = threading.local()
 
 
 def register_kernel(family: str, form: str):
@@ -24,13 +25,31 @@ def register_kernel(family: str, form: str):
 
 
 def get_kernel(family: str, form: str) -> Callable | None:
-    """The kernel for ``blocks.ops.<family>.<form>`` on CUDA, or None."""
+    """The kernel for ``blocks.ops.<family>.<form>`` on CUDA, or None (also inside ``disabled()``)."""
+    if getattr(_local, "disabled", False):
+        return None
     _load()
     return _KERNELS.get((family, form))
 
 
+def has_kernel(family: str, form: str) -> bool:
+    """Whether a kernel is registered for ``family``/``form`` on this machine."""
+    _load()
+    return (family, form) in _KERNELS
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the ops' PyTorch forms even on CUDA (benchmarks' eager baseline, A/B checks)."""
+    prev = getattr(_local, "disabled", False)
+    _local.disabled = True
+    try:
+        yield
+    finally:
+        _local.disabled = prev
+
+
 _loaded = False
-_local = threading.local()
 
 
 @contextlib.contextmanager

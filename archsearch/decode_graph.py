@@ -1,0 +1,307 @@
+"""The whole model's decode step captured as one CUDA graph, with static state buffers.
+
+A decode step of a 24-layer model launches a few hundred small kernels; launched one by one from
+Python the step is launch-bound (a single layer's state update alone costs ~60-110 us eagerly
+against ~8 us of memory traffic). Replaying a captured graph removes the launch gaps, so the step
+runs at the speed of the bytes it moves (weights + states).
+
+A graph replays fixed kernels on fixed addresses, so every piece of state lives in a buffer that
+never moves:
+
+* linear layers: the float32 state ``S: [B, H, K, V]`` is updated in place by the fused Triton
+  step (``blocks.kernels.inplace_decode_state``); conv caches ``[B, W-1, C]`` are copied back into
+  their buffers (a few KB).
+* softmax layers: a preallocated KV cache ``[B, capacity, Hkv, D]`` (a ring of ``window`` slots for
+  windowed layers) is written at the current position, and attention reads the valid slots through
+  a mask; the position is a device scalar advanced inside the graph, so rotary embeddings follow.
+
+The step reproduces ``HybridLM.decode_step`` through the model's public modules (embed, per-layer
+norms, mixer, MLP, final norm, head) and each softmax block's projections; ``tests`` and the
+benchmark check it against the eager model.
+
+    dec = GraphDecoder(model, batch=16, capacity=4096)      # model on CUDA, in eval mode
+    logits = dec.prefill(prompt)                             # prompt [B, T]: eager prefill, states loaded
+    logits = dec.step(token)                                 # token [B] -> logits [B, vocab] (static buffer)
+    seconds = dec.time_step(iters=50)                        # per-step latency by graph replay
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from archsearch.errors import UserError
+
+State = dict[str, torch.Tensor]
+
+
+def available() -> bool:
+    """True when a CUDA device is present (graph capture needs one)."""
+    return torch.cuda.is_available()
+
+
+class _SoftmaxCache:
+    """Static KV cache of one softmax layer: ``k, v: [B, cap, Hkv, D]`` in the activation dtype."""
+
+    def __init__(self, block, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.block = block
+        window = block.config.window
+        self.cap = min(window, capacity) if window else capacity
+        shape = (batch, self.cap, block.num_kv_heads, block.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.slots = torch.arange(self.cap, device=device)
+
+    def load(self, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> None:
+        """Place an eager cache (the last ``n`` tokens, in order, positions ``pos-n .. pos-1``)."""
+        n = k_cache.shape[1]
+        if n > self.cap:
+            raise UserError(f"capacity: the prompt's {n} cached tokens exceed the cache capacity {self.cap}")
+        self.k.zero_()
+        self.v.zero_()
+        slots = (torch.arange(pos - n, pos, device=self.k.device) % self.cap)
+        self.k[:, slots] = k_cache.to(self.k.dtype)
+        self.v[:, slots] = v_cache.to(self.v.dtype)
+
+    def step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """``x: [B, 1, d_model]`` (normed) at position ``pos`` (0-d long tensor) -> ``[B, 1, d_model]``."""
+        from blocks.common import rotary
+
+        blk = self.block
+        B = x.shape[0]
+        H, Hkv, D = blk.num_heads, blk.num_kv_heads, blk.head_dim
+        theta = blk.config.rope_theta
+        q = rotary(blk.q_proj(x).view(B, 1, H, D), pos, theta)  # [B, 1, H, D]
+        k = rotary(blk.k_proj(x).view(B, 1, Hkv, D), pos, theta)
+        v = blk.v_proj(x).view(B, 1, Hkv, D)
+        slot = torch.remainder(pos, self.cap).view(1)
+        self.k.index_copy_(1, slot, k)
+        self.v.index_copy_(1, slot, v)
+        # valid slots: all written ones (a ring: keys are already rotated, so slot order is irrelevant)
+        valid = self.slots < torch.clamp(pos + 1, max=self.cap)  # [cap]
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), self.k.transpose(1, 2), self.v.transpose(1, 2),
+            attn_mask=valid[None, None, None, :], enable_gqa=H != Hkv,
+        ).transpose(1, 2).reshape(B, 1, H * D)
+        if blk.gate is not None:
+            o = blk.gate(x, o)
+        return blk.o_proj(o)
+
+
+class GraphDecoder:
+    """``model``'s decode step for ``batch`` sequences of up to ``capacity`` positions, as one CUDA graph.
+
+    The graph is captured on the first ``step``; ``prefill``/``load``/``randomize`` set the state.
+    """
+
+    def __init__(self, model, batch: int, capacity: int) -> None:
+        if not available():
+            raise UserError("decode graph: needs a CUDA device (none found)")
+        if batch < 1:
+            raise UserError(f"batch: must be >= 1, got {batch}")
+        if capacity < 1:
+            raise UserError(f"capacity: must be >= 1, got {capacity}")
+        param = next(model.parameters())
+        if param.device.type != "cuda":
+            raise UserError("decode graph: the model must be on a CUDA device (call model.cuda())")
+        self.model = model.eval()
+        self.batch, self.capacity = batch, capacity
+        self.device, self.dtype = param.device, param.dtype
+        self.pos = torch.zeros((), dtype=torch.long, device=self.device)
+        self.position = 0  # host mirror of ``pos``: no device sync to check the capacity
+        self.token = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.caches: dict[int, _SoftmaxCache] = {}
+        self.states: list[State | None] = [None] * len(model.layers)
+        for i, layer in enumerate(model.layers):
+            if layer.mixer.name == "softmax":
+                self.caches[i] = _SoftmaxCache(layer.mixer, batch, capacity, self.dtype, self.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+        self._init_linear_states()
+
+    # --- state -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _init_linear_states(self) -> None:
+        # The shapes of a linear layer's state come from the block itself: one eager step on zeros.
+        x = torch.zeros(self.batch, 1, self.model.spec.d_model, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(self.model.layers):
+            if i in self.caches:
+                continue
+            _, state = layer.mixer(x, None)
+            self.states[i] = {name: torch.zeros_like(t).contiguous() for name, t in state.items()}
+
+    @torch.no_grad()
+    def load(self, states: Sequence[State | None], position: int) -> None:
+        """Copy eager decode states (``HybridLM.prefill``/``decode_step``) after ``position`` tokens."""
+        if len(states) != len(self.model.layers):
+            raise UserError(f"states: expected {len(self.model.layers)} layer states, got {len(states)}")
+        self._check_room(position)
+        for i, state in enumerate(states):
+            if i in self.caches:
+                self.caches[i].load(state["k_cache"], state["v_cache"], position)
+            else:
+                for name, buf in self.states[i].items():
+                    buf.copy_(state[name])
+        self.pos.fill_(position)
+        self.position = position
+
+    @torch.no_grad()
+    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """Eager prefill of ``prompt: [B, T]`` then load its states; returns the last logits ``[B, V]``."""
+        if prompt.shape[0] != self.batch:
+            raise UserError(f"prompt: batch must be {self.batch}, got {prompt.shape[0]}")
+        logits, states = self.model.prefill(prompt.to(self.device))
+        self.load(states, prompt.shape[1])
+        return logits
+
+    @torch.no_grad()
+    def randomize(self, position: int, generator: torch.Generator | None = None) -> None:
+        """Random states as after ``position`` tokens (for timing: never time on zeros)."""
+        self._check_room(position)
+        for i, state in enumerate(self.states):
+            if i in self.caches:
+                c = self.caches[i]
+                for buf in (c.k, c.v):
+                    buf.copy_(torch.randn(buf.shape, generator=generator, device=self.device, dtype=torch.float32))
+            else:
+                for buf in state.values():
+                    buf.copy_(0.1 * torch.randn(buf.shape, generator=generator, device=self.device, dtype=torch.float32))
+        self.pos.fill_(position)
+        self.position = position
+
+    def _check_room(self, position: int) -> None:
+        if position < 0:
+            raise UserError(f"position: must be >= 0, got {position}")
+        full = [i for i, c in self.caches.items() if not c.block.config.window]
+        if full and position >= self.capacity:
+            raise UserError(f"capacity: position {position} is past the KV-cache capacity {self.capacity} "
+                            f"of softmax layer {full[0]}; build the GraphDecoder with a larger capacity")
+
+    # --- the step ----------------------------------------------------------------------------
+    def _forward(self) -> torch.Tensor:
+        """One decode step on the static buffers: reads ``token``, ``pos`` and the states, writes the
+        states in place, advances ``pos``; returns logits ``[B, V]``."""
+        model = self.model
+        x = model.embed(self.token[:, None])  # [B, 1, d_model]
+        for i, layer in enumerate(model.layers):
+            h = layer.norm1(x)
+            if i in self.caches:
+                y = self.caches[i].step(h, self.pos)
+            else:
+                y, new = layer.mixer(h, self.states[i])
+                for name, buf in self.states[i].items():
+                    if new[name] is not buf:  # the fused step already wrote S in place
+                        if new[name].shape != buf.shape:
+                            raise UserError(f"layers[{i}] ({layer.mixer.name}): decode state {name!r} changes "
+                                            f"shape {tuple(buf.shape)} -> {tuple(new[name].shape)}; cannot capture")
+                        buf.copy_(new[name])
+            x = x + y
+            if layer.mlp is not None:
+                x = x + layer.mlp(layer.norm2(x))
+        self.pos.add_(1)
+        return model.head(model.final_norm(x))[:, 0]
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Warm up (compiles Triton kernels, creates library handles) and capture the step.
+
+        The warm-up steps run on the real buffers, so the states are saved and restored around them.
+        """
+        from blocks.kernels import inplace_decode_state
+
+        saved = self._snapshot()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with inplace_decode_state(), torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self._restore(saved)
+        graph = torch.cuda.CUDAGraph()
+        with inplace_decode_state(), torch.cuda.graph(graph):
+            self.logits = self._forward()
+        self.graph = graph
+        self._restore(saved)  # capture does not run kernels, but keep the buffers exactly as loaded
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        return [t.clone() for t in self._buffers()]
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        for buf, old in zip(self._buffers(), saved):
+            buf.copy_(old)
+
+    def _buffers(self) -> list[torch.Tensor]:
+        bufs = [self.pos]
+        for i, state in enumerate(self.states):
+            if i in self.caches:
+                bufs += [self.caches[i].k, self.caches[i].v]
+            else:
+                bufs += list(state.values())
+        return bufs
+
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        """Advance every sequence by ``token: [B]``; returns logits ``[B, V]``, a static buffer that
+        the next step overwrites (clone it to keep it)."""
+        self._check_room(self.position)
+        if self.graph is None:
+            self.capture()
+        self.token.copy_(token)
+        self.graph.replay()
+        self.position += 1
+        return self.logits
+
+    def time_step(self, iters: int = 50, warmup: int = 5) -> float:
+        """Median seconds per decode step by graph replay (the states advance; positions must fit)."""
+        if self.graph is None:
+            self.capture()
+        self._check_room(self.position + warmup + iters)
+        for _ in range(warmup):
+            self.graph.replay()
+        times = []
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(iters):
+            start.record()
+            self.graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        self.position += warmup + iters
+        times.sort()
+        return times[len(times) // 2]
+
+
+def decode_bytes(model, batch: int, context: int) -> int:
+    """Bytes a decode step must move at ``context``: every weight read once (a tied embedding once:
+    only the head reads it all) plus every state read and written (KV caches read, one slot written)."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights -= model.embed.weight.numel() * model.embed.weight.element_size() if model.head.weight is not model.embed.weight else 0
+    dtype = next(model.parameters()).dtype
+    state = 0
+    for layer in model.layers:
+        b = layer.mixer.state_bytes(batch, context, dtype)
+        state += b if layer.mixer.name == "softmax" else 2 * b
+    return weights + state
+
+
+def capture(model, states: Sequence[State | None], token: torch.Tensor, capacity: int | None = None):
+    """``archsearch.measure``'s hook: a greedy stepper ``token [B] -> next token [B]`` that replays the
+    captured graph, starting from eager ``states`` (e.g. after ``HybridLM.prefill``).
+
+    ``capacity`` (positions, default the current one + 4096) sizes the softmax KV caches. The
+    ``GraphDecoder`` is available as ``stepper.decoder``.
+    """
+    position = 0
+    for state in states:
+        if state is not None and "pos" in state:
+            position = int(state["pos"])  # one host sync, before capture
+            break
+    dec = GraphDecoder(model, int(token.shape[0]), capacity or position + 4096)
+    dec.load(states, position)
+    dec.capture()
+
+    def stepper(tok: torch.Tensor) -> torch.Tensor:
+        return dec.step(tok).argmax(-1)
+
+    stepper.decoder = dec  # type: ignore[attr-defined]
+    return stepper

@@ -1,0 +1,137 @@
+"""Shared pieces of the GPU benchmarks: the problem shapes, random inputs per family, timing.
+
+Timing follows the device notes: CUDA events, warm-up first (Triton compiles, library handles),
+median of repeats, random data (never zeros). A call slower than ``SLOW_S`` is timed only a few
+times: the PyTorch fallbacks take seconds at long sequences and the GPU lease is short.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+TOKENS = 65536  # tokens per batch: B = TOKENS // T
+HEADS = 16
+HEAD_DIM = 128
+LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+LINEAR_FAMILIES = ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule")
+SLOW_S = 0.25
+
+
+def cuda_time(fn: Callable[[], object], budget_s: float = 0.6, max_iters: int = 50) -> tuple[float, int]:
+    """Median seconds of ``fn()`` over CUDA events, after one warm-up call; ``(seconds, iters)``."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    iters = 2 if first > SLOW_S else max(3, min(max_iters, int(budget_s / max(first, 1e-6))))
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times), iters
+
+
+def graph_time(fn: Callable[[], object], steps: int = 20, reps: int = 10) -> float:
+    """Seconds per call of ``fn`` with launch overhead removed: ``steps`` calls captured in one CUDA
+    graph, replayed ``reps`` times; median replay time / steps."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(steps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / steps)
+    return statistics.median(times)
+
+
+def train_inputs(family: str, B: int, T: int, H: int = HEADS, D: int = HEAD_DIM,
+                 dtype: torch.dtype = torch.bfloat16, device: str = "cuda", seed: int = 0) -> dict:
+    """Random op inputs for one family in fla layout (``[B, T, H, D]``), all requiring grad.
+
+    Keys are l2-normalised for the delta rules (their contract), decays are ``logsigmoid`` of
+    random logits (per head for the scalar families, per key channel, milder, for ``gla``).
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape, dt=dtype):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
+
+    q, k, v = rnd(B, T, H, D), rnd(B, T, H, D), rnd(B, T, H, D)
+    args: dict = {}
+    if family in ("delta_rule", "gated_delta_rule"):
+        q, k = F.normalize(q.float(), dim=-1).to(dtype), F.normalize(k.float(), dim=-1).to(dtype)
+    else:
+        q, k = q * D ** -0.25, k * D ** -0.25
+    args.update(q=q, k=k, v=v)
+    if family in ("simple_gla", "gated_delta_rule"):
+        args["g"] = F.logsigmoid(rnd(B, T, H, dt=torch.float32) + 3.0)
+    if family == "gla":
+        args["gk"] = F.logsigmoid(rnd(B, T, H, D, dt=torch.float32) + 3.0) / 4
+    if family in ("delta_rule", "gated_delta_rule"):
+        args["beta"] = torch.sigmoid(rnd(B, T, H, dt=torch.float32))
+    for t in args.values():
+        t.requires_grad_(True)
+    return args
+
+
+def positional(family: str, args: dict) -> list:
+    """The op's positional arguments in its order: ``q, k, v`` then ``g``/``gk``/``beta``."""
+    extra = {"linear_attn": (), "simple_gla": ("g",), "gla": ("gk",), "delta_rule": ("beta",),
+             "gated_delta_rule": ("g", "beta")}[family]
+    return [args["q"], args["k"], args["v"]] + [args[n] for n in extra]
+
+
+def fwd_bwd(call: Callable[[], torch.Tensor], inputs: list[torch.Tensor]) -> Callable[[], None]:
+    """A closure running ``call()`` and the backward of ``sum(o * do)`` into ``inputs`` (no .grad
+    accumulation, so repeated calls cost the same)."""
+    state: dict = {}
+
+    def run() -> None:
+        o = call()
+        if "do" not in state:
+            state["do"] = torch.randn_like(o)
+        torch.autograd.grad(o, inputs, state["do"])
+
+    return run
+
+
+def step_inputs(family: str, B: int = 16, H: int = HEADS, D: int = HEAD_DIM, device: str = "cuda",
+                dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> dict:
+    """Random decode-step inputs: ``q, k: [B, H, D]``, ``v: [B, H, D]``, gates, state ``[B, H, D, D]`` fp32."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
+
+    k = F.normalize(rnd(B, H, D), dim=-1)
+    args = dict(q=rnd(B, H, D).to(dtype), k=k.to(dtype), v=rnd(B, H, D).to(dtype), state=0.1 * rnd(B, H, D, D))
+    if family in ("simple_gla", "gated_delta_rule"):
+        args["g"] = F.logsigmoid(rnd(B, H) + 3.0)
+    if family == "gla":
+        args["gk"] = F.logsigmoid(rnd(B, H, D) + 3.0)
+    if family in ("delta_rule", "gated_delta_rule"):
+        args["beta"] = torch.sigmoid(rnd(B, H))
+    return args

@@ -1,0 +1,461 @@
+"""GPU benchmark of the linear-attention kernels and the captured decode, in ONE invocation.
+
+    python benchmarks/gpu_kernels.py --out DIR [--fla-timeout 150] [--quick]
+
+Measures on the current CUDA device (bf16, 16 heads of dim 128, 64k tokens per batch):
+  1. ceilings: device-to-device copy bandwidth and bf16 matmul rate;
+  2. training throughput (forward + backward) per sequence length, for every linear family through
+     ``blocks.ops.<family>.chunk`` as it dispatches now (Triton kernel or PyTorch form, recorded),
+     next to cuDNN and FlashAttention SDPA (causal) and flash-linear-attention (subprocess, with a
+     time limit; whatever it finishes is kept);
+  3. decode: one linear-state update at batch 16 (fused Triton step vs eager PyTorch vs fla's fused
+     recurrent step), per-layer softmax decode over a KV cache vs context (SDPA) against the
+     linear step, and a 24-layer d_model 2048 model's whole decode step captured as one CUDA graph
+     (``archsearch.decode_graph``) against its memory roofline.
+Writes ``gpu_results.json``, ``gpu_results.md`` and ``gpu_train.png`` / ``gpu_decode.png`` into DIR
+and prints the markdown table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for blocks/archsearch
+
+from gpu_common import (  # noqa: E402
+    HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, cuda_time, fwd_bwd, graph_time, positional,
+    step_inputs, train_inputs,
+)
+
+import blocks.kernels as kernels  # noqa: E402
+from blocks import ops  # noqa: E402
+
+TARGET_MTOK = 15.0
+CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def op_module(family: str):
+    import importlib
+
+    return importlib.import_module(f"blocks.ops.{family}")
+
+
+# --- 1. ceilings ------------------------------------------------------------------------------
+def ceilings() -> dict:
+    n = 1 << 30  # 2 GiB of bf16 each way: far beyond the 60 MB L2
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    t, _ = cuda_time(lambda: y.copy_(x))
+    copy_bw = 2 * x.numel() * 2 / t
+    del x, y
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t, _ = cuda_time(lambda: a @ b)
+    return {"copy_bytes_per_s": copy_bw, "bf16_matmul_flops": 2 * 8192 ** 3 / t}
+
+
+# --- 2. training throughput ---------------------------------------------------------------------
+def sdpa_call(backend: SDPBackend, B: int, T: int):
+    q, k, v = (torch.randn(B, HEADS, T, HEAD_DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+
+    def call():
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return call, [q, k, v]
+
+
+def train_bench(lengths, families) -> dict:
+    out: dict = {f: {} for f in families}
+    out["sdpa_cudnn"], out["sdpa_flash"] = {}, {}
+    slow: set = set()
+    for T in lengths:
+        B = TOKENS // T
+        for family in families:
+            if family in slow:
+                continue
+            try:
+                args = train_inputs(family, B, T)
+                mod = op_module(family)
+                pos = positional(family, args)
+                impl = "triton" if kernels.has_kernel(family, "chunk") else "pytorch"
+                sec, iters = cuda_time(fwd_bwd(lambda: mod.chunk(*pos)[0], pos))
+                out[family][str(T)] = {"s": sec, "mtok_s": TOKENS / sec / 1e6, "impl": impl, "iters": iters}
+                log(f"ours {family:17s} T={T:6d} {TOKENS / sec / 1e6:8.2f} Mtok/s ({impl})")
+                if sec > 2.0:
+                    slow.add(family)  # the PyTorch form at longer T would take minutes
+            except Exception as exc:
+                out[family][str(T)] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                log(f"ours {family} T={T} FAILED {exc!r}"[:300])
+            finally:
+                torch.cuda.empty_cache()
+        for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+            try:
+                call, ins = sdpa_call(backend, B, T)
+                sec, iters = cuda_time(fwd_bwd(call, ins))
+                out[name][str(T)] = {"s": sec, "mtok_s": TOKENS / sec / 1e6, "iters": iters}
+                log(f"{name:22s} T={T:6d} {TOKENS / sec / 1e6:8.2f} Mtok/s")
+            except Exception as exc:
+                out[name][str(T)] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            finally:
+                torch.cuda.empty_cache()
+    return out
+
+
+def fla_bench(timeout: float, lengths) -> dict:
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / "fla_bench.json"
+    path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).with_name("gpu_fla.py")), "--out", str(path),
+           "--lengths", ",".join(map(str, lengths))]
+    t0 = time.time()
+    try:
+        subprocess.run(cmd, timeout=timeout, check=False)
+        note = "finished"
+    except subprocess.TimeoutExpired:
+        note = f"stopped at the {timeout:.0f} s limit"
+    res = json.loads(path.read_text()) if path.exists() else {"train": {}, "step": {}, "errors": {}}
+    res["note"] = f"{note} after {time.time() - t0:.0f} s"
+    return res
+
+
+# --- 3. decode ----------------------------------------------------------------------------------
+def step_bench() -> dict:
+    """One linear-state update at batch 16, 16 heads, 128x128 fp32 state (16.8 MB)."""
+    out = {}
+    for family in ("gated_delta_rule", "simple_gla", "linear_attn", "gla", "delta_rule"):
+        a = step_inputs(family)
+        mod = op_module(family)
+        extra = [a[n] for n in ("g", "gk", "beta") if n in a]
+        S = a["state"]
+        call = lambda: mod.step(a["q"], a["k"], a["v"], *extra, state=S)  # noqa: E731
+        state_bytes = S.numel() * 4
+        row = {"state_bytes": state_bytes}
+        row["triton_launch_s"] = cuda_time(call)[0]
+        row["triton_graph_s"] = graph_time(call)
+        with kernels.inplace_decode_state():
+            row["triton_inplace_graph_s"] = graph_time(call)
+        with kernels.disabled():
+            row["eager_launch_s"] = cuda_time(call)[0]
+            row["eager_graph_s"] = graph_time(call)
+        row["inplace_bw"] = 2 * state_bytes / row["triton_inplace_graph_s"]
+        out[family] = row
+        log(f"step {family:17s} triton {row['triton_launch_s'] * 1e6:6.1f} us launched, "
+            f"{row['triton_inplace_graph_s'] * 1e6:6.1f} us in a graph (in place); eager {row['eager_launch_s'] * 1e6:6.1f} us")
+    return out
+
+
+def softmax_decode_bench(contexts) -> dict:
+    """Per-layer softmax decode at batch 16: q [16, 16, 1, 128] over a KV cache [16, 16, S, 128]."""
+    out = {}
+    B = 16
+    for S in contexts:
+        row = {}
+        try:
+            q = torch.randn(B, HEADS, 1, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(B, HEADS, S, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(B, HEADS, S, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+            for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                                  ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+                def call(backend=backend):
+                    with sdpa_kernel([backend]):
+                        return F.scaled_dot_product_attention(q, k, v)
+                try:
+                    row[f"{name}_launch_s"] = cuda_time(call)[0]
+                    row[f"{name}_graph_s"] = graph_time(call, steps=5, reps=5)
+                except Exception as exc:
+                    row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            row["kv_bytes"] = 2 * k.numel() * 2
+            del q, k, v
+        except torch.OutOfMemoryError as exc:
+            row["error"] = str(exc)[:120]
+        torch.cuda.empty_cache()
+        out[str(S)] = row
+        log(f"softmax decode S={S:7d} " + " ".join(f"{k}={v * 1e6:.1f}us" for k, v in row.items()
+                                                    if k.endswith("_s")))
+    return out
+
+
+def model_spec(block: str, layers: int = 24, d_model: int = 2048, softmax_every: int = 0):
+    from archsearch.spec import ArchSpec, LayerSpec
+
+    cfg = {"num_heads": 16}
+    lay = []
+    for i in range(layers):
+        if softmax_every and (i + 1) % softmax_every == 0:
+            lay.append(LayerSpec("softmax", {"num_heads": 16}))
+        else:
+            lay.append(LayerSpec(block, cfg))
+    return ArchSpec(vocab_size=32000, d_model=d_model, layers=tuple(lay))
+
+
+def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
+    """Whole-model decode: eager ``decode_step`` vs the captured graph, against the roofline."""
+    from archsearch import decode_graph
+    from archsearch.model import HybridLM
+
+    out = {}
+    cases = [("gated_deltanet x24", "gated_deltanet", 0, (4096,)),
+             ("simple_gla x24", "simple_gla", 0, (4096,)),
+             ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, (1024, 4096, 16384, 65536))]
+    for name, block, every, contexts in cases:
+        try:
+            with torch.device("cuda"):
+                model = HybridLM(model_spec(block, softmax_every=every))
+            model = model.to(torch.bfloat16).eval()
+            for ctx in contexts:
+                dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 64)
+                gen = torch.Generator(device="cuda").manual_seed(0)
+                dec.randomize(ctx - 1, gen)
+                # agreement with the eager model on the same state: one step each
+                check = _graph_vs_eager(model, dec, batch)
+                dec.randomize(ctx - 1, gen)
+                graph_s = dec.time_step(iters=30)
+                nbytes = decode_graph.decode_bytes(model, batch, ctx)
+                row = {"params": model.num_params(), "bytes_per_step": nbytes, "graph_s": graph_s,
+                       "roofline_s": nbytes / copy_bw, "x_roofline": graph_s / (nbytes / copy_bw),
+                       "tokens_per_s": batch / graph_s, "max_abs_logit_diff_vs_eager": check}
+                if ctx == contexts[0]:
+                    row["eager_s"] = _eager_step_time(model, dec, batch)
+                out[f"{name} @ {ctx}"] = row
+                log(f"model {name} ctx={ctx}: graph {graph_s * 1e3:.3f} ms, roofline {nbytes / copy_bw * 1e3:.3f} ms "
+                    f"({graph_s / (nbytes / copy_bw):.2f}x), eager {row.get('eager_s', float('nan')) * 1e3:.2f} ms, "
+                    f"logit diff {check:.3g}")
+                del dec
+                torch.cuda.empty_cache()
+            del model
+        except Exception as exc:
+            out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            traceback.print_exc()
+        torch.cuda.empty_cache()
+    return out
+
+
+@torch.no_grad()
+def _eager_states(dec) -> list:
+    """The decoder's static buffers as eager-model states (KV caches cut to the valid length)."""
+    states = []
+    pos = dec.position
+    for i, st in enumerate(dec.states):
+        if i in dec.caches:
+            c = dec.caches[i]
+            n = min(pos, c.cap)
+            slots = torch.arange(pos - n, pos, device=c.k.device) % c.cap
+            states.append({"k_cache": c.k[:, slots].clone(), "v_cache": c.v[:, slots].clone(),
+                           "pos": torch.tensor(pos, device=c.k.device)})
+        else:
+            states.append({k: v.clone() for k, v in st.items()})
+    return states
+
+
+@torch.no_grad()
+def _graph_vs_eager(model, dec, batch: int) -> float:
+    token = torch.randint(0, model.spec.vocab_size, (batch,), device="cuda")
+    states = _eager_states(dec)
+    ref, _ = model.decode_step(token, states)
+    got = dec.step(token).clone()
+    return (got.float() - ref.float()).abs().max().item()
+
+
+@torch.no_grad()
+def _eager_step_time(model, dec, batch: int) -> float:
+    token = torch.randint(0, model.spec.vocab_size, (batch,), device="cuda")
+    states = _eager_states(dec)
+    return cuda_time(lambda: model.decode_step(token, states), budget_s=0.5, max_iters=10)[0]
+
+
+# --- report --------------------------------------------------------------------------------------
+def fmt(x, scale=1.0, digits=2):
+    return "-" if x is None else f"{x * scale:.{digits}f}"
+
+
+def markdown(res: dict) -> str:
+    env, tr, fla = res["env"], res["train"], res.get("fla", {})
+    lines = [f"# GPU benchmark: {env['device']}",
+             "",
+             f"{env['when']} · torch {env['torch']} · triton {env['triton']} · fla {fla.get('version')} ({fla.get('note', '')}) · "
+             f"copy {res['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s · bf16 matmul "
+             f"{res['ceilings']['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s",
+             "",
+             f"## Training, forward + backward (Mtok/s; bf16, H={HEADS}, D={HEAD_DIM}, {TOKENS} tokens per batch; "
+             f"target >= {TARGET_MTOK:g} and > cuDNN from 2k)",
+             "",
+             "| method | " + " | ".join(str(T) for T in res["lengths"]) + " |",
+             "|---|" + "---|" * len(res["lengths"])]
+
+    def row(label, table):
+        cells = []
+        for T in res["lengths"]:
+            r = table.get(str(T), {})
+            cells.append(fmt(r.get("mtok_s")) if "mtok_s" in r else ("err" if "error" in r else "-"))
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    for family in res["families"]:
+        impl = {r.get("impl") for r in tr[family].values() if "impl" in r}
+        lines.append(row(f"ours {family} ({'/'.join(sorted(impl)) or '?'})", tr[family]))
+        if family in fla.get("train", {}) and fla["train"][family]:
+            lines.append(row(f"fla {family}", fla["train"][family]))
+    lines.append(row("cuDNN SDPA (causal)", tr["sdpa_cudnn"]))
+    lines.append(row("FlashAttention SDPA (causal)", tr["sdpa_flash"]))
+    if fla.get("errors"):
+        lines += ["", "fla errors: " + "; ".join(f"{k}: {v[:140]}" for k, v in fla["errors"].items())]
+    st = res.get("step", {})
+    if st:
+        lines += ["", "## One decode-state update (batch 16, 16 heads, 128x128 fp32 state = 16.8 MB; us)", "",
+                  "| family | Triton, launched | Triton, in a graph | Triton in place, in a graph (TB/s) | eager PyTorch, launched | eager, in a graph | fla fused recurrent, launched / graph |",
+                  "|---|---|---|---|---|---|---|"]
+        for fam, r in st.items():
+            f = fla.get("step", {}).get(fam)
+            fcell = f"{f['launch_s'] * 1e6:.1f} / {f['graph_s'] * 1e6:.1f}" if f else "-"
+            lines.append(f"| {fam} | {fmt(r['triton_launch_s'], 1e6, 1)} | {fmt(r['triton_graph_s'], 1e6, 1)} | "
+                         f"{fmt(r['triton_inplace_graph_s'], 1e6, 1)} ({r['inplace_bw'] / 1e12:.2f}) | "
+                         f"{fmt(r['eager_launch_s'], 1e6, 1)} | {fmt(r['eager_graph_s'], 1e6, 1)} | {fcell} |")
+    sd = res.get("softmax_decode", {})
+    if sd and st:
+        lin = st["gated_delta_rule"]["triton_inplace_graph_s"]
+        lines += ["", "## Decode per layer vs context (batch 16; us, in a graph): softmax SDPA over the KV cache vs one linear-state update", "",
+                  "| context | cuDNN | flash | efficient | linear (gated delta, Triton) | best softmax / linear |",
+                  "|---|---|---|---|---|---|"]
+        for S, r in sd.items():
+            best = min((r[k] for k in ("cudnn_graph_s", "flash_graph_s", "efficient_graph_s") if k in r), default=None)
+            lines.append(f"| {S} | {fmt(r.get('cudnn_graph_s'), 1e6, 1)} | {fmt(r.get('flash_graph_s'), 1e6, 1)} | "
+                         f"{fmt(r.get('efficient_graph_s'), 1e6, 1)} | {lin * 1e6:.1f} | "
+                         f"{fmt(best / lin if best else None, 1, 1)}x |")
+    md = res.get("model_decode", {})
+    if md:
+        lines += ["", "## Whole-model decode step, one CUDA graph (24 layers, d_model 2048, batch 16, bf16)", "",
+                  "| model @ context | params | MB moved / step | graph ms | roofline ms | x roofline | eager ms | tokens/s | max logit diff vs eager |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for name, r in md.items():
+            if "error" in r:
+                lines.append(f"| {name} | error: {r['error'][:120]} |||||||")
+                continue
+            lines.append(f"| {name} | {r['params'] / 1e9:.2f} B | {r['bytes_per_step'] / 1e6:.0f} | {r['graph_s'] * 1e3:.3f} | "
+                         f"{r['roofline_s'] * 1e3:.3f} | {r['x_roofline']:.2f} | {fmt(r.get('eager_s'), 1e3, 2)} | "
+                         f"{r['tokens_per_s']:.0f} | {r['max_abs_logit_diff_vs_eager']:.2g} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(res: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    fams = res["families"]
+    fig, axes = plt.subplots(1, len(fams), figsize=(4 * len(fams), 3.6), sharey=True)
+    for ax, family in zip(axes, fams):
+        for label, table, style in (("ours", res["train"][family], "o-"),
+                                    ("fla", res.get("fla", {}).get("train", {}).get(family, {}), "s--"),
+                                    ("cuDNN SDPA", res["train"]["sdpa_cudnn"], "^:"),
+                                    ("Flash SDPA", res["train"]["sdpa_flash"], "v:")):
+            pts = [(int(T), r["mtok_s"]) for T, r in table.items() if "mtok_s" in r]
+            if pts:
+                ax.plot(*zip(*sorted(pts)), style, label=label)
+        ax.axhline(TARGET_MTOK, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(family)
+        ax.set_xlabel("sequence length")
+    axes[0].set_ylabel("Mtok/s, fwd+bwd (64k tokens/batch)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "gpu_train.png", dpi=110)
+    files.append("gpu_train.png")
+    plt.close(fig)
+    sd, st = res.get("softmax_decode", {}), res.get("step", {})
+    if sd and st:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key, label in (("cudnn_graph_s", "softmax cuDNN SDPA"), ("flash_graph_s", "softmax flash SDPA")):
+            pts = [(int(S), r[key] * 1e6) for S, r in sd.items() if key in r]
+            if pts:
+                ax.plot(*zip(*sorted(pts)), "o-", label=label)
+        ctxs = sorted(int(S) for S in sd)
+        for fam in ("gated_delta_rule",):
+            ax.plot(ctxs, [st[fam]["triton_inplace_graph_s"] * 1e6] * len(ctxs), "s--", label=f"linear {fam} (Triton step)")
+            ax.plot(ctxs, [st[fam]["eager_launch_s"] * 1e6] * len(ctxs), ":", label=f"linear {fam} (eager)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("us per layer per step (batch 16)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "gpu_decode.png", dpi=110)
+        files.append("gpu_decode.png")
+        plt.close(fig)
+    return files
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for gpu_results.json/.md and the plots")
+    ap.add_argument("--fla-timeout", type=float, default=150.0)
+    ap.add_argument("--quick", action="store_true", help="three lengths, fewer contexts")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: train,fla,step,softmax,model")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_kernels: no CUDA device; nothing to measure", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, a.skip.split(",")))
+    lengths = (512, 2048, 8192) if a.quick else LENGTHS
+    contexts = (1024, 8192, 131072) if a.quick else CONTEXTS
+    import triton
+
+    res: dict = {"env": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                         "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(),
+                         "python": platform.python_version(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                 "lengths": list(lengths), "families": list(LINEAR_FAMILIES),
+                 "kernels": {f: kernels.has_kernel(f, "chunk") for f in LINEAR_FAMILIES}}
+
+    def save():
+        (out / "gpu_results.json").write_text(json.dumps(res, indent=1))
+
+    sections = [("ceilings", lambda: ceilings()),
+                ("train", lambda: train_bench(lengths, LINEAR_FAMILIES)),
+                ("step", step_bench),
+                ("softmax_decode", lambda: softmax_decode_bench(contexts)),
+                ("model_decode", lambda: model_decode_bench(res["ceilings"]["copy_bytes_per_s"])),
+                ("fla", lambda: fla_bench(a.fla_timeout, lengths))]
+    for name, fn in sections:
+        if name in skip or (name == "softmax_decode" and "softmax" in skip) or (name == "model_decode" and "model" in skip):
+            continue
+        t0 = time.time()
+        log(f"== {name}")
+        try:
+            res[name] = fn()
+        except Exception as exc:
+            res[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            traceback.print_exc()
+        res.setdefault("seconds", {})[name] = time.time() - t0
+        save()
+    text = markdown(res)
+    (out / "gpu_results.md").write_text(text)
+    try:
+        res["plots"] = plots(res, out)
+    except Exception:
+        traceback.print_exc()
+    save()
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""The Triton kernels against the reference ops, forward and backward, and the captured decode graph
+against the eager model. Needs CUDA and Triton; skips cleanly without them (the CPU-side checks at
+the bottom run everywhere).
+
+Inputs are fresh random draws per case (seeded for reproducibility), at lengths that are and are
+not multiples of the kernels' chunk (64), with weak to very strong decays. The reference is the
+op's ``recurrent`` loop in float32 on the same values; float32 inputs must match to ~1e-5, bf16
+inputs to bf16 rounding (the kernels store chunk states in bf16, as fla does).
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import blocks.kernels as kernels
+from archsearch.errors import UserError
+
+HAS_GPU = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU and Triton")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite values"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _inputs(family, B, T, H, K, V, dtype, decay, seed, with_h0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32)
+
+    args = {"q": rnd(B, T, H, K).to(dtype), "k": rnd(B, T, H, K).to(dtype), "v": rnd(B, T, H, V).to(dtype)}
+    if family == "simple_gla":
+        # decay strength: g = decay * logsigmoid(x); 10 makes exp(g) ~ 1e-3 .. 1e-30 per step
+        args["g"] = decay * F.logsigmoid(rnd(B, T, H) + 2.0)
+    h0 = rnd(B, H, K, V) if with_h0 else None
+    return args, h0
+
+
+SHAPES = [  # B, T, H, K, V
+    (2, 64, 2, 64, 64),
+    (1, 1, 3, 32, 48),
+    (2, 65, 2, 64, 128),
+    (1, 200, 2, 128, 64),
+    (1, 1000, 1, 128, 128),
+    (1, 100, 2, 160, 32),  # K > 128: split into key slices
+]
+
+
+@gpu
+@pytest.mark.parametrize("family", ["simple_gla", "linear_attn"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_chunk_kernel_matches_reference(family, shape, dtype):
+    from blocks.ops import linear_attn, simple_gla
+
+    B, T, H, K, V = shape
+    seed = hash((family, shape, str(dtype))) % 2**31
+    for decay, with_h0 in ((1.0, True), (10.0, False), (0.01, True)):
+        if family == "linear_attn" and decay != 1.0:
+            continue
+        args, h0 = _inputs(family, B, T, H, K, V, dtype, decay, seed, with_h0)
+        leaves = {n: t.detach().clone().requires_grad_(True) for n, t in args.items()}
+        ref_leaves = {n: t.detach().float().clone().requires_grad_(True) for n, t in args.items()}
+        h0k = h0.clone().requires_grad_(True) if h0 is not None else None
+        h0r = h0.clone().requires_grad_(True) if h0 is not None else None
+        kernel = kernels.get_kernel(family, "chunk")
+        assert kernel is not None
+        op = simple_gla if family == "simple_gla" else linear_attn
+        o, ht = kernel(*leaves.values(), initial_state=h0k, output_final_state=True)
+        ro, rht = op.recurrent(*ref_leaves.values(), initial_state=h0r, output_final_state=True)
+        assert o.dtype == dtype and o.shape == (B, T, H, V) and ht.dtype == torch.float32
+        do = torch.randn_like(ro)
+        dht = torch.randn_like(rht)
+        ((o.float() * do).sum() + (ht * dht).sum()).backward()
+        ((ro * do).sum() + (rht * dht).sum()).backward()
+        tol = 2e-5 if dtype == torch.float32 else 2e-2
+        assert rel(o, ro) < tol, ("o", decay)
+        assert rel(ht, rht) < tol, ("final state", decay)
+        for n in leaves:
+            t = tol if n != "g" else 5 * tol
+            assert rel(leaves[n].grad, ref_leaves[n].grad) < t, (f"d{n}", decay)
+        if h0 is not None:
+            assert rel(h0k.grad, h0r.grad) < tol, ("d initial_state", decay)
+
+
+@gpu
+def test_ops_dispatch_to_kernel_and_agree_with_pytorch_form():
+    from blocks.ops import simple_gla
+
+    args, h0 = _inputs("simple_gla", 2, 130, 4, 64, 64, torch.float32, 1.0, 7, True)
+    o, ht = simple_gla.chunk(*args.values(), initial_state=h0, output_final_state=True)
+    with kernels.disabled():
+        ro, rht = simple_gla.chunk(*args.values(), initial_state=h0, output_final_state=True)
+    assert rel(o, ro) < 2e-5 and rel(ht, rht) < 2e-5
+
+
+def _step_args(family, B, H, K, V, dtype, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32)
+
+    args = [rnd(B, H, K).to(dtype), F.normalize(rnd(B, H, K), dim=-1).to(dtype), rnd(B, H, V).to(dtype)]
+    if family in ("simple_gla", "gated_delta_rule"):
+        args.append(F.logsigmoid(rnd(B, H)))
+    if family == "gla":
+        args.append(F.logsigmoid(rnd(B, H, K)))
+    if family in ("delta_rule", "gated_delta_rule"):
+        args.append(torch.sigmoid(rnd(B, H)))
+    return args, rnd(B, H, K, V)
+
+
+@gpu
+@pytest.mark.parametrize("family", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("dims", [(16, 16, 128, 128), (3, 2, 48, 20), (1, 1, 256, 64)], ids=str)
+def test_step_kernel_matches_pytorch_step(family, dims):
+    import importlib
+
+    op = importlib.import_module(f"blocks.ops.{family}")
+    B, H, K, V = dims
+    for dtype in (torch.float32, torch.bfloat16):
+        args, S = _step_args(family, B, H, K, V, dtype, seed=B * 1000 + K)
+        with kernels.disabled():
+            ro, rS = op.step(*args, state=S, scale=0.7)
+            ro0, rS0 = op.step(*args, state=None)
+        o, S1 = op.step(*args, state=S, scale=0.7)
+        assert S1 is not S and rel(S1, rS) < 1e-6
+        assert rel(o, ro) < (1e-5 if dtype == torch.float32 else 1e-2)
+        o0, S0 = op.step(*args, state=None)
+        assert rel(S0, rS0) < 1e-6 and rel(o0, ro0) < (1e-5 if dtype == torch.float32 else 1e-2)
+        S_inplace = S.clone()
+        with kernels.inplace_decode_state():
+            o2, S2 = op.step(*args, state=S_inplace, scale=0.7)
+        assert S2 is S_inplace and rel(S2, rS) < 1e-6 and torch.equal(o2, o)
+
+
+def _tiny_model(layers):
+    from archsearch.model import HybridLM
+    from archsearch.spec import ArchSpec, LayerSpec
+
+    spec = ArchSpec(vocab_size=97, d_model=64, layers=tuple(LayerSpec(b, c) for b, c in layers))
+    torch.manual_seed(0)
+    return HybridLM(spec).cuda().eval()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_decode_graph_matches_eager_model(dtype):
+    from archsearch.decode_graph import GraphDecoder
+
+    model = _tiny_model([
+        ("gated_deltanet", {"num_heads": 2}),
+        ("softmax", {"num_heads": 4, "num_kv_heads": 2}),
+        ("simple_gla", {"num_heads": 2, "conv_size": 3}),
+        ("softmax", {"num_heads": 2, "window": 5}),
+        ("gla", {"num_heads": 2}),
+        ("deltanet", {"num_heads": 2}),
+        ("linear_attn", {"num_heads": 2}),
+    ]).to(dtype)
+    B, P, steps = 3, 9, 6
+    prompt = torch.randint(0, 97, (B, P), device="cuda")
+    dec = GraphDecoder(model, B, capacity=P + steps)
+    with torch.no_grad():
+        ref_logits, states = model.prefill(prompt)
+        logits = dec.prefill(prompt)
+        assert torch.allclose(logits, ref_logits)
+        token = logits.argmax(-1)
+        tol = 1e-4 if dtype == torch.float32 else 5e-2
+        for _ in range(steps):
+            ref_logits, states = model.decode_step(token, states)
+            got = dec.step(token)
+            assert (got.float() - ref_logits.float()).abs().max().item() < tol * ref_logits.float().abs().max().item()
+            token = ref_logits.argmax(-1)
+        with pytest.raises(UserError, match="capacity"):
+            dec.step(token)
+
+
+@gpu
+def test_capture_hook_for_measure_steps_greedily():
+    from archsearch import decode_graph
+
+    model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2})])
+    prompt = torch.randint(0, 97, (2, 5), device="cuda")
+    with torch.no_grad():
+        logits, states = model.prefill(prompt)
+        token = logits.argmax(-1)
+        step = decode_graph.capture(model, states, token)
+        ref_states = states
+        ref_token = token
+        for _ in range(4):
+            token = step(token)
+            ref_logits, ref_states = model.decode_step(ref_token, ref_states)
+            ref_token = ref_logits.argmax(-1)
+            assert torch.equal(token, ref_token)
+
+
+# --- CPU side: no GPU, the ops keep their PyTorch forms ----------------------------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
+def test_no_kernels_without_cuda():
+    assert kernels.get_kernel("simple_gla", "chunk") is None
+    from blocks.ops import utils
+
+    assert utils.cuda_kernel("simple_gla", "chunk", torch.zeros(1)) is None
+
+
+def test_disabled_context_hides_kernels():
+    with kernels.disabled():
+        assert kernels.get_kernel("simple_gla", "chunk") is None
+        assert kernels.get_kernel("gated_delta_rule", "step") is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_decode_graph_needs_cuda_one_line_error():
+    from archsearch.decode_graph import GraphDecoder
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(UserError, match="CUDA"):
+        GraphDecoder(model, 1, 8)
