@@ -83,8 +83,9 @@ class Performer(FeatureMap):
         blocks = []
         for _ in range(math.ceil(m / d)):
             g = torch.randn(d, d, device=device, generator=generator)
-            q, _ = torch.linalg.qr(g)  # columns orthonormal
-            blocks.append(q.T)
+            q, r = torch.linalg.qr(g)  # columns orthonormal
+            # sign fix: without it QR's Q is not Haar-distributed and the estimate is biased
+            blocks.append((q * torch.sign(torch.diagonal(r))).T)
         w = torch.cat(blocks, dim=0)[:m]  # [m, d], unit rows
         norms = torch.randn(m, d, device=device, generator=generator).norm(dim=1)  # chi(d)
         return w * norms[:, None]
