@@ -234,6 +234,22 @@ def _bwd_dqkv_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT,
         tl.store(dA + (i_b * T + o_t) * H + i_h, b_dA, mask=m_t)
 
 
+def _stages(x: torch.Tensor) -> int:
+    # float32 tiles are twice the shared memory of bf16 ones: no double buffering for them
+    return 1 if _INTERPRET or x.dtype == torch.float32 else 2
+
+
+def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
+    """(BK, BV) for the sequential chunk walks: their grid is B*H*(K/BK)*(V/BV) programs, each a
+    chain of NT dependent steps, so at long T (small B) narrower V blocks keep more SMs busy."""
+    BK, BV = min(64, _pow2(K)), min(64, _pow2(V))
+    if x.is_cuda and BV > 32:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        if B * H * triton.cdiv(K, BK) * triton.cdiv(V, BV) < 4 * sms:
+            BV = 32
+    return BK, BV
+
+
 def _prec(x: torch.Tensor) -> str:
     # float32 inputs get full-precision dots so results match the PyTorch forms (which do not use
     # TF32 by default); bf16/fp16 dots are exact products with float32 accumulation either way.
@@ -250,7 +266,7 @@ def fwd_h(k, v, g, h0, output_final_state):
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
-    BK, BV = min(64, _pow2(K)), min(64, _pow2(V))
+    BK, BV = _walk_blocks(k, B, H, K, V)
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
@@ -269,7 +285,7 @@ def fwd_o(q, k, v, g, h, scale):
     grid = (triton.cdiv(V, BV), NT, B * H)
     _fwd_o_kernel[grid](q, k, v, g, h, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                         USE_G=g is not None, DOT_PREC=_prec(q), num_warps=_warps(8),
-                        num_stages=1 if _INTERPRET else 2)
+                        num_stages=_stages(q))
     return o
 
 
@@ -277,7 +293,7 @@ def bwd_dh(q, do, g, dht, h0_needs_grad, scale):
     B, T, H, K = q.shape
     V = do.shape[-1]
     NT = triton.cdiv(T, BT)
-    BK, BV = min(64, _pow2(K)), min(64, _pow2(V))
+    BK, BV = _walk_blocks(q, B, H, K, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if h0_needs_grad else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
@@ -296,7 +312,7 @@ def bwd_dqkv(q, k, v, g, h, do, dh, scale):
     dA = q.new_empty(B, T, H, dtype=torch.float32) if g is not None else None
     _bwd_dqkv_kernel[(NT, B * H)](q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT, H=H, K=K, V=V,
                                   BT=BT, BK=BK, BV=BV, USE_G=g is not None, DOT_PREC=_prec(q),
-                                  num_warps=_warps(8), num_stages=1 if _INTERPRET else 2)
+                                  num_warps=_warps(8), num_stages=_stages(q))
     return dq, dk, dv, dA
 
 
