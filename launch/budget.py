@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import os
 import threading
+import warnings
 from typing import Iterator
 
 import optuna
@@ -72,7 +73,7 @@ def study_lock(study: optuna.Study) -> Iterator[None]:
             with _file_lock(engine.url.database + ".archsearch-lock"):
                 yield
             return
-    path = getattr(getattr(inner, "_backend", None), "_file_path", None)  # JournalStorage(JournalFileBackend)
+    path = _journal_file(storage)
     if path:
         with _file_lock(path + ".archsearch-lock"):
             yield
@@ -80,6 +81,13 @@ def study_lock(study: optuna.Study) -> Iterator[None]:
     lock = _local_locks.setdefault((id(storage), study._study_id), threading.Lock())
     with lock:
         yield
+
+
+def _journal_file(storage) -> str | None:
+    """The file behind a ``JournalStorage(JournalFileBackend(path))``, else None."""
+    if isinstance(storage, optuna.storages.JournalStorage):
+        return getattr(storage._backend, "_file_path", None)
+    return None
 
 
 @contextlib.contextmanager
@@ -112,4 +120,7 @@ def claim_trial(study: optuna.Study, n_trials: int, **ask_kwargs) -> tuple[optun
             return None, True
         if complete + running >= n_trials:
             return None, False
-        return study.ask(**ask_kwargs), False
+        with warnings.catch_warnings():
+            # We record heartbeats ourselves (launch.reaper.heartbeat) around ask/tell trials.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            return study.ask(**ask_kwargs), False

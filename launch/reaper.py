@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import signal
+import warnings
 from typing import Iterator
 
 import optuna
@@ -89,17 +90,36 @@ def mark_owner(study: optuna.Study, trial, proc=None) -> None:
         study._storage.set_trial_user_attr(trial_id, key, value)
 
 
+def normalize_db_url(url: str) -> str:
+    """Pick the PostgreSQL driver that is installed for a bare ``postgresql://`` URL.
+
+    SQLAlchemy 2.1 maps ``postgresql://`` to psycopg 3; archsearch's ``postgres`` extra installs
+    psycopg2 (binary wheels everywhere). ``postgres://`` (Heroku style) is accepted too.
+    """
+    import importlib.util
+
+    scheme, sep, rest = url.partition("://")
+    if scheme in ("postgresql", "postgres") and sep:
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + rest
+        return "postgresql://" + rest
+    return url
+
+
 def make_heartbeat_storage(url: str, heartbeat_interval: int = 10, grace_period: int | None = None):
     """An ``RDBStorage`` for ``url`` that records heartbeats (for ``heartbeat()`` and the reaper).
 
     ``grace_period`` defaults to 3 heartbeats: a worker busy in a long ``ask()`` must not look dead.
     """
-    return optuna.storages.RDBStorage(
-        url,
-        heartbeat_interval=heartbeat_interval,
-        grace_period=grace_period or 3 * heartbeat_interval,
-        engine_kwargs={"pool_pre_ping": True},
-    )
+    url = normalize_db_url(url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            url,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period or 3 * heartbeat_interval,
+            engine_kwargs={"pool_pre_ping": True},
+        )
 
 
 @contextlib.contextmanager
@@ -181,6 +201,7 @@ def reap_stale_trials(study: optuna.Study, *, retry: bool = True, max_retries: i
     Safe to run from several workers at once: a trial is failed by exactly one of them.
     """
     reaped: list[FrozenTrial] = []
+    reasons: dict[int, str] = {}
     running = {t._trial_id: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     if not running:
         return reaped
@@ -190,24 +211,27 @@ def reap_stale_trials(study: optuna.Study, *, retry: bool = True, max_retries: i
         stale = set(storage._get_stale_trial_ids(study._study_id))
         for tid in stale & set(running):
             t = running[tid]
-            if _fail(study, t, "reaped: heartbeat stale (owner "
-                               f"{t.user_attrs.get(OWNER_HOST, '?')}:{t.user_attrs.get(OWNER_PID, '?')})"):
+            reasons[tid] = ("reaped: heartbeat stale (owner "
+                            f"{t.user_attrs.get(OWNER_HOST, '?')}:{t.user_attrs.get(OWNER_PID, '?')})")
+            if _fail(study, t, reasons[tid]):
                 reaped.append(t)
-        fail_stale_trials(study)  # anything that went stale since; runs the storage's callback too
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            fail_stale_trials(study)  # anything that went stale since; runs the storage's callback too
 
     done = {t._trial_id for t in reaped}
     for tid, t in running.items():
         if tid in done or not owner_is_dead(t):
             continue
         kill_orphan_group(t.user_attrs.get(TRIAL_PGID), t.user_attrs.get(TRIAL_OUT))
-        reason = f"reaped: owner pid {t.user_attrs[OWNER_PID]} on {t.user_attrs[OWNER_HOST]} is gone"
-        if _fail(study, t, reason):
+        reasons[tid] = f"reaped: owner pid {t.user_attrs[OWNER_PID]} on {t.user_attrs[OWNER_HOST]} is gone"
+        if _fail(study, t, reasons[tid]):
             reaped.append(t)
 
     for t in reaped:
         if t.user_attrs.get(OWNER_HOST) == this_host():
             kill_orphan_group(t.user_attrs.get(TRIAL_PGID), t.user_attrs.get(TRIAL_OUT))
-        log.warning("reaped trial %d: %s", t.number, "owner gone")
+        log.warning("trial %d %s", t.number, reasons[t._trial_id])
         if retry and t.params and _retry_depth(study, t) < max_retries:
             study.enqueue_trial(t.params, user_attrs={RETRY_OF: t.number}, skip_if_exists=False)
     return reaped
