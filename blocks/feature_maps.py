@@ -66,7 +66,9 @@ class Performer(FeatureMap):
     causality and chunked decoding).
 
     ``W`` is a buffer (saved with the model, identical at every decode step). With
-    ``redraw=True`` a new ``W`` is drawn at each forward in training mode only.
+    ``redraw=True`` a new ``W`` is drawn at each forward in training mode only, from a generator
+    seeded with (a seed drawn at construction) + (the redraw count): data-parallel replicas built
+    from the same seed draw the same features at the same step without communicating.
     """
 
     KEY_EXP_MAX = 30.0
@@ -76,23 +78,27 @@ class Performer(FeatureMap):
         self.out_dim = features
         self.redraw = redraw
         self.register_buffer("proj", self.draw(features, dim))
+        self.seed = int(torch.randint(0, 2**62, ()))
+        self.draws = 0
 
     @staticmethod
-    def draw(m: int, d: int, device=None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """``[m, d]`` block-orthogonal Gaussian rows with chi(d)-distributed norms."""
+    def draw(m: int, d: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``[m, d]`` block-orthogonal Gaussian rows with chi(d)-distributed norms (on CPU)."""
         blocks = []
         for _ in range(math.ceil(m / d)):
-            g = torch.randn(d, d, device=device, generator=generator)
+            g = torch.randn(d, d, generator=generator)
             q, r = torch.linalg.qr(g)  # columns orthonormal
             # sign fix: without it QR's Q is not Haar-distributed and the estimate is biased
             blocks.append((q * torch.sign(torch.diagonal(r))).T)
         w = torch.cat(blocks, dim=0)[:m]  # [m, d], unit rows
-        norms = torch.randn(m, d, device=device, generator=generator).norm(dim=1)  # chi(d)
+        norms = torch.randn(m, d, generator=generator).norm(dim=1)  # chi(d)
         return w * norms[:, None]
 
     def begin_step(self) -> None:
         if self.redraw and self.training:
-            self.proj.copy_(self.draw(self.out_dim, self.dim, device=self.proj.device))
+            self.draws += 1
+            g = torch.Generator().manual_seed(self.seed + self.draws)
+            self.proj.copy_(self.draw(self.out_dim, self.dim, generator=g))  # drawn on CPU: [m, d] is small
 
     def forward(self, x, is_query):
         m = self.out_dim

@@ -175,6 +175,18 @@ def test_performer_redraw_only_in_training():
     assert fixed.num_params() == sum(p.numel() for p in fixed.parameters())  # the buffer is not a parameter
 
 
+def test_performer_redraws_agree_across_replicas():
+    """Two replicas built from the same seed (data-parallel ranks) redraw identical features."""
+    reps = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        reps.append(blocks.build("linear_attn", d_model=D, feature_map="performer", performer_redraw=True).train())
+    x = torch.randn(1, 4, D)
+    for _ in range(3):
+        ya, yb = reps[0](x)[0], reps[1](x)[0]
+        assert torch.equal(reps[0].feature_map.proj, reps[1].feature_map.proj) and torch.equal(ya, yb)
+
+
 def test_performer_num_features_sets_state_dim():
     b = blocks.build("linear_attn", d_model=D, num_heads=2, feature_map="performer", num_features=40)
     _, state = b(torch.randn(1, 3, D))
