@@ -19,6 +19,8 @@ module-level ``last_backend`` (also ``backend_used()``): ``"cudnn"``, ``"flash_a
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -43,7 +45,7 @@ _chosen: dict[tuple, str] = {}
 
 try:  # the FlashAttention-2/3 package: native sliding window and GQA, [B, T, H, D] layout.
     from flash_attn import flash_attn_func as _flash_attn_func
-except ImportError:  # pragma: no cover - depends on the install
+except (ImportError, OSError, RuntimeError):  # pragma: no cover - absent, or built for another torch
     _flash_attn_func = None
 
 
@@ -150,7 +152,7 @@ def chunk(
         mask = pos_k <= pos_q
         if window:
             mask &= pos_k > pos_q - window
-    o = _attend(q, k_all, v_all, scale, mask, causal=mask is None, window=window, offset=S)
+    o = _attend(q, k_all, v_all, scale, mask, causal=mask is None, window=window)
     return o, (_trim(k_all, v_all, window) if output_final_state else None)
 
 
@@ -174,11 +176,11 @@ def step(
     _check_window(window)
     k_all, v_all, _ = _with_cache(k[:, None], v[:, None], state)
     k_all, v_all = _trim(k_all, v_all, window)
-    o = _attend(q[:, None], k_all, v_all, scale, None, causal=False, window=0, offset=0)
+    o = _attend(q[:, None], k_all, v_all, scale, None, causal=False, window=0)
     return o[:, 0], (k_all, v_all)
 
 
-def _attend(q, k, v, scale, mask, causal: bool, window: int, offset: int) -> torch.Tensor:
+def _attend(q, k, v, scale, mask, causal: bool, window: int) -> torch.Tensor:
     """SDPA on ``q: [B, T, H, K]``, ``k, v: [B, S, Hkv, D]`` -> ``[B, T, H, V]``; sets ``last_backend``."""
     global last_backend
     gqa = q.shape[2] != k.shape[2]
@@ -199,7 +201,10 @@ def _attend(q, k, v, scale, mask, causal: bool, window: int, offset: int) -> tor
                 o = _flash_attn_func(q, k, v, softmax_scale=scale, causal=causal or mask is not None,
                                      window_size=(window - 1, 0) if window else (-1, -1))
             else:
-                with sdpa_kernel([_BY_NAME[name]]):
+                # A backend that cannot take these inputs warns why, then raises; the raise is the
+                # answer we act on, so the warnings are noise.
+                with sdpa_kernel([_BY_NAME[name]]), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
                     o = F.scaled_dot_product_attention(qt, kt, vt, **args).transpose(1, 2)
         except torch.OutOfMemoryError:
             raise
