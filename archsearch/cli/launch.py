@@ -1,0 +1,54 @@
+"""``archsearch launch SPACE``: run (or resume) a study of a search space and print its front."""
+from __future__ import annotations
+
+from pathlib import Path
+
+HELP = "launch or resume a study of a search space (file or built-in name) and print the Pareto front"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("space", metavar="SPACE", help="a YAML file or a built-in space name (archsearch spaces)")
+    p.add_argument("--study", metavar="NAME", help="study name (default: the space's study.name or name)")
+    p.add_argument("--storage", metavar="URL",
+                   help="Optuna storage (default: journal file ./studies/NAME/journal.log): "
+                        "sqlite:///F.db, postgresql://user@host/db, or a path ending .log/.journal")
+    p.add_argument("--trials", type=int, metavar="N", help="complete trials to reach (default: the space's study.trials)")
+    p.add_argument("--slots", type=int, default=1, metavar="N", help="concurrent trials without GPUs (default 1)")
+    p.add_argument("--gpus", metavar="IDS", help="GPU ids to use, e.g. 0,1,2,3 (default: all visible; 'none' = CPU)")
+    p.add_argument("--gpus-per-trial", type=int, default=1, metavar="K",
+                   help="GPUs per trial (gloo processes per trial on CPU); G GPUs give G//K slots")
+    p.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile: each trial spans these hosts")
+    p.add_argument("--root", default="studies", type=Path, help="directory for journals and trial runs (default ./studies)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (one log line per trial)")
+    p.add_argument("--no-report", action="store_true", help="do not print the front or write the plots at the end")
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    import search_spaces
+    from archsearch.errors import UserError
+    from archsearch.study import run_study
+    from launch.slots import parse_gpu_list, plan_slots
+
+    if args.trials is not None and args.trials < 1:
+        raise UserError(f"--trials: must be >= 1, got {args.trials}")
+    space = search_spaces.load(args.space)
+    gpus = parse_gpu_list(args.gpus)
+    if gpus is None and space.budget.device == "cpu":
+        gpus = []  # a CPU space never takes the GPUs
+    slots = plan_slots(gpus, args.gpus_per_trial, args.slots, hostfile=args.hostfile)
+    console = Console()
+    name = args.study or space.study_name
+    console.print(f"[bold]study[/bold] {name}: space {space.name}, {args.trials or space.study.trials} trials, "
+                  f"{len(slots)} slot(s): {', '.join(s.describe() for s in slots)}")
+    summary = run_study(space, study_name=args.study, storage=args.storage, n_trials=args.trials, slots=slots,
+                        root=args.root, progress=not args.no_progress, console=console)
+    console.print(f"done: {summary.complete} complete ({summary.infeasible} infeasible), {summary.failed} failed, "
+                  f"{summary.trained} trained this run, {summary.seconds:.0f} s")
+    if not args.no_report:
+        from archsearch.cli.pareto import report
+        from archsearch.study import load_study
+
+        report(load_study(name, args.storage or space.study.storage, args.root), args.root / name, console)
+    return 0
