@@ -5,9 +5,9 @@ Every registered block is checked on each config its class declares in ``example
 editing any list. ``tests/blocks/test_contract.py`` runs these under pytest; a block author can
 also run them directly::
 
-    python -m blocks.contract [NAME ...]
+    python -m blocks.contract [NAME ...] [--device cuda]
 
-Checks (float32, CPU by default, ``d_model = D_MODEL``, blocks in eval mode so random features
+Checks (float32, CPU by default (``device=`` runs them elsewhere), ``d_model = D_MODEL``, blocks in eval mode so random features
 are not redrawn):
 
 * ``check_pieces``        a sequence fed in random pieces (including T=1 steps) carrying the state
@@ -43,6 +43,7 @@ CHUNK_SIZE = 8
 # Comparisons pass when max|a - b| <= TOL * (1 + max|b|) (float32 rounding, amplified a little by
 # the deeper reductions of the chunked forms).
 TOL = 2e-4
+TOL_CUDA = 2e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +62,9 @@ class Case:
     def cls(self) -> type[Block]:
         return registry.get(self.name)
 
-    def build(self, **overrides) -> Block:
+    def build(self, device: str = "cpu", **overrides) -> Block:
         config = {**self.full_config(), **overrides}
-        return registry.build(self.name, d_model=D_MODEL, **config).eval()
+        return registry.build(self.name, d_model=D_MODEL, **config).eval().to(device)
 
     def full_config(self) -> dict[str, Any]:
         """The declared config plus ``chunk_size=CHUNK_SIZE`` where the block has that field."""
@@ -122,9 +123,9 @@ def assert_states_close(what: str, a: State, b: State, tol: float = TOL) -> None
                      b[key].float() if b[key].is_floating_point() else b[key], tol)
 
 
-def _input(case: Case, T: int = SEQ_LEN, salt: str = "x") -> torch.Tensor:
+def _input(case: Case, T: int = SEQ_LEN, salt: str = "x", device: str = "cpu") -> torch.Tensor:
     g = torch.Generator().manual_seed(case.seed(salt))
-    return torch.randn(BATCH, T, D_MODEL, generator=g)
+    return torch.randn(BATCH, T, D_MODEL, generator=g).to(device)
 
 
 def _pieces(case: Case, T: int) -> list[int]:
@@ -157,19 +158,21 @@ def _grads(block: Block, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> d
     return out
 
 
-def _tolerance(case: Case) -> float:
+def _tolerance(case: Case, device: str = "cpu") -> float:
+    # CUDA: kernels and SDPA backends reduce in other orders (and may use TF32 inside matmuls).
+    tol = TOL if torch.device(device).type == "cpu" else TOL_CUDA
     fn = getattr(case.cls, "contract_tolerance", None)
-    return TOL if fn is None else fn(case.config, TOL)
+    return tol if fn is None else max(tol, fn(case.config, tol))
 
 
 # ----------------------------------------------------------------------------------------------
-def check_pieces(case: Case) -> None:
+def check_pieces(case: Case, device: str = "cpu") -> None:
     """Pieces (random sizes, T=1 steps included) carrying the state == one pass, fwd and bwd."""
     torch.manual_seed(case.seed("init"))
-    block = case.build()
-    tol = _tolerance(case)
-    x = _input(case).requires_grad_(True)
-    w = _input(case, salt="w")
+    block = case.build(device)
+    tol = _tolerance(case, device)
+    x = _input(case, device=device).requires_grad_(True)
+    w = _input(case, salt="w", device=device)
     y_ref, s_ref = block(x)
     sizes = _pieces(case, SEQ_LEN)
     y, s = _run(block, x, sizes)
@@ -181,34 +184,34 @@ def check_pieces(case: Case) -> None:
         assert_close(f"{where} grad {key}", g[key], g_ref[key], tol)
 
 
-def check_decode(case: Case) -> None:
+def check_decode(case: Case, device: str = "cpu") -> None:
     """One token at a time from an empty state == one pass (outputs and final state)."""
     torch.manual_seed(case.seed("init"))
-    block = case.build()
-    x = _input(case, T=12)
+    block = case.build(device)
+    x = _input(case, T=12, device=device)
     with torch.no_grad():
         y_ref, s_ref = block(x)
         y, s = _run(block, x, [1] * x.shape[1])
-    assert_close(f"{case.id} decode output", y, y_ref, _tolerance(case))
-    assert_states_close(f"{case.id} decode", s, s_ref, _tolerance(case))
+    assert_close(f"{case.id} decode output", y, y_ref, _tolerance(case, device))
+    assert_states_close(f"{case.id} decode", s, s_ref, _tolerance(case, device))
 
 
 def has_mode(case: Case) -> bool:
     return "mode" in {f.name for f in dataclasses.fields(case.cls.Config)}
 
 
-def check_recurrent(case: Case) -> None:
+def check_recurrent(case: Case, device: str = "cpu") -> None:
     """Mode "recurrent" (reference loops) == mode "chunk": output, state, gradients; also when
     continuing from a state (prefill then a piece then a step)."""
     if not has_mode(case):
         raise ContractError(f"{case.id}: no 'mode' config field, nothing to compare")
     torch.manual_seed(case.seed("init"))
-    chunked = case.build(mode="chunk")
-    ref = case.build(mode="recurrent")
+    chunked = case.build(device, mode="chunk")
+    ref = case.build(device, mode="recurrent")
     ref.load_state_dict(chunked.state_dict())
-    tol = _tolerance(case)
-    x = _input(case).requires_grad_(True)
-    w = _input(case, salt="w")
+    tol = _tolerance(case, device)
+    x = _input(case, device=device).requires_grad_(True)
+    w = _input(case, salt="w", device=device)
     sizes = [SEQ_LEN - 6, 5, 1]
     y_c, s_c = _run(chunked, x, sizes)
     y_r, s_r = _run(ref, x, sizes)
@@ -220,13 +223,13 @@ def check_recurrent(case: Case) -> None:
         assert_close(f"{where} grad {key}", g_c[key], g_r[key], tol)
 
 
-def check_state_bytes(case: Case) -> None:
+def check_state_bytes(case: Case, device: str = "cpu") -> None:
     """``state_bytes`` == bytes of the state tensors held, after prefill and after decode steps,
     in float32 and bfloat16."""
     torch.manual_seed(case.seed("init"))
     for dtype in (torch.float32, torch.bfloat16):
-        block = case.build().to(dtype)
-        x = _input(case, T=9).to(dtype)
+        block = case.build(device).to(dtype)
+        x = _input(case, T=9, device=device).to(dtype)
         with torch.no_grad():
             state, context = None, 0
             for n in (1, 3, 1, 4):  # contexts 1, 4, 5, 9: below, at and past small windows
@@ -238,11 +241,11 @@ def check_state_bytes(case: Case) -> None:
                                         f"{held} ({ {k: (tuple(t.shape), t.dtype) for k, t in state.items()} })")
 
 
-def check_state_immutable(case: Case) -> None:
+def check_state_immutable(case: Case, device: str = "cpu") -> None:
     """A forward must not write into the state it was given (callers may reuse or branch it)."""
     torch.manual_seed(case.seed("init"))
-    block = case.build()
-    x = _input(case, T=7)
+    block = case.build(device)
+    x = _input(case, T=7, device=device)
     with torch.no_grad():
         _, state = block(x[:, :5])
         before = {k: t.clone() for k, t in state.items()}
@@ -270,8 +273,8 @@ def check_declares_bad_configs(name: str) -> None:
         raise ContractError(f"{name}: declares no bad_configs()")
 
 
-def check_num_params(case: Case) -> None:
-    block = case.build()
+def check_num_params(case: Case, device: str = "cpu") -> None:
+    block = case.build(device)
     expected = sum(p.numel() for p in block.parameters() if p.requires_grad)
     if block.num_params() != expected or expected == 0:
         raise ContractError(f"{case.id}: num_params() {block.num_params()} != sum of parameter numels {expected}")
@@ -286,7 +289,7 @@ def check_letter(name: str) -> None:
         raise ContractError(f"{name}: letter {letter!r} also used by {others}")
 
 
-CASE_CHECKS: dict[str, Callable[[Case], None]] = {
+CASE_CHECKS: dict[str, Callable[..., None]] = {
     "pieces": check_pieces,
     "decode": check_decode,
     "recurrent": check_recurrent,
@@ -296,8 +299,9 @@ CASE_CHECKS: dict[str, Callable[[Case], None]] = {
 }
 
 
-def run(names: list[str] | None = None, out=sys.stdout) -> int:
-    """Run every check on ``names`` (default: all registered); print one line per failure; return the count."""
+def run(names: list[str] | None = None, out=sys.stdout, device: str = "cpu") -> int:
+    """Run every check on ``names`` (default: all registered) on ``device``; print one line per
+    failure and a summary; return the number of failures."""
     failures = 0
 
     def attempt(label: str, fn: Callable[[], None]) -> None:
@@ -314,15 +318,29 @@ def run(names: list[str] | None = None, out=sys.stdout) -> int:
         for check_name, fn in CASE_CHECKS.items():
             if check_name == "recurrent" and not has_mode(case):
                 continue
-            attempt(f"{check_name} {case.id}", lambda fn=fn, case=case: fn(case))
+            attempt(f"{check_name} {case.id}", lambda fn=fn, case=case: fn(case, device))
     for name, cfg, field in bad_config_cases(names):
         attempt(f"bad_config {name} {cfg}", lambda n=name, c=cfg, f=field: check_bad_config(n, c, f))
     for name in names:
         attempt(f"letter {name}", lambda n=name: check_letter(n))
         attempt(f"declares_bad_configs {name}", lambda n=name: check_declares_bad_configs(n))
-    print(f"{failures} failure(s) over {len(cases(names))} block configs of {', '.join(names)}", file=out)
+    print(f"{failures} failure(s) over {len(cases(names))} block configs of {', '.join(names)} on {device}",
+          file=out)
     return failures
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m blocks.contract", description="Run the Block contract suite.")
+    parser.add_argument("names", nargs="*", help="registered block names (default: all)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: cpu)")
+    args = parser.parse_args(argv)
+    for name in args.names:
+        if name not in registry.names():
+            parser.error(f"unknown block {name!r}; registered blocks: {', '.join(registry.names())}")
+    return 1 if run(args.names or None, device=args.device) else 0
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(1 if run(sys.argv[1:] or None) else 0)
+    sys.exit(main())

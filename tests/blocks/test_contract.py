@@ -3,6 +3,7 @@
 Parametrised from the registry: registering a block adds its cases here without editing this file.
 """
 import pytest
+import torch
 
 import blocks
 from blocks import contract
@@ -59,3 +60,19 @@ def test_bad_config_names_field(name, config, field):
 def test_block_declares_bad_configs_and_letter(name):
     contract.check_declares_bad_configs(name)
     contract.check_letter(name)
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@CUDA
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_contract_on_cuda(case):
+    """The stateful checks again on CUDA, where the ops dispatch to blocks.kernels and SDPA backends."""
+    contract.check_pieces(case, "cuda")
+    contract.check_decode(case, "cuda")
+    contract.check_state_bytes(case, "cuda")
+    contract.check_state_immutable(case, "cuda")
+    if contract.has_mode(case):
+        contract.check_recurrent(case, "cuda")
