@@ -63,6 +63,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ndim: int) -> None
         raise ValueError(f"v: must match k in all but the last dim {tuple(k.shape[:-1])}, got {tuple(v.shape)}")
     if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or (ndim == 4 and q.shape[1] != k.shape[1]):
         raise ValueError(f"k: must match q {tuple(q.shape)} in batch, length and head dim, got {tuple(k.shape)}")
+    if ndim == 4 and q.shape[1] < 1:
+        raise ValueError(f"q: must have at least one position (T >= 1), got shape {tuple(q.shape)}")
     H, Hkv = q.shape[-2], k.shape[-2]
     if H % Hkv:
         raise ValueError(f"k: query heads {H} must be a multiple of kv heads, got {Hkv}")

@@ -32,6 +32,8 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ndim: int = 4) 
         if t.dim() != ndim:
             layout = "[B, T, H, D]" if ndim == 4 else "[B, H, D]"
             raise ValueError(f"{name}: must be {layout}, got shape {tuple(t.shape)}")
+    if ndim == 4 and q.shape[1] < 1:
+        raise ValueError(f"q: must have at least one position (T >= 1), got shape {tuple(q.shape)}")
     if q.shape != k.shape:
         raise ValueError(f"k: must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
     if v.shape[:-1] != q.shape[:-1]:

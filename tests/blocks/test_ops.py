@@ -174,6 +174,8 @@ def test_l2norm():
          r"^initial_state: must have shape \(2, 3, 4, 6\)"),
         (lambda q, k, v: ops.softmax.chunk(q, k[:, :, :2], v[:, :, :2]), r"^k: query heads 3 must be a multiple"),
         (lambda q, k, v: ops.softmax.recurrent(q, k, v, window=-1), r"^window: must be an integer >= 0"),
+        (lambda q, k, v: ops.gla.chunk(q[:, :0], k[:, :0], v[:, :0], q[:, :0]), r"^q: must have at least one"),
+        (lambda q, k, v: ops.softmax.chunk(q[:, :0], k[:, :0], v[:, :0]), r"^q: must have at least one"),
         (lambda q, k, v: ops.gated_delta_rule.step(q[:, 0], k[:, 0], v[:, 0], torch.zeros(2, 3), torch.ones(2)),
          r"^beta: must have shape \(2, 3\)"),
     ],
