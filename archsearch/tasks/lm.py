@@ -162,11 +162,9 @@ def _load_docs(p: LMParams) -> tuple[list[str], list[str], str]:
         val_name = "validation" if "validation" in ds else ("test" if "test" in ds else None)
     else:
         try:
+            ds = {"train": datasets.load_dataset(p.dataset, p.dataset_config, split=p.dataset_split)}
             if p.validation_split:
-                ds = datasets.load_dataset(p.dataset, p.dataset_config,
-                                           split={"train": p.dataset_split, "validation": p.validation_split})
-            else:
-                ds = {"train": datasets.load_dataset(p.dataset, p.dataset_config, split=p.dataset_split)}
+                ds["validation"] = datasets.load_dataset(p.dataset, p.dataset_config, split=p.validation_split)
         except Exception as exc:  # offline, unknown name, missing config
             raise UserError(f"lm.dataset: cannot load {p.dataset!r}: {str(exc).splitlines()[0]}") from None
         source = f"hub:{p.dataset}" + (f"/{p.dataset_config}" if p.dataset_config else "")

@@ -143,7 +143,8 @@ class MQAR(Task):
                 f"sequences are absent from the {p.num_train_examples} training examples; raise vocab_size "
                 "or num_kv_pairs, or lower num_train_examples"
             )
-        return {"train": train, "test": test}
+        # int32 storage halves the memory of the default 100k-example set; batches are int64.
+        return {k: (x.astype(np.int32), y.astype(np.int32)) for k, (x, y) in (("train", train), ("test", test))}
 
     def train_batches(self, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
         inputs, labels = self.data["train"]

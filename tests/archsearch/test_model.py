@@ -196,3 +196,14 @@ def test_training_step_reduces_loss():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.5
+
+
+def test_meta_device_build_gives_the_same_accounting():
+    # the study builds candidates on the meta device to check constraints without memory
+    spec = all_families_spec()
+    real = model_of(spec)
+    with torch.device("meta"):
+        meta = HybridLM(spec)
+    assert meta.num_params() == real.num_params()
+    assert meta.flops_per_token(4096) == real.flops_per_token(4096)
+    assert meta.state_bytes(8, 4096, torch.bfloat16) == real.state_bytes(8, 4096, torch.bfloat16)

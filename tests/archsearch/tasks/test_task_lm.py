@@ -184,3 +184,20 @@ def test_unknown_extension_asks_for_a_format(tmp_path):
 def test_named_tokenizer_without_transformers_is_a_user_error():
     with pytest.raises(UserError, match="lm.tokenizer: 'gpt2' needs the transformers package"):
         tasks.build("lm", tokenizer="gpt2")
+
+
+def test_unreachable_hub_dataset_is_a_one_line_user_error():
+    import os
+    import subprocess
+    import sys
+
+    code = ("from archsearch import tasks\n"
+            "from archsearch.errors import UserError\n"
+            "try:\n"
+            "    tasks.build('lm', dataset='nobody/no-such-dataset').data\n"
+            "except UserError as e:\n"
+            "    print(e)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("lm.dataset: cannot load 'nobody/no-such-dataset': "), out.stderr[-2000:]
+    assert out.stdout.count("\n") == 1
