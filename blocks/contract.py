@@ -18,6 +18,8 @@ are not redrawn):
 * ``check_state_bytes``   ``state_bytes(B, context, dtype)`` equals ``held_state_bytes`` of the state
                           actually returned, for several contexts, float32 and bfloat16
 * ``check_state_immutable`` a forward leaves the state it was given unchanged
+* ``check_batch_independent`` each batch row's output depends on that row only
+* ``check_params_receive_grad`` every trainable parameter gets a non-zero gradient
 * ``check_bad_config``    each declared bad config raises ``ConfigError`` whose message starts with
                           the expected field
 * ``check_num_params``    ``num_params()`` equals the sum of parameter numels
@@ -256,6 +258,32 @@ def check_state_immutable(case: Case, device: str = "cpu") -> None:
             raise ContractError(f"{case.id}: forward modified the input state[{k!r}] in place")
 
 
+def check_batch_independent(case: Case, device: str = "cpu") -> None:
+    """Each batch row depends on its own tokens only (catches reshapes that mix the batch)."""
+    torch.manual_seed(case.seed("init"))
+    block = case.build(device)
+    x = _input(case, T=9, device=device)
+    with torch.no_grad():
+        y, s = block(x[:, :6])
+        y2, _ = block(x[:, 6:], s)
+        y_row, s_row = block(x[1:, :6])
+        y2_row, _ = block(x[1:, 6:], s_row)
+    tol = _tolerance(case, device)
+    assert_close(f"{case.id} batch row 1 alone", y_row, y[1:], tol)
+    assert_close(f"{case.id} batch row 1 alone, continued", y2_row, y2[1:], tol)
+
+
+def check_params_receive_grad(case: Case, device: str = "cpu") -> None:
+    """Every trainable parameter gets a non-zero gradient from one pass (none is left unused)."""
+    torch.manual_seed(case.seed("init"))
+    block = case.build(device)
+    y, _ = block(_input(case, T=9, device=device))
+    (y * _input(case, T=9, salt="w", device=device)).sum().backward()
+    dead = [n for n, p in block.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())]
+    if dead:
+        raise ContractError(f"{case.id}: parameters without gradient: {dead}")
+
+
 def check_bad_config(name: str, config: dict[str, Any], field: str) -> None:
     """``build(name, **config)`` raises ConfigError whose message starts with ``field:``."""
     try:
@@ -295,6 +323,8 @@ CASE_CHECKS: dict[str, Callable[..., None]] = {
     "recurrent": check_recurrent,
     "state_bytes": check_state_bytes,
     "state_immutable": check_state_immutable,
+    "batch_independent": check_batch_independent,
+    "params_receive_grad": check_params_receive_grad,
     "num_params": check_num_params,
 }
 

@@ -82,8 +82,9 @@ class LinearConfig(BlockConfig):
         check_positive_int(self.num_heads, "num_heads", optional=True)
         H = self.heads(d_model)
         if self.head_dim_k is None or self.head_dim_v is None:
+            derived = "" if self.num_heads is not None else f" (derived: max(1, d_model // 64) = {H})"
             check(d_model % H == 0, "num_heads", self.num_heads,
-                  f"divide d_model={d_model} when a head dim is derived")
+                  f"divide d_model={d_model}{derived} unless head_dim_k and head_dim_v are both set")
         check_positive_int(self.head_dim_k, "head_dim_k", optional=True)
         check_positive_int(self.head_dim_v, "head_dim_v", optional=True)
         check(is_number(self.expand_v) and self.expand_v > 0, "expand_v", self.expand_v, "be a positive number")

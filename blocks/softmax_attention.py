@@ -46,7 +46,9 @@ class SoftmaxConfig(BlockConfig):
         check_positive_int(self.num_heads, "num_heads", optional=True)
         H = self.heads(d_model)
         if self.head_dim is None:
-            check(d_model % H == 0, "num_heads", self.num_heads, f"divide d_model={d_model} when head_dim is derived")
+            derived = "" if self.num_heads is not None else f" (derived: max(1, d_model // 64) = {H})"
+            check(d_model % H == 0, "num_heads", self.num_heads,
+                  f"divide d_model={d_model}{derived} unless head_dim is set")
         check_positive_int(self.num_kv_heads, "num_kv_heads", optional=True)
         check(self.num_kv_heads is None or H % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
               f"divide num_heads={H}")

@@ -44,6 +44,16 @@ def test_state_not_modified(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_batch_rows_independent(case):
+    contract.check_batch_independent(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_every_parameter_gets_gradient(case):
+    contract.check_params_receive_grad(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_num_params(case):
     contract.check_num_params(case)
 
