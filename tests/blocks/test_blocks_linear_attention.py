@@ -63,7 +63,7 @@ def test_denominator_state_carries_z_in_extra_column():
 def test_guard_keeps_denominator_at_least_eps():
     b = _bare("identity", denominator_eps=1e-3)
     V = D
-    for den in (0.0, 1e-9, -1e-9, 5e-4, -5e-4, 2.0, -2.0):
+    for den in (0.0, 1e-9, -1e-9, 5e-4, -5e-4, -1e-3, 2.0, -2.0):  # -eps: where a plain d + eps hits 0
         o = torch.ones(1, 1, 1, V + 1)
         o[..., -1] = den
         y = b.mix_outputs(o)
@@ -72,11 +72,12 @@ def test_guard_keeps_denominator_at_least_eps():
         torch.testing.assert_close(y, torch.full((1, 1, 1, V), 1.0 / g))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fm", ["identity", "relu"])
-def test_adversarial_zero_denominator_stays_finite(fm):
+def test_adversarial_zero_denominator_stays_finite(fm, dtype):
     """identity: the second key cancels the first (x_2 = -x_1), so phi(q).z = 0 exactly; relu: the
     queries are all negative, so phi(q) = 0. Forward and backward must stay finite."""
-    b = _bare(fm)
+    b = _bare(fm).to(dtype)
     torch.manual_seed(1)
     x1 = torch.randn(2, 1, D)
     if fm == "identity":
@@ -85,7 +86,7 @@ def test_adversarial_zero_denominator_stays_finite(fm):
         with torch.no_grad():
             b.q_proj.weight.copy_(-b.q_proj.weight.abs())
         x = torch.rand(2, 5, D)  # positive inputs -> negative queries -> relu(q) = 0
-    x.requires_grad_(True)
+    x = x.to(dtype).requires_grad_(True)
     y, _ = b(x)
     if fm == "identity":
         S = b.k_proj(x)[:, :2].sum(1)  # z after two tokens
