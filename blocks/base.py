@@ -81,8 +81,9 @@ class Block(nn.Module):
         raise NotImplementedError
 
     def num_params(self) -> int:
-        """Number of trainable parameters."""
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+        """Number of trainable parameters (full sizes also under DeepSpeed ZeRO-3, which leaves
+        each rank's ``p.numel()`` at 0 and keeps the real count in ``p.ds_numel``)."""
+        return sum(getattr(p, "ds_numel", p.numel()) for p in self.parameters() if p.requires_grad)
 
     @staticmethod
     def held_state_bytes(state: Mapping[str, torch.Tensor]) -> int:

@@ -87,3 +87,13 @@ def test_block_runs_in_bfloat16():
         assert y.dtype == torch.bfloat16 and torch.isfinite(y).all() and torch.isfinite(y2).all()
         if "S" in s:
             assert s["S"].dtype == torch.float32  # recurrent state stays float32
+
+
+def test_num_params_counts_zero3_partitioned_params():
+    """ZeRO-3 leaves empty local tensors and the full size in ``ds_numel``."""
+    b = blocks.build("gla", d_model=32)
+    full = b.num_params()
+    for p in b.parameters():
+        p.ds_numel = p.numel()
+        p.data = torch.empty(0)
+    assert b.num_params() == full > 0
