@@ -13,10 +13,10 @@ import importlib
 import torch
 import torch.nn.functional as F
 
+from . import FAMILIES
 from .utils import l2norm
 
-LINEAR_FAMILIES = ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule")
-FAMILIES = LINEAR_FAMILIES + ("softmax",)
+LINEAR_FAMILIES = tuple(f for f in FAMILIES if f != "softmax")
 FORMS = ("recurrent", "chunk", "step")
 
 

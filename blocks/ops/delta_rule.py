@@ -25,7 +25,7 @@ def recurrent(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-):
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference loop over positions (the ground truth the other forms are tested against)."""
     check_qkv(q, k, v)
     B, T, H, K = q.shape
@@ -53,7 +53,7 @@ def chunk(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
-):
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked form for training: the WY/UT representation (one triangular solve per chunk, then a
     loop over chunks); the math is written out in ``gated_delta_rule.chunk_delta``.
 
@@ -75,7 +75,7 @@ def step(
     beta: torch.Tensor,
     state: torch.Tensor | None = None,
     scale: float | None = None,
-):
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step: ``q, k: [B, H, K]``, ``v: [B, H, V]``, ``beta: [B, H]``,
     ``state: [B, H, K, V]`` float32 (None = zeros) -> ``(o: [B, H, V] in q.dtype, new_state)``."""
     kernel = cuda_kernel("delta_rule", "step", q)

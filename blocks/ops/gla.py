@@ -35,7 +35,7 @@ def recurrent(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-):
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference loop over positions (the ground truth the other forms are tested against)."""
     check_qkv(q, k, v)
     B, T, H, K = q.shape
@@ -61,7 +61,7 @@ def chunk(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
-):
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked form for training: matmuls inside each chunk, a loop over chunks for the state.
 
     Inside a chunk with inclusive prefix sums ``G_i = sum_{s<=i} gk_s`` (``[K]``, reset per chunk):
@@ -130,7 +130,7 @@ def step(
     gk: torch.Tensor,
     state: torch.Tensor | None = None,
     scale: float | None = None,
-):
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step: ``q, k, gk: [B, H, K]``, ``v: [B, H, V]``, ``state: [B, H, K, V]`` float32
     (None = zeros) -> ``(o: [B, H, V] in q.dtype, new_state)``."""
     kernel = cuda_kernel("gla", "step", q)

@@ -23,7 +23,7 @@ def recurrent(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-):
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference loop over positions (the ground truth the other forms are tested against)."""
     check_qkv(q, k, v)
     B, T, H, K = q.shape
@@ -47,7 +47,7 @@ def chunk(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
-):
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked form for training (``simple_gla``'s chunk form with no decay).
 
     On CUDA inputs a ``blocks.kernels`` kernel runs instead when one is registered.
@@ -66,7 +66,7 @@ def step(
     v: torch.Tensor,
     state: torch.Tensor | None = None,
     scale: float | None = None,
-):
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step: ``q, k: [B, H, K]``, ``v: [B, H, V]``, ``state: [B, H, K, V]`` float32
     (None = zeros) -> ``(o: [B, H, V] in q.dtype, new_state)``."""
     kernel = cuda_kernel("linear_attn", "step", q)

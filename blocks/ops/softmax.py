@@ -102,7 +102,7 @@ def recurrent(
     window: int = 0,
     initial_state: KVCache | None = None,
     output_final_state: bool = False,
-):
+) -> tuple[torch.Tensor, KVCache | None]:
     """Reference: an explicit loop of each query over its causal (windowed) keys, in float32."""
     _check(q, k, v, 4)
     _check_window(window)
@@ -131,7 +131,7 @@ def chunk(
     window: int = 0,
     initial_state: KVCache | None = None,
     output_final_state: bool = False,
-):
+) -> tuple[torch.Tensor, KVCache | None]:
     """The whole sequence through SDPA (causal; the window and any cache offset as a boolean mask).
 
     On CUDA inputs a ``blocks.kernels`` kernel runs instead when one is registered.
@@ -165,7 +165,7 @@ def step(
     state: KVCache | None = None,
     scale: float | None = None,
     window: int = 0,
-):
+) -> tuple[torch.Tensor, KVCache]:
     """One decode step: ``q: [B, H, K]``, ``k: [B, Hkv, K]``, ``v: [B, Hkv, V]``, ``state`` the KV
     cache (None = empty) -> ``(o: [B, H, V] in q.dtype, new_cache)``. The new token is appended and
     the cache trimmed to ``window`` first, so the query reads the whole (trimmed) cache, unmasked."""

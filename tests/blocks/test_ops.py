@@ -6,6 +6,8 @@ errors ``||a - b|| / ||b||`` against the recurrent loop, checked per tensor.
 """
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -184,6 +186,45 @@ def test_bad_arguments_name_the_tensor(call, match):
     q, k, v = torch.randn(2, 5, 3, 4), torch.randn(2, 5, 3, 4), torch.randn(2, 5, 3, 6)
     with pytest.raises(ValueError, match=match):
         call(q, k, v)
+
+
+@pytest.mark.parametrize("form", ["chunk", "step"])
+@pytest.mark.parametrize("family", agreement.FAMILIES)
+def test_cuda_dispatch_hands_every_argument_to_the_kernel(monkeypatch, family, form):
+    """The GPU hook: a registered kernel gets the op's exact arguments and its result is returned."""
+    mod = importlib.import_module(f"blocks.ops.{family}")
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "kernel result"
+
+    asked = []
+    monkeypatch.setattr(mod, "cuda_kernel", lambda fam, f, x: asked.append((fam, f)) or kernel)
+    args, state = agreement.make_inputs(Case(family, 5))
+    tensors = list(args.values()) if form == "chunk" else [t[:, 0] for t in args.values()]
+    extra = {"window": 3} if family == "softmax" else {}
+    if form == "chunk":
+        if family != "softmax":
+            extra["chunk_size"] = 8
+        result = mod.chunk(*tensors, scale=0.5, initial_state=state, output_final_state=True, **extra)
+        expected = dict(scale=0.5, initial_state=state, output_final_state=True, **extra)
+    else:
+        result = mod.step(*tensors, state=state, scale=0.5, **extra)
+        expected = dict(state=state, scale=0.5, **extra)
+    assert result == "kernel result" and asked == [(family, form)] and len(calls) == 1
+    got_args, got_kwargs = calls[0]
+    assert len(got_args) == len(tensors) and all(a is b for a, b in zip(got_args, tensors))
+    assert got_kwargs.keys() == expected.keys()
+    assert all(got_kwargs[key] is expected[key] or got_kwargs[key] == expected[key] for key in expected)
+    if family == "softmax":
+        assert mod.last_backend == "kernel"
+
+
+def test_no_kernel_dispatch_on_cpu():
+    from blocks.ops.utils import cuda_kernel
+
+    assert cuda_kernel("simple_gla", "chunk", torch.zeros(1)) is None
 
 
 @pytest.mark.gpu
