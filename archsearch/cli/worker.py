@@ -62,17 +62,20 @@ def run(args: argparse.Namespace) -> int:
 
     from archsearch.errors import UserError
     from archsearch.study import StudyRunner, make_sampler, stored_space
-    from launch.cliargs import slots_from_args
+    from launch.slots import parse_gpu_list, plan_slots
 
     if args.trials is not None and args.trials < 1:
         raise UserError(f"--trials: must be >= 1, got {args.trials}")
-    slots = slots_from_args(args)
+    gpus = parse_gpu_list(args.gpus)
     root = Path(args.root)
     study = _load_with_wait(args.study, args.storage, root, args.wait)
     space = stored_space(study)
     if space is None:
         raise UserError(f"study {study.study_name!r} has no stored space (user attr 'space'): "
                         "create it with `archsearch launch SPACE --storage URL` first")
+    if gpus is None and space.budget.device == "cpu":
+        gpus = []  # a CPU space never takes this host's GPUs (as `launch` does)
+    slots = plan_slots(gpus, args.gpus_per_trial, args.slots, hostfile=args.hostfile, ds_config=args.ds_config)
     space = copy.deepcopy(space)
     space.study.seed = args.seed if args.seed is not None else worker_seed(space.study.seed)
     study = optuna.load_study(study_name=study.study_name, storage=study._storage, sampler=make_sampler(space))

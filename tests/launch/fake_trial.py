@@ -7,7 +7,11 @@ comes from ``FAKE_TRIAL_MODE``:
   sleep   print a line, then sleep FAKE_TRIAL_SLEEP seconds (default 60) and write an ok record;
   oom     print a CUDA out-of-memory traceback as PyTorch does, exit 1, no record;
   crash   raise a ValueError, no record;
-  record  write the record JSON given in FAKE_TRIAL_RECORD, exit FAKE_TRIAL_RC (default 0).
+  record  write the record JSON given in FAKE_TRIAL_RECORD, exit FAKE_TRIAL_RC (default 0);
+  real    run the real trial (``python -m archsearch.trial`` with the same arguments);
+  sequence  the i-th start of this program (counted in the file FAKE_TRIAL_COUNTER) takes the i-th
+          mode of FAKE_TRIAL_SEQUENCE (comma-separated; ``record:STATUS`` writes a record with that
+          status); once the list is used up, every start is ``real``.
 """
 import argparse
 import json
@@ -30,6 +34,22 @@ def main():
     p.add_argument("--out", required=True)
     a = p.parse_args()
     mode = os.environ.get("FAKE_TRIAL_MODE", "ok")
+    if mode == "sequence":
+        with open(os.environ["FAKE_TRIAL_COUNTER"], "a+") as f:
+            f.seek(0)
+            i = len(f.read().splitlines())
+            f.write(f"{os.getpid()}\n")
+        seq = os.environ["FAKE_TRIAL_SEQUENCE"].split(",")
+        mode = seq[i] if i < len(seq) else "real"
+        if mode.startswith("record:"):
+            os.environ["FAKE_TRIAL_RECORD"] = json.dumps({"status": mode[7:], "reason": f"injected {mode[7:]}"})
+            mode = "record"
+    if mode == "real":
+        import runpy
+
+        sys.argv = ["archsearch.trial"] + sys.argv[1:]
+        runpy.run_module("archsearch.trial", run_name="__main__", alter_sys=True)
+        return
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
