@@ -34,13 +34,30 @@ class ShortConv(nn.Module):
         if cache is None:
             cache = x.new_zeros(B, self.size - 1, C)
         xp = torch.cat([cache.to(x.dtype), x], dim=1)  # [B, W-1+T, C]
-        y = F.conv1d(xp.transpose(1, 2), self.weight.to(x.dtype), groups=C).transpose(1, 2)  # [B, T, C]
+        w = self.weight.to(x.dtype)
+        y = depthwise_conv_cuda(xp, w) if x.is_cuda else depthwise_conv_shifts(xp, w)  # [B, T, C]
         # clone: a slice would keep the whole [B, W-1+T, C] buffer alive inside the decode state.
         new_cache = xp[:, xp.shape[1] - (self.size - 1):].clone()
         return F.silu(y), new_cache
 
     def cache_bytes(self, batch: int, dtype: torch.dtype) -> int:
         return batch * (self.size - 1) * self.channels * dtype_bytes(dtype)
+
+
+def depthwise_conv_cuda(xp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Valid depthwise conv of ``xp: [B, W-1+T, C]`` with ``weight: [C, 1, W]`` -> ``[B, T, C]`` (cuDNN)."""
+    return F.conv1d(xp.transpose(1, 2), weight, groups=xp.shape[-1]).transpose(1, 2)
+
+
+def depthwise_conv_shifts(xp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The same conv as W shifted multiply-adds. On CPU this is ~1.5-2x faster than oneDNN's
+    depthwise conv forward+backward for W <= 4 (measured at [32, 32, 64] .. [8, 512, 1024])."""
+    W = weight.shape[-1]
+    T = xp.shape[1] - (W - 1)
+    y = xp[:, :T] * weight[:, 0, 0]
+    for i in range(1, W):
+        y = y + xp[:, i:i + T] * weight[:, 0, i]
+    return y
 
 
 class HeadNorm(nn.Module):

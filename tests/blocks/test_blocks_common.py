@@ -64,6 +64,19 @@ def test_short_conv_is_causal_depthwise_conv_with_silu():
     assert conv.cache_bytes(2, torch.bfloat16) == 2 * 2 * 6 * 2
 
 
+def test_conv_paths_agree():
+    """The CPU path (shifted multiply-adds) and the CUDA path (cuDNN conv1d) compute one conv."""
+    from blocks.common import depthwise_conv_cuda, depthwise_conv_shifts
+
+    xp, w = torch.randn(3, 10 + 3, 5, requires_grad=True), torch.randn(5, 1, 4, requires_grad=True)
+    a, b = depthwise_conv_cuda(xp, w), depthwise_conv_shifts(xp, w)  # conv1d also runs on CPU
+    torch.testing.assert_close(a, b)
+    ga = torch.autograd.grad(a.square().sum(), [xp, w])
+    gb = torch.autograd.grad(b.square().sum(), [xp, w])
+    for u, v in zip(ga, gb):
+        torch.testing.assert_close(u, v)
+
+
 def test_short_conv_cache_owns_its_memory():
     conv = ShortConv(4, 4)
     _, cache = conv(torch.randn(1, 100, 4))
