@@ -71,8 +71,9 @@ def chunk(
     secondary chunking). Off-diagonal sub-blocks (query sub-chunk a after key sub-chunk b) factor
     through the decay at the end of b, ``r_b``: ``(q_i * exp(G_i - r_b)) . (k_j * exp(r_b - G_j))``,
     both exponents <= 0. Diagonal sub-blocks use the pairwise ``exp(G_i - G_j)`` masked to -inf
-    for ``j > i`` before ``exp`` (``utils.causal_decay``). So nothing overflows however strong the decay, and the extra memory
-    is ``SUBCHUNK`` x (not ``chunk_size`` x) the size of ``q``.
+    for ``j > i`` before ``exp`` (``utils.causal_decay``). So nothing overflows however strong the
+    decay, and the pairwise tensors take ``c + C / c`` (20 at C=64) times the memory of ``q``
+    instead of ``C`` times, with ``c`` the sub-chunk size.
 
     On CUDA inputs a ``blocks.kernels`` kernel runs instead when one is registered.
     """

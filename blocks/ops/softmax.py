@@ -219,10 +219,11 @@ def _attend(q, k, v, scale, mask, causal: bool, window: int) -> torch.Tensor:
 
 
 def _cpu_choice(qt, kt, vt, args) -> str:
-    """The backend SDPA will pick on CPU (``torch._fused_sdp_choice``; "math" if unavailable)."""
+    """The backend SDPA picks on CPU, asked through ``torch._fused_sdp_choice`` (private, so any
+    failure to ask reads as "math")."""
     try:
-        return _NAMES.get(SDPBackend(torch._fused_sdp_choice(qt, kt, vt, args["attn_mask"], 0.0, args["is_causal"],
-                                                             scale=args["scale"], enable_gqa=args["enable_gqa"])),
-                          "math")
+        choice = torch._fused_sdp_choice(qt, kt, vt, args["attn_mask"], 0.0, args["is_causal"],
+                                         scale=args["scale"], enable_gqa=args["enable_gqa"])
+        return _NAMES.get(SDPBackend(choice), "math")
     except (AttributeError, RuntimeError, TypeError, ValueError):
         return "math"
