@@ -7,8 +7,8 @@ also run them directly::
 
     python -m blocks.contract [NAME ...] [--device cuda]
 
-Checks (float32, CPU by default (``device=`` runs them elsewhere), ``d_model = D_MODEL``, blocks in eval mode so random features
-are not redrawn):
+Checks (float32, ``d_model = D_MODEL``, CPU unless ``device=`` says otherwise, blocks in eval
+mode so random features are not redrawn):
 
 * ``check_pieces``        a sequence fed in random pieces (including T=1 steps) carrying the state
                           gives the output, final state and gradients (input and parameters) of one pass
