@@ -194,6 +194,7 @@ def _attend(q, k, v, scale, mask, causal: bool, window: int) -> torch.Tensor:
 
     key = (q.device, q.dtype, q.shape[-1], v.shape[-1], mask is not None, causal, gqa, torch.is_grad_enabled())
     order = _CUDA_ORDER if key not in _chosen else (_chosen[key],) + _CUDA_ORDER
+    declined: Exception | None = None
     for name in order:
         try:
             if name == "flash_attn":
@@ -210,12 +211,15 @@ def _attend(q, k, v, scale, mask, causal: bool, window: int) -> torch.Tensor:
                     o = F.scaled_dot_product_attention(qt, kt, vt, **args).transpose(1, 2)
         except torch.OutOfMemoryError:
             raise
-        except (RuntimeError, ValueError, NotImplementedError):
-            continue  # this backend does not support these inputs; try the next one
+        except (RuntimeError, ValueError, NotImplementedError) as exc:
+            declined = exc  # this backend does not support these inputs; try the next one
+            continue
         _chosen[key] = name
         last_backend = name
         return o
-    raise RuntimeError(f"no SDPA backend ran for q {tuple(q.shape)} k {tuple(k.shape)} {q.dtype}")  # pragma: no cover
+    raise RuntimeError(  # pragma: no cover - math takes everything valid; the cause is chained
+        f"no attention backend ran for q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}"
+    ) from declined
 
 
 def _cpu_choice(qt, kt, vt, args) -> str:
