@@ -55,19 +55,46 @@ def test_single_cpu_slot_starts_directly_with_rank_env(tmp_path):
     assert os.getpgid(0) != p.pgid  # its own process group, not the test's
 
 
-@pytest.mark.slow  # ~20 s on 2 cores: two launchers and four torch imports at once
-def test_two_cpu_slots_run_concurrent_gloo_groups_through_the_launcher(tmp_path):
-    slots = plan_slots([], 2, cpu_slots=2)
-    procs = [run(tmp_path, s, "ok", name=f"t{s.index}") for s in slots]
-    for p in procs:
-        assert p.wait(120) == 0, p.log_tail()
-    for p in procs:
+def tiny_trial_files(tmp_path, ds_config):
+    """Spec and config of a real, tiny trial (2 layers, d_model 16, 4 steps of MQAR)."""
+    import json
+
+    from archsearch.spec import ArchSpec, LayerSpec
+
+    spec = ArchSpec(vocab_size=64, d_model=16, mlp_expansion=0,
+                    layers=(LayerSpec("linear_attn", {"num_heads": 2}), LayerSpec("softmax", {"num_heads": 2})))
+    (tmp_path / "spec.json").write_text(spec.to_json())
+    cfg = {"task": "mqar", "task_params": {"vocab_size": 64, "seq_len": 32, "num_kv_pairs": 4,
+                                           "num_train_examples": 256, "num_test_examples": 32},
+           "train": {"tokens": 2048, "max_seconds": 60, "batch_size": 16, "precision": "auto"},
+           "measure": {"context": 128, "batch": 1, "prefill_len": 16, "repeats": 1, "decode_steps": 2},
+           "seed": 0, "device": "cpu", "out_dir": str(tmp_path / "run"), "ds_config": ds_config}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    return tmp_path / "spec.json", tmp_path / "cfg.json"
+
+
+@pytest.mark.slow  # ~40 s on 2 busy cores: two launchers, four ranks, one real DeepSpeed trial
+def test_two_cpu_slots_run_a_real_zero2_trial_and_a_gloo_group_side_by_side(tmp_path):
+    from launch.dsconfig import load_ds_config
+
+    slots = plan_slots([], 2, cpu_slots=2, ds_config="zero2_bf16")
+    assert slots[0].master_port != slots[1].master_port
+    spec, cfg = tiny_trial_files(tmp_path, load_ds_config(slots[0].ds_config))
+    real = start_trial(spec, cfg, tmp_path / "real.json", slots[0], tmp_path / "real.log")
+    fake = run(tmp_path, slots[1], "ok", name="fake")
+    for p in (fake, real):
+        assert p.wait(300) == 0, p.log_tail()
         assert p.via_launcher and "deepspeed.launcher.runner" in p.cmd
-        status, _, rec = p.outcome()
-        assert status == "ok"
-        assert rec["world_size"] == 2 and rec["rank_sum"] == 0 + 1  # both ranks met in one group
-        assert rec["env"]["MASTER_PORT"] == str(p.master_port)
-    assert procs[0].master_port != procs[1].master_port
+    status, _, rec = fake.outcome()
+    assert status == "ok" and rec["world_size"] == 2 and rec["rank_sum"] == 0 + 1  # both ranks met
+    assert rec["env"]["MASTER_PORT"] == str(fake.master_port)
+    status, reason, rec = real.outcome()
+    assert (status, reason) == ("ok", "")
+    t = rec["train"]
+    # data parallel over the slot's 2 ranks, ZeRO-2 and bf16 from the shipped config, global batch kept
+    assert (t["world_size"], t["zero_stage"], t["precision"]) == (2, 2, "bf16")
+    assert (t["global_batch"], t["micro_batch"], t["grad_accum"]) == (16, 8, 1)
+    assert t["steps"] == 4 and t["final_loss"] == t["final_loss"]  # ran, and not NaN
 
 
 def test_kill_9_of_a_rank_fails_the_trial_and_ends_its_whole_group(tmp_path):
@@ -128,3 +155,25 @@ def test_wait_with_timeout_returns_none_while_running_and_stale_record_is_remove
     assert p.wait(0.2) is None and p.returncode is None
     p.kill(grace_s=0.5)
     assert p.returncode is not None and p.outcome()[0] == "failed"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_slots_pin_each_trial_to_its_own_gpus(tmp_path):
+    slots = plan_slots(None, 1, cpu_slots=1)
+    assert slots and all(s.device == "cuda" for s in slots)
+    last = slots[-1]
+    p = run(tmp_path, last, "ok")
+    assert p.wait(300) == 0, p.log_tail()
+    # the launcher turned --include localhost:<id> into the rank's CUDA_VISIBLE_DEVICES
+    assert p.outcome()[2]["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, last.gpus))
+    spec, cfg = tiny_trial_files(tmp_path, None)
+    import json
+
+    c = json.loads(cfg.read_text())
+    c["device"] = "cuda"
+    cfg.write_text(json.dumps(c))
+    real = start_trial(spec, cfg, tmp_path / "real.json", last, tmp_path / "real.log")
+    assert real.wait(600) == 0, real.log_tail()
+    status, _, rec = real.outcome()
+    assert status == "ok" and rec["throughput"]["device"] and rec["train"]["precision"] == "bf16"
