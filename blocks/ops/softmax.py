@@ -187,13 +187,22 @@ def _attend(q, k, v, scale, mask, causal: bool, window: int) -> torch.Tensor:
     global last_backend
     gqa = q.shape[2] != k.shape[2]
     args = dict(attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
+    if q.device.type == "cuda":
+        return _attend_fastest(q, k, v, args, window, _CUDA_ORDER)
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, heads, T|S, D]
-    if q.device.type != "cuda":
-        last_backend = _cpu_choice(qt, kt, vt, args)
-        return F.scaled_dot_product_attention(qt, kt, vt, **args).transpose(1, 2)
+    last_backend = _cpu_choice(qt, kt, vt, args)
+    return F.scaled_dot_product_attention(qt, kt, vt, **args).transpose(1, 2)
 
-    key = (q.device, q.dtype, q.shape[-1], v.shape[-1], mask is not None, causal, gqa, torch.is_grad_enabled())
-    order = _CUDA_ORDER if key not in _chosen else (_chosen[key],) + _CUDA_ORDER
+
+def _attend_fastest(q, k, v, args: dict, window: int, preference: tuple[str, ...]) -> torch.Tensor:
+    """Run the first backend in ``preference`` that accepts the inputs (the one that worked last
+    time for this kind of input first); sets ``last_backend``. Shapes as ``_attend``."""
+    global last_backend
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, heads, T|S, D]
+    mask, causal, scale = args["attn_mask"], args["is_causal"], args["scale"]
+    key = (q.device, q.dtype, q.shape[-1], v.shape[-1], mask is not None, causal, args["enable_gqa"],
+           torch.is_grad_enabled(), preference)
+    order = preference if key not in _chosen else (_chosen[key],) + preference
     declined: Exception | None = None
     for name in order:
         try:

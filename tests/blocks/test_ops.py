@@ -135,6 +135,23 @@ def test_softmax_cache_and_backend():
     assert ops.softmax.last_backend == ops.softmax.backend_used()
 
 
+@pytest.mark.parametrize("window", [0, 3])
+def test_softmax_backend_fall_through(window):
+    """The CUDA backend search, run on CPU: cuDNN and memory-efficient SDPA decline CPU tensors,
+    the next backend runs, is reported, and is tried first next time."""
+    from blocks.ops import softmax
+
+    q, k, v = torch.randn(1, 6, 4, 8), torch.randn(1, 6, 2, 8), torch.randn(1, 6, 2, 8)
+    mask = torch.ones(6, 6, dtype=torch.bool).tril() & ~torch.ones(6, 6, dtype=torch.bool).tril(-window)
+    args = dict(attn_mask=mask if window else None, is_causal=not window, scale=None, enable_gqa=True)
+    ref, _ = softmax.recurrent(q, k, v, window=window)
+    for _ in range(2):
+        o = softmax._attend_fastest(q, k, v, args, window, ("cudnn", "efficient", "flash_attn", "math"))
+        assert softmax.last_backend == "math"
+        torch.testing.assert_close(o, ref)
+    assert "math" in softmax._chosen.values()
+
+
 def test_gates_broadcast_per_head_not_per_batch():
     """A decay that differs per head acts on that head only (catches a transposed gate)."""
     B, T, H, K, V = 1, 9, 2, 4, 4
