@@ -471,8 +471,12 @@ def train(
     torch.manual_seed(seed)
     model = build_model().to(dist.device)
     timings["build_model"] = time.perf_counter() - t
+    t = time.perf_counter()
+    # The first torch optimizer of a process imports torch._dynamo (torch marks optimizer methods
+    # as not traceable): about 1.5 s on an idle core, the largest fixed cost after `import torch`.
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=ADAM_BETAS)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, cfg.warmup_frac, cfg.min_lr_frac))
+    timings["optimizer"] = time.perf_counter() - t
     t = time.perf_counter()
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_cfg, dist_init_required=False)
@@ -513,6 +517,8 @@ def train(
             if norm is not None and not math.isfinite(norm):
                 nonfinite += 1.0
             elapsed = time.perf_counter() - t_start
+            if step == 1:
+                timings["first_step"] = elapsed
             over_time = 1.0 if dist.is_main and elapsed > cfg.max_seconds else 0.0
             # One collective per step: mean loss, any rank non-finite, rank 0's clock decision.
             loss_sum, nonfinite, over_time = _all_reduce_sum([loss_sum / res.grad_accum, nonfinite, over_time], dist)
