@@ -29,6 +29,7 @@ import glob
 import hashlib
 import math
 import os
+import sys
 from typing import Any, Iterator, Union
 
 import numpy as np
@@ -144,8 +145,11 @@ def _load_docs(p: LMParams) -> tuple[list[str], list[str], str]:
 
     datasets.disable_progress_bars()
     if p.data_files is None and p.dataset is None:
-        train, val = hash_split(embedded_corpus(), p.val_fraction)
-        return train, val, "embedded:pydoc_data.topics"
+        docs = embedded_corpus()
+        train, val = hash_split(docs, p.val_fraction)
+        # The text is CPython's and changes between Python versions: the fingerprint says which.
+        digest = hashlib.sha256("\0".join(docs).encode("utf-8")).hexdigest()[:12]
+        return train, val, f"embedded:pydoc_data.topics (python {sys.version_info[0]}.{sys.version_info[1]}, sha256 {digest})"
     if p.data_files is not None:
         files = p.data_files
         splits = {k: ([v] if isinstance(v, str) else list(v)) for k, v in files.items()} if isinstance(
@@ -214,7 +218,7 @@ class LanguageModeling(Task):
         lengths = []
         for start in range(0, len(docs), 512):
             for ids in self.tokenizer.encode_batch(docs[start : start + 512]):
-                parts.append(np.asarray(ids, dtype=np.int64))
+                parts.append(ids)
                 parts.append(np.array([eos], dtype=np.int64))
                 lengths.append(len(ids))
         return np.concatenate(parts), lengths

@@ -1,10 +1,13 @@
 """Tokenizers for the ``lm`` task: a byte-level one by default, or any Hugging Face tokenizer by name.
 
-Both expose ``vocab_size``, ``eos_id``, ``encode_batch(texts) -> list[list[int]]`` and ``decode``.
+Both expose ``vocab_size``, ``eos_id``, ``encode_batch(texts) -> list[np.ndarray]`` (int64 ids per
+text), ``encode(text) -> np.ndarray`` and ``decode(ids) -> str``.
 """
 from __future__ import annotations
 
 from typing import Sequence
+
+import numpy as np
 
 from archsearch.errors import UserError
 
@@ -20,11 +23,11 @@ class ByteTokenizer:
     vocab_size = 257
     eos_id = 256
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [list(t.encode("utf-8")) for t in texts]
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
@@ -57,10 +60,11 @@ class HFTokenizer:
         self.eos_id = int(eos)
         self.vocab_size = len(self.tok)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.tok(list(texts), add_special_tokens=False)["input_ids"]
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        ids = self.tok(list(texts), add_special_tokens=False)["input_ids"]
+        return [np.asarray(i, dtype=np.int64) for i in ids]
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> np.ndarray:
         return self.encode_batch([text])[0]
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -105,7 +105,7 @@ def test_explicit_validation_split(tmp_path):
 def test_embedded_corpus_needs_no_download():
     task = tasks.build("lm", seq_len=64, max_eval_tokens=3000)
     data = task.data
-    assert data["source"] == "embedded:pydoc_data.topics"
+    assert data["source"].startswith("embedded:pydoc_data.topics (python 3.")
     assert data["train_tokens"] > 300_000  # real text of some size
     assert 0 < len(data["val"]) <= 3000 + 1 and data["val_bytes"] > 0
     text = bytes(int(t) for t in data["train"][:50].reshape(-1) if t < 256).decode("utf-8", "replace")
@@ -201,3 +201,15 @@ def test_unreachable_hub_dataset_is_a_one_line_user_error():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.startswith("lm.dataset: cannot load 'nobody/no-such-dataset': "), out.stderr[-2000:]
     assert out.stdout.count("\n") == 1
+
+
+def test_byte_tokenizer_round_trip():
+    from archsearch.tasks.tokenizer import ByteTokenizer, get_tokenizer
+
+    tok = get_tokenizer("byte")
+    assert isinstance(tok, ByteTokenizer) and tok.vocab_size == 257 and tok.eos_id == 256
+    text = "na\u00efve caf\u00e9 \u2014 \U0001f600"
+    ids = tok.encode(text)
+    assert ids.dtype == np.int64 and len(ids) == len(text.encode("utf-8")) and ids.max() < 256
+    assert tok.decode([*ids.tolist(), 256]) == text  # EOS is dropped
+    assert [len(a) for a in tok.encode_batch(["ab", "", "\u00e9"])] == [2, 0, 2]
