@@ -6,7 +6,7 @@ A spec is the unit that travels from the study to a trial process and into expor
                     layers=(LayerSpec("gated_deltanet", {"num_heads": 4}),) * 3 + (LayerSpec("softmax"),))
     spec.validate()                 # UserError naming the field, before any training
     spec.hash                       # sha256 of the canonical JSON: same architecture, same hash
-    spec.stack_string()             # "GGGS" (one letter per layer, Block.letter)
+    spec.stack_string()             # "NNNS" (one letter per layer, Block.letter; N = gated_deltanet)
     ArchSpec.from_json(spec.to_json()) == spec
 
 Nothing here builds a model; ``archsearch.model.HybridLM(spec)`` does.
@@ -210,7 +210,7 @@ class ArchSpec:
         return out
 
     def stack_string(self) -> str:
-        """One letter per layer, groups of 4 separated by spaces, e.g. ``"GGGS GGGS"``."""
+        """One letter per layer, groups of 4 separated by spaces, e.g. ``"NNNS NNNS"``."""
         letters = "".join(self.letters())
         return " ".join(letters[i : i + 4] for i in range(0, len(letters), 4))
 

@@ -127,6 +127,8 @@ def test_state_bytes_equal_the_state_held_after_prefill(context, dtype):
     x = torch.randint(0, VOCAB, (3, context))
     with torch.no_grad():
         _, states = model.prefill(x)
+        for layer, state in zip(model.layers, states):  # layer by layer, then the sum
+            assert layer.mixer.state_bytes(3, context, dtype) == Block.held_state_bytes(state), layer.mixer.name
         held = sum(Block.held_state_bytes(s) for s in states)
         assert model.state_bytes(3, context, dtype) == held
         _, states = model.decode_step(x[:, 0], states)  # one more token
