@@ -93,6 +93,9 @@ class FrozenConfig(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"FrozenConfig({self._dict!r})"
 
+    def __reduce__(self):  # pickle / deepcopy rebuild through __init__ (attribute setting is blocked)
+        return (FrozenConfig, (self.to_dict(),))
+
     def to_dict(self) -> dict[str, Any]:
         return _thaw(self)
 

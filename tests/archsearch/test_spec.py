@@ -1,8 +1,10 @@
 """ArchSpec: JSON round trip, hash stability, validation messages naming the field, stack strings."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import pickle
 
 import pytest
 
@@ -52,6 +54,12 @@ def test_spec_is_frozen_and_hashable():
     with pytest.raises(TypeError):
         spec.layers[0].config["num_heads"] = 4  # type: ignore[index]
     assert len({spec, make()}) == 1
+
+
+def test_spec_pickles_and_deep_copies():
+    spec = make(layers=[{"block": "gla", "config": {"num_heads": 2, "extra": [1, {"a": 2}]}}])
+    for clone in (pickle.loads(pickle.dumps(spec)), copy.deepcopy(spec)):
+        assert clone == spec and clone.hash == spec.hash and clone.to_json() == spec.to_json()
 
 
 def test_hash_ignores_key_order_and_float_spelling():
