@@ -89,6 +89,8 @@ def build_command(
 
     cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--master_port", str(master_port), "--no_local_rank"]
     if slot.hostfile:
+        # DeepSpeed's default multi-node backend: pdsh over ssh runs deepspeed.launcher.launch on
+        # every host with its node rank, which sets RANK/WORLD_SIZE/... for the ranks there.
         cmd += ["--hostfile", slot.hostfile, "--master_addr", slot.master_addr]
     elif slot.gpus:
         cmd += ["--include", "localhost:" + ",".join(map(str, slot.gpus))]

@@ -133,7 +133,8 @@ def plan_slots(
     gpus: physical GPU ids to use; ``None`` = all visible (``visible_gpus()``); ``[]`` = CPU only.
     gpus_per_trial: GPUs per trial (k) on GPU; gloo processes per trial on CPU.
     cpu_slots: concurrent CPU trials when there are no GPUs (ignored on GPU: G // k slots).
-    hostfile: a DeepSpeed hostfile; gives one slot whose trials span every host in it.
+    hostfile: a DeepSpeed hostfile; gives one slot whose trials span every host in it, one rank per
+    ``slots=`` entry (gpus and gpus_per_trial then come from the file).
     ds_config: a DeepSpeed config file (or shipped name) every slot's trials use instead of the
     default; checked here so a bad file fails before any trial starts.
     Bad values raise UserError naming the argument.
@@ -155,7 +156,7 @@ def plan_slots(
         return [
             Slot(
                 index=0,
-                gpus=tuple(range(gpus_per_trial)),
+                gpus=tuple(range(next(iter(hosts.values())))),  # each host's GPUs, as its slots= says
                 num_procs=sum(hosts.values()),
                 master_port=pick_free_port(),
                 cpu_threads=1,

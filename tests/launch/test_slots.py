@@ -87,6 +87,7 @@ def test_hostfile_slot(tmp_path):
     hf.write_text("# two nodes\nnode-a slots=4\nnode-b slots=4\n")
     (s,) = plan_slots(None, 4, 1, hostfile=str(hf))
     assert s.hostfile == str(hf) and s.num_procs == 8 and s.master_addr == "node-a"
+    assert s.gpus == (0, 1, 2, 3) and s.device == "cuda"
     hf.write_text("node-a 4\n")
     with pytest.raises(UserError, match=r"hostfile .*:1: expected 'HOST slots=N'"):
         plan_slots(None, 4, 1, hostfile=str(hf))
