@@ -45,7 +45,7 @@ def _warps(n: int) -> int:
     return 1 if _INTERPRET else n
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_h_kernel(k, v, g, h, h0, ht, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -85,7 +85,7 @@ def _fwd_h_kernel(k, v, g, h, h0, ht, T, NT,
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_o_kernel(q, k, v, g, h, o, scale, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -127,7 +127,7 @@ def _fwd_o_kernel(q, k, v, g, h, o, scale, T, NT,
              mask=m_t[:, None] & m_v[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_dh_kernel(q, do, g, dh, dht, dh0, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -169,7 +169,7 @@ def _bwd_dh_kernel(q, do, g, dh, dht, dh0, scale, T, NT,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_dqkv_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -231,7 +231,7 @@ def _bwd_dqkv_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT,
     tl.store(dk + p_qk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     if USE_G:
         b_dA = tl.sum(b_dq * b_q.to(tl.float32), axis=1) - tl.sum(b_dk * b_k.to(tl.float32), axis=1)
-        tl.store(dA + (i_b * T + o_t) * H + i_h, b_dA, mask=m_t)
+        tl.store(dA + i_bh * T + o_t, b_dA, mask=m_t)  # [B, H, T]: the reverse cumsum runs along the last dim
 
 
 def _stages(x: torch.Tensor) -> int:
@@ -309,7 +309,7 @@ def bwd_dqkv(q, k, v, g, h, do, dh, scale):
     NT = triton.cdiv(T, BT)
     BK, BV = _pow2(K), min(64, _pow2(V))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dA = q.new_empty(B, T, H, dtype=torch.float32) if g is not None else None
+    dA = q.new_empty(B, H, T, dtype=torch.float32) if g is not None else None
     _bwd_dqkv_kernel[(NT, B * H)](q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT, H=H, K=K, V=V,
                                   BT=BT, BK=BK, BV=BV, USE_G=g is not None, DOT_PREC=_prec(q),
                                   num_warps=_warps(8), num_stages=_stages(q))
@@ -342,10 +342,12 @@ class ChunkScalarDecay(torch.autograd.Function):
         dg = None
         if g is not None and ctx.needs_input_grad[3]:
             # A_t = sum_{s<=t} g_s  =>  dg_s = sum_{t>=s} dA_t ; the final state depends on A_T.
-            dg = dA.flip(1).cumsum(1).flip(1)
+            # dA is [B, H, T]: a scan along the contiguous last dim is parallel in PyTorch, while one
+            # along dim 1 of [B, T, H] runs one thread per (b, h) column (milliseconds at T = 32k).
+            dg = dA.flip(-1).cumsum(-1).flip(-1)
             if dht is not None and ht is not None:
-                dg = dg + (dht * ht).sum((-2, -1))[:, None, :]
-            dg = dg.to(g.dtype)
+                dg = dg + (dht * ht).sum((-2, -1))[:, :, None]
+            dg = dg.transpose(1, 2).to(g.dtype).contiguous()
         return dq, dk, dv, dg, None, dh0, None
 
 
@@ -381,6 +383,7 @@ def chunk_scalar_decay(q, k, v, g, scale=None, initial_state=None, output_final_
 
 
 @register_kernel("simple_gla", "chunk")
+@torch.compiler.disable  # torch.compile graphs break here and run the kernels as they are
 def simple_gla_chunk(q, k, v, g, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
     """Triton ``blocks.ops.simple_gla.chunk`` (``chunk_size`` is the PyTorch form's; see ``BT``)."""
     if tuple(g.shape) != tuple(q.shape[:3]):
@@ -389,6 +392,7 @@ def simple_gla_chunk(q, k, v, g, scale=None, initial_state=None, output_final_st
 
 
 @register_kernel("linear_attn", "chunk")
+@torch.compiler.disable
 def linear_attn_chunk(q, k, v, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
     """Triton ``blocks.ops.linear_attn.chunk``."""
     return chunk_scalar_decay(q, k, v, None, scale, initial_state, output_final_state)

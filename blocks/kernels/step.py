@@ -59,6 +59,8 @@ def _step_kernel(q, k, v, g, beta, s_in, s_out, o, scale,
     tl.store(o + i_bh * V + o_v, tl.sum(b_s * b_q[:, None], axis=0).to(o.dtype.element_ty), mask=m_v)
 
 
+@torch.compiler.disable  # compiled callers (decode_graph's compiled layers) break here: the
+# in-place decision must run eagerly, and the kernel needs no tracing
 def fused_step(q, k, v, g=None, beta=None, state=None, scale=None, gate=NO_GATE):
     """The fused step for any family; see the module docstring. Returns ``(o [B,H,V], new_state)``.
 

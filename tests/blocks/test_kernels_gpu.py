@@ -23,9 +23,11 @@ gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU and Triton")
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|a - b| / |b|``, with ``|b|`` floored at an RMS of 0.01 (a reference that is exactly zero,
+    e.g. the decay gradient of a first step from a zero state, is matched to absolute rounding)."""
     a, b = a.double(), b.double()
     assert torch.isfinite(a).all(), "non-finite values"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    return ((a - b).norm() / b.norm().clamp_min(1e-2 * b.numel() ** 0.5)).item()
 
 
 def _inputs(family, B, T, H, K, V, dtype, decay, seed, with_h0):
@@ -42,29 +44,29 @@ def _inputs(family, B, T, H, K, V, dtype, decay, seed, with_h0):
     return args, h0
 
 
-SHAPES = [  # B, T, H, K, V
-    (2, 64, 2, 64, 64),
-    (1, 1, 3, 32, 48),
-    (2, 65, 2, 64, 128),
-    (1, 200, 2, 128, 64),
-    (1, 1000, 1, 128, 128),
-    (1, 100, 2, 160, 32),  # K > 128: split into key slices
+# (family, dtype, (B, T, H, K, V), [(decay strength, with initial state), ...]); few distinct
+# head dims and flags, because every new combination costs Triton compiles on the GPU host.
+CASES = [
+    ("simple_gla", torch.bfloat16, (2, 65, 2, 64, 64), [(1.0, True), (10.0, False)]),
+    ("simple_gla", torch.bfloat16, (1, 300, 2, 128, 128), [(1.0, True), (10.0, False)]),
+    ("linear_attn", torch.bfloat16, (1, 300, 2, 128, 128), [(1.0, True)]),
+    ("simple_gla", torch.float32, (2, 65, 2, 64, 64), [(1.0, True), (10.0, False), (0.01, True)]),
+    ("simple_gla", torch.float32, (1, 1, 2, 64, 64), [(1.0, True), (10.0, False)]),
+    ("simple_gla", torch.float32, (2, 128, 2, 64, 64), [(1.0, True)]),
+    ("simple_gla", torch.float32, (1, 100, 2, 160, 32), [(1.0, True)]),  # K > 128: key slices
+    ("linear_attn", torch.float32, (2, 64, 2, 64, 64), [(1.0, True)]),
 ]
 
 
 @gpu
-@pytest.mark.parametrize("family", ["simple_gla", "linear_attn"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_chunk_kernel_matches_reference(family, shape, dtype):
+@pytest.mark.parametrize("family,dtype,shape,decays", CASES,
+                         ids=[f"{c[0]}-{str(c[1])[6:]}-{'x'.join(map(str, c[2]))}" for c in CASES])
+def test_chunk_kernel_matches_reference(family, dtype, shape, decays):
     from blocks.ops import linear_attn, simple_gla
 
     B, T, H, K, V = shape
-    seed = hash((family, shape, str(dtype))) % 2**31
-    for decay, with_h0 in ((1.0, True), (10.0, False), (0.01, True)):
-        if family == "linear_attn" and decay != 1.0:
-            continue
-        args, h0 = _inputs(family, B, T, H, K, V, dtype, decay, seed, with_h0)
+    for i, (decay, with_h0) in enumerate(decays):
+        args, h0 = _inputs(family, B, T, H, K, V, dtype, decay, seed=1000 * i + T, with_h0=with_h0)
         leaves = {n: t.detach().clone().requires_grad_(True) for n, t in args.items()}
         ref_leaves = {n: t.detach().float().clone().requires_grad_(True) for n, t in args.items()}
         h0k = h0.clone().requires_grad_(True) if h0 is not None else None
@@ -118,7 +120,7 @@ def _step_args(family, B, H, K, V, dtype, seed):
 
 @gpu
 @pytest.mark.parametrize("family", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("dims", [(16, 16, 128, 128), (3, 2, 48, 20), (1, 1, 256, 64)], ids=str)
+@pytest.mark.parametrize("dims", [(16, 16, 128, 128), (3, 2, 48, 20)], ids=str)
 def test_step_kernel_matches_pytorch_step(family, dims):
     import importlib
 
