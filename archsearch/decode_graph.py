@@ -15,9 +15,11 @@ never moves:
   windowed layers) is written at the current position, and attention reads the valid slots through
   a mask; the position is a device scalar advanced inside the graph, so rotary embeddings follow.
 
-The step reproduces ``HybridLM.decode_step`` through the model's public modules (embed, per-layer
-norms, mixer, MLP, final norm, head) and each softmax block's projections; ``tests`` and the
-benchmark check it against the eager model.
+The step reproduces ``HybridLM.decode_step`` through the model's public modules: the embedding,
+each linear layer as it is (``HybridLayer``: norm, mixer, MLP), each softmax layer through its
+norms, projections and MLP around the static cache, the final norm and the head; the GPU tests and
+the benchmark check it against the eager model. ``compile=True`` additionally runs the linear
+layers through ``torch.compile`` (fewer, fused kernels per layer).
 
     dec = GraphDecoder(model, batch=16, capacity=4096)      # model on CUDA, in eval mode
     logits = dec.prefill(prompt)                             # prompt [B, T]: eager prefill, states loaded
@@ -95,7 +97,7 @@ class GraphDecoder:
     The graph is captured on the first ``step``; ``prefill``/``load``/``randomize`` set the state.
     """
 
-    def __init__(self, model, batch: int, capacity: int) -> None:
+    def __init__(self, model, batch: int, capacity: int, compile: bool = False) -> None:
         if not available():
             raise UserError("decode graph: needs a CUDA device (none found)")
         if batch < 1:
@@ -116,6 +118,12 @@ class GraphDecoder:
         for i, layer in enumerate(model.layers):
             if layer.mixer.name == "softmax":
                 self.caches[i] = _SoftmaxCache(layer.mixer, batch, capacity, self.dtype, self.device)
+        # compile=True runs each linear layer through torch.compile (regional compilation: the layers
+        # share their code, so Inductor compiles once and every layer reuses it); it fuses the
+        # dozens of small elementwise kernels per layer that otherwise dominate a decode step.
+        self.layer_fns = [torch.compile(layer, dynamic=False) if compile and i not in self.caches else layer
+                          for i, layer in enumerate(model.layers)]
+        self.compiled = compile
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self._init_linear_states()
@@ -185,18 +193,18 @@ class GraphDecoder:
         model = self.model
         x = model.embed(self.token[:, None])  # [B, 1, d_model]
         for i, layer in enumerate(model.layers):
-            h = layer.norm1(x)
-            if i in self.caches:
-                y = self.caches[i].step(h, self.pos)
-            else:
-                y, new = layer.mixer(h, self.states[i])
+            if i not in self.caches:
+                x, new = self.layer_fns[i](x, self.states[i])  # HybridLayer: x + mixer(norm1 x), + MLP
                 for name, buf in self.states[i].items():
-                    if new[name] is not buf:  # the fused step already wrote S in place
-                        if new[name].shape != buf.shape:
-                            raise UserError(f"layers[{i}] ({layer.mixer.name}): decode state {name!r} changes "
-                                            f"shape {tuple(buf.shape)} -> {tuple(new[name].shape)}; cannot capture")
-                        buf.copy_(new[name])
-            x = x + y
+                    t = new[name]
+                    if t.data_ptr() == buf.data_ptr():  # the fused step wrote S in place
+                        continue
+                    if t.shape != buf.shape:
+                        raise UserError(f"layers[{i}] ({layer.mixer.name}): decode state {name!r} changes "
+                                        f"shape {tuple(buf.shape)} -> {tuple(t.shape)}; cannot capture")
+                    buf.copy_(t)
+                continue
+            x = x + self.caches[i].step(layer.norm1(x), self.pos)
             if layer.mlp is not None:
                 x = x + layer.mlp(layer.norm2(x))
         self.pos.add_(1)

@@ -118,11 +118,11 @@ def train_bench(lengths, families) -> dict:
     return out
 
 
-def fla_bench(timeout: float, lengths) -> dict:
+def fla_bench(timeout: float, lengths, families: str) -> dict:
     path = Path(os.environ.get("TMPDIR", "/tmp")) / "fla_bench.json"
     path.unlink(missing_ok=True)
     cmd = [sys.executable, str(Path(__file__).with_name("gpu_fla.py")), "--out", str(path),
-           "--lengths", ",".join(map(str, lengths))]
+           "--lengths", ",".join(map(str, lengths)), "--families", families]
     t0 = time.time()
     try:
         subprocess.run(cmd, timeout=timeout, check=False)
@@ -232,6 +232,7 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
                        "tokens_per_s": batch / graph_s, "max_abs_logit_diff_vs_eager": check}
                 if ctx == contexts[0]:
                     row["eager_s"] = _eager_step_time(model, dec, batch)
+                    row["profile"] = _profile_step(dec)
                 out[f"{name} @ {ctx}"] = row
                 log(f"model {name} ctx={ctx}: graph {graph_s * 1e3:.3f} ms, roofline {nbytes / copy_bw * 1e3:.3f} ms "
                     f"({graph_s / (nbytes / copy_bw):.2f}x), eager {row.get('eager_s', float('nan')) * 1e3:.2f} ms, "
@@ -242,6 +243,91 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
         except Exception as exc:
             out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             traceback.print_exc()
+        torch.cuda.empty_cache()
+    return out
+
+
+def model_compiled_bench(copy_bw: float, batch: int = 16) -> dict:
+    """The same models with their linear layers through torch.compile inside the captured graph."""
+    from archsearch import decode_graph
+    from archsearch.model import HybridLM
+
+    out = {}
+    for name, block, every, ctx in (("gated_deltanet x24", "gated_deltanet", 0, 4096),
+                                    ("simple_gla x24", "simple_gla", 0, 4096),
+                                    ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, 4096)):  # noqa: E501
+        try:
+            with torch.device("cuda"):
+                model = HybridLM(model_spec(block, softmax_every=every))
+            model = model.to(torch.bfloat16).eval()
+            dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 64, compile=True)
+            dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(0))
+            t0 = time.time()
+            check = _graph_vs_eager(model, dec, batch)  # first step: compiles and captures
+            compile_s = time.time() - t0
+            dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(1))
+            graph_s = dec.time_step(iters=30)
+            nbytes = decode_graph.decode_bytes(model, batch, ctx)
+            out[f"{name} @ {ctx} (compiled)"] = {
+                "params": model.num_params(), "bytes_per_step": nbytes, "graph_s": graph_s,
+                "roofline_s": nbytes / copy_bw, "x_roofline": graph_s / (nbytes / copy_bw),
+                "tokens_per_s": batch / graph_s, "max_abs_logit_diff_vs_eager": check,
+                "compile_and_capture_s": compile_s, "profile": _profile_step(dec)}
+            log(f"compiled {name} ctx={ctx}: graph {graph_s * 1e3:.3f} ms ({graph_s / (nbytes / copy_bw):.2f}x roofline), "
+                f"compile+capture {compile_s:.0f} s, logit diff {check:.3g}")
+            del dec, model
+        except Exception as exc:
+            out[f"{name} (compiled)"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            traceback.print_exc()
+        torch.cuda.empty_cache()
+    return out
+
+
+def _profile_step(dec) -> dict:
+    """Kernels in one replay of the captured step: count, summed device time, the heaviest ones.
+    Busy time close to the step time means the kernels themselves are slow; far below it means
+    the step is bound by the per-kernel gaps (too many small kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            dec.graph.replay()
+            torch.cuda.synchronize()
+        dec.position += 1
+        evs = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        total = {}
+        for e in evs:
+            total[e.name] = total.get(e.name, 0.0) + e.device_time_total
+        top = sorted(total.items(), key=lambda kv: -kv[1])[:8]
+        return {"kernels": len(evs), "busy_us": sum(total.values()),
+                "top_us": [[n[:80], round(t, 1)] for n, t in top]}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def kernel_breakdown() -> dict:
+    """Per-kernel times of the simple_gla chunk kernels (fwd + bwd) at 2k and 32k: where the time goes."""
+    from blocks.kernels import scalar_decay as sd
+
+    out = {}
+    for T in (2048, 32768):
+        B = TOKENS // T
+        a = train_inputs("simple_gla", B, T)
+        q, k, v, g = (a[n].detach() for n in ("q", "k", "v", "g"))
+        do = torch.randn_like(v)
+        scale = HEAD_DIM ** -0.5
+        h, _ = sd.fwd_h(k, v, g, None, False)
+        dh, _ = sd.bwd_dh(q, do, g, None, False, scale)
+        _, _, _, dA = sd.bwd_dqkv(q, k, v, g, h, do, dh, scale)
+        row = {"fwd_h": cuda_time(lambda: sd.fwd_h(k, v, g, None, False))[0],
+               "fwd_o": cuda_time(lambda: sd.fwd_o(q, k, v, g, h, scale))[0],
+               "bwd_dh": cuda_time(lambda: sd.bwd_dh(q, do, g, None, False, scale))[0],
+               "bwd_dqkv": cuda_time(lambda: sd.bwd_dqkv(q, k, v, g, h, do, dh, scale))[0],
+               "dg_scan": cuda_time(lambda: dA.flip(-1).cumsum(-1).flip(-1).transpose(1, 2).contiguous())[0],
+               "fwd_h_no_g": cuda_time(lambda: sd.fwd_h(k, v, None, None, False))[0]}
+        out[str(T)] = row
+        log(f"simple_gla kernels T={T}: " + " ".join(f"{n}={t * 1e3:.3f}ms" for n, t in row.items()))
+        del a, q, k, v, g, do, h, dh, dA
         torch.cuda.empty_cache()
     return out
 
@@ -366,7 +452,9 @@ def _md_softmax(res: dict) -> list[str]:
 
 def _md_model(res: dict) -> list[str]:
     lines: list[str] = []
-    md = res.get("model_decode", {})
+    md = dict(res.get("model_decode", {}))
+    if isinstance(res.get("model_compiled"), dict):
+        md.update({k: v for k, v in res["model_compiled"].items() if k != "error"})
     if md:
         lines += ["", "## Whole-model decode step, one CUDA graph (24 layers, d_model 2048, batch 16, bf16)", "",
                   "| model @ context | params | MB moved / step | graph ms | roofline ms | x roofline | eager ms | tokens/s | max logit diff vs eager |",
@@ -378,6 +466,14 @@ def _md_model(res: dict) -> list[str]:
             lines.append(f"| {name} | {r['params'] / 1e9:.2f} B | {r['bytes_per_step'] / 1e6:.0f} | {r['graph_s'] * 1e3:.3f} | "
                          f"{r['roofline_s'] * 1e3:.3f} | {r['x_roofline']:.2f} | {fmt(r.get('eager_s'), 1e3, 2)} | "
                          f"{r['tokens_per_s']:.0f} | {r['max_abs_logit_diff_vs_eager']:.2g} |")
+    prof = [(n, r["profile"]) for n, r in md.items() if isinstance(r.get("profile"), dict) and "kernels" in r["profile"]]
+    if prof:
+        lines += ["", "Kernels in one replayed step (count, summed kernel time): "
+                  + "; ".join(f"{n}: {p['kernels']} kernels, {p['busy_us'] / 1e3:.2f} ms busy" for n, p in prof)]
+    kb = res.get("kernel_breakdown")
+    if isinstance(kb, dict) and "error" not in kb:
+        lines += ["", "simple_gla chunk kernels, ms (fwd_h runs twice per training step: forward and recompute): "
+                  + "; ".join(f"T={T}: " + ", ".join(f"{n} {t * 1e3:.2f}" for n, t in r.items()) for T, r in kb.items())]
     return lines
 
 
@@ -437,13 +533,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="folder for gpu_results.json/.md and the plots")
     ap.add_argument("--fla-timeout", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true", help="three lengths, fewer contexts")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: train,fla,step,softmax,model")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: train,fla,step,softmax,model,"
+                    "kernel_breakdown,model_compiled")
+    ap.add_argument("--fla-families", default="linear_attn,delta_rule,simple_gla,gla,gated_delta_rule")
+    ap.add_argument("--fla-lengths", default="", help="comma list (default: the benchmark's lengths)")
+    ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_kernels: no CUDA device; nothing to measure", file=sys.stderr)
         return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
     skip = set(filter(None, a.skip.split(",")))
     lengths = (512, 2048, 8192) if a.quick else LENGTHS
     contexts = (1024, 8192, 131072) if a.quick else CONTEXTS
@@ -462,10 +563,16 @@ def main(argv=None) -> int:
                 ("train", lambda: train_bench(lengths, LINEAR_FAMILIES)),
                 ("step", step_bench),
                 ("softmax_decode", lambda: softmax_decode_bench(contexts)),
+                ("kernel_breakdown", kernel_breakdown),
                 ("model_decode", lambda: model_decode_bench(res["ceilings"]["copy_bytes_per_s"])),
-                ("fla", lambda: fla_bench(a.fla_timeout, lengths))]
+                ("fla", lambda: fla_bench(a.fla_timeout, [int(x) for x in a.fla_lengths.split(",")] if a.fla_lengths
+                                          else lengths, a.fla_families)),
+                ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"]))]
     for name, fn in sections:
         if name in skip or (name == "softmax_decode" and "softmax" in skip) or (name == "model_decode" and "model" in skip):
+            continue
+        if a.deadline and time.time() - started > a.deadline:
+            log(f"== {name}: skipped, past the {a.deadline:.0f} s deadline")
             continue
         t0 = time.time()
         log(f"== {name}")
@@ -477,6 +584,10 @@ def main(argv=None) -> int:
         res.setdefault("seconds", {})[name] = time.time() - t0
         save()
         (out / "gpu_results.md").write_text(markdown(res))  # partial tables survive a time limit
+        try:
+            res["plots"] = plots(res, out)
+        except Exception:
+            pass
     text = markdown(res)
     (out / "gpu_results.md").write_text(text)
     try:
