@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .ops import gla as gla_op, simple_gla as simple_gla_op
 from .linear_family import LinearBlock, LinearConfig, check_positive_int, is_number
 from .base import check
 from .common import mamba2_decay_params
@@ -31,7 +32,7 @@ class RetNet(LinearBlock):
 
     letter = "R"
     Config = LinearConfig
-    op = "simple_gla"
+    op = simple_gla_op
 
     def log_decay(self, device) -> torch.Tensor:
         """``[H]`` float32. Computed, not a buffer: ``block.to(bfloat16)`` must not round it."""
@@ -51,7 +52,7 @@ class SimpleGLA(LinearBlock):
 
     letter = "M"
     Config = LinearConfig
-    op = "simple_gla"
+    op = simple_gla_op
 
     def __init__(self, d_model: int, **config) -> None:
         super().__init__(d_model, **config)
@@ -85,7 +86,7 @@ class GLA(LinearBlock):
 
     letter = "G"
     Config = GLAConfig
-    op = "gla"
+    op = gla_op
 
     def __init__(self, d_model: int, **config) -> None:
         super().__init__(d_model, **config)

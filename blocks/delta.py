@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .ops import delta_rule as delta_rule_op, gated_delta_rule as gated_delta_rule_op
 from .common import mamba2_decay_params
 from .linear_family import LinearBlock, LinearConfig
 from .ops.utils import l2norm
@@ -44,7 +45,7 @@ class DeltaNet(LinearBlock):
 
     letter = "D"
     Config = DeltaNetConfig
-    op = "delta_rule"
+    op = delta_rule_op
 
     def __init__(self, d_model: int, **config) -> None:
         super().__init__(d_model, **config)
@@ -61,7 +62,7 @@ class GatedDeltaNet(LinearBlock):
 
     letter = "N"
     Config = GatedDeltaNetConfig
-    op = "gated_delta_rule"
+    op = gated_delta_rule_op
 
     def __init__(self, d_model: int, **config) -> None:
         super().__init__(d_model, **config)

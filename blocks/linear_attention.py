@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .ops import linear_attn as linear_attn_op
 from .base import check
 from .feature_maps import FEATURE_MAPS, build_feature_map, feature_dim
 from .linear_family import LinearBlock, LinearConfig, check_bool, check_choice, check_positive_int, is_number
@@ -83,7 +84,7 @@ class LinearAttention(LinearBlock):
 
     letter = "L"
     Config = LinearAttnConfig
-    op = "linear_attn"
+    op = linear_attn_op
 
     def __init__(self, d_model: int, **config) -> None:
         super().__init__(d_model, **config)

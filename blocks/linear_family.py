@@ -19,7 +19,6 @@ any denominator column), and with ``conv_size = W > 0``: ``conv_q, conv_k: [B, W
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -115,11 +114,12 @@ class LinearConfig(BlockConfig):
 class LinearBlock(Block):
     """Base of the linear-state families (see the module docstring for the data flow and state).
 
-    Subclasses set ``Config``, ``letter`` and ``op`` (the ``blocks.ops`` module name), and override
+    Subclasses set ``Config``, ``letter`` and ``op`` (the ``blocks.ops`` module), and override
     ``mix_inputs`` (and ``mix_outputs``/``state_dims`` when the state is not ``[H, Kin, V]``).
     """
 
-    op: ClassVar[str] = ""
+    op: ClassVar[ModuleType]  # the blocks.ops module (a module, not a name: no import in forward,
+                              # which torch.compile would have to break its graph for)
     gate_act: ClassVar[str] = "silu"
 
     def __init__(self, d_model: int, **config) -> None:
@@ -159,8 +159,6 @@ class LinearBlock(Block):
         return o
 
     # ----- the shared machinery -----------------------------------------------------------
-    def ops_module(self) -> ModuleType:
-        return importlib.import_module(f"blocks.ops.{self.op}")
 
     def forward(self, x: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
         """``x: [B, T, d_model]`` (any T >= 1), ``state`` from a previous call or None
@@ -188,7 +186,7 @@ class LinearBlock(Block):
     def run_op(self, q, k, v, gates, scale, S0):
         """Reference loop (mode "recurrent"), one decode step (T == 1 continuing a state) or the
         chunked form -> ``(o: [B, T, H, Vs], S: [B, H, Ks, Vs] float32)``."""
-        ops = self.ops_module()
+        ops = self.op
         if self.config.mode == "recurrent":
             return ops.recurrent(q, k, v, *gates, scale=scale, initial_state=S0, output_final_state=True)
         if q.shape[1] == 1 and S0 is not None:

@@ -110,3 +110,18 @@ def test_num_params_counts_zero3_partitioned_params():
         p.ds_numel = p.numel()
         p.data = torch.empty(0)
     assert b.num_params() == full > 0
+
+
+LINEAR = sorted(set(EXPECTED) - {"softmax"})
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_linear_decode_step_traces_without_graph_breaks(name):
+    """archsearch.decode_graph may torch.compile linear layers: their forward must be one graph."""
+    import torch._dynamo as dynamo
+
+    b = blocks.build(name, d_model=32, num_heads=2, conv_size=2).eval()
+    with torch.no_grad():
+        _, state = b(torch.randn(1, 3, 32))
+        explained = dynamo.explain(b)(torch.randn(1, 1, 32), state)
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
