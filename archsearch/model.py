@@ -151,9 +151,9 @@ class HybridLM(nn.Module):
             raise ValueError(f"temperature: must be >= 0, got {temperature}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k: must be >= 1, got {top_k}")
-        out = [prompt]
         if max_new_tokens == 0:
             return prompt
+        out = [prompt]
         logits, states = self.prefill(prompt)
         for step in range(max_new_tokens):
             token = _pick(logits, temperature, top_k, generator)  # [B]
@@ -175,14 +175,14 @@ class HybridLM(nn.Module):
         """Analytic forward FLOPs for one token at position ``context`` (the decode-step cost).
 
         ``2 * N_matmul + sum over layers of the mixer's sequence math``, where ``N_matmul`` counts
-        the weights that multiply activations once per token: every ``nn.Linear`` / ``nn.Conv1d``
-        weight in the mixers and MLPs plus the LM head (``d_model * vocab``, also when tied);
+        the weights that multiply activations once per token: every ``nn.Linear`` weight and short
+        (depthwise) conv weight in the mixers and MLPs plus the LM head (``d_model * vocab``, also when tied);
         embedding lookups, norms and biases are not counted. Sequence math per layer (see
         :func:`mixer_sequence_flops`): softmax ``4 * min(context, window) * H * D`` (``q k^T`` and
         ``p v``); linear families ``4 * H * K * V`` (state update ``k v^T`` and read-out ``S^T q``),
         ``6 * H * K * V`` for the delta rule (plus ``S^T k``), with ``K, V`` the state dims after any
-        feature map. A causal training pass over
-        ``context`` tokens averages about half the softmax term per token.
+        feature map. A causal training pass over ``context`` tokens averages about half the softmax
+        term per token.
         """
         if context < 1:
             raise ValueError(f"context: must be >= 1, got {context}")
