@@ -6,15 +6,16 @@ A family subclass says which ``blocks.ops`` module runs the recurrence and turns
 
 Data flow for ``x: [B, T, d_model]``::
 
-    q, k: [B, T, H*Kin] = W_q x, W_k x      v: [B, T, H*V] = W_v x
-    (conv_size > 0) each through a causal depthwise conv + SiLU, caches in the state
+    q|k|v: [B, T, H*(2*Kin + V)] = W_qkv x   (one matmul for the three)
+    (conv_size > 0) through a causal depthwise conv + SiLU, its cache in the state
+    split into q, k: [B, T, H*Kin] and v: [B, T, H*V]
     q, k: [B, T, H, Kin], v: [B, T, H, V]   -> mix_inputs -> op(q, k, v, *gates) -> o: [B, T, H, Vs]
     mix_outputs(o) -> [B, T, H, V] -> (output_norm) RMSNorm per head -> [B, T, H*V]
     (output_gate) * silu(W_g x) -> W_o -> y: [B, T, d_model]
 
 State (dict): ``S: [B, H, Ks, Vs]`` float32 (Ks, Vs: the state dims after the feature map and
-any denominator column), and with ``conv_size = W > 0``: ``conv_q, conv_k: [B, W-1, H*Kin]``,
-``conv_v: [B, W-1, H*V]`` in the activation dtype. Its bytes do not depend on the context.
+any denominator column), and with ``conv_size = W > 0``: ``conv: [B, W-1, H*(2*Kin + V)]`` (the
+last W-1 projected q|k|v rows) in the activation dtype. Its bytes do not depend on the context.
 """
 from __future__ import annotations
 
@@ -127,14 +128,10 @@ class LinearBlock(Block):
         c = self.config
         H, Kin, V = c.dims(d_model)
         self.num_heads, self.head_dim_k, self.head_dim_v = H, Kin, V
-        self.q_proj = nn.Linear(d_model, H * Kin, bias=False)
-        self.k_proj = nn.Linear(d_model, H * Kin, bias=False)
-        self.v_proj = nn.Linear(d_model, H * V, bias=False)
-        self.convs = (
-            nn.ModuleDict({"q": ShortConv(H * Kin, c.conv_size), "k": ShortConv(H * Kin, c.conv_size),
-                           "v": ShortConv(H * V, c.conv_size)})
-            if c.conv_size else None
-        )
+        # q, k and v from one matmul and one conv: fewer kernels per (decode) step than three each.
+        self.qkv_sizes = (H * Kin, H * Kin, H * V)
+        self.qkv_proj = nn.Linear(d_model, sum(self.qkv_sizes), bias=False)
+        self.conv = ShortConv(sum(self.qkv_sizes), c.conv_size) if c.conv_size else None
         self.norm = HeadNorm(V) if self.use_output_norm else None
         self.gate = OutputGate(d_model, H * V, self.gate_act) if c.output_gate else None
         self.o_proj = nn.Linear(H * V, d_model, bias=False)
@@ -159,6 +156,10 @@ class LinearBlock(Block):
         return o
 
     # ----- the shared machinery -----------------------------------------------------------
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The raw projections ``W_q x, W_k x: [B, T, H*Kin]``, ``W_v x: [B, T, H*V]`` (no conv)."""
+        return self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+
 
     def forward(self, x: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
         """``x: [B, T, d_model]`` (any T >= 1), ``state`` from a previous call or None
@@ -166,11 +167,10 @@ class LinearBlock(Block):
         B, T, _ = x.shape
         H = self.num_heads
         new_state: State = {}
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*Kin], .., [B, T, H*V]
-        if self.convs is not None:
-            q, new_state["conv_q"] = self.convs["q"](q, None if state is None else state["conv_q"])
-            k, new_state["conv_k"] = self.convs["k"](k, None if state is None else state["conv_k"])
-            v, new_state["conv_v"] = self.convs["v"](v, None if state is None else state["conv_v"])
+        qkv = self.qkv_proj(x)  # [B, T, H*(2*Kin + V)]
+        if self.conv is not None:
+            qkv, new_state["conv"] = self.conv(qkv, None if state is None else state["conv"])
+        q, k, v = qkv.split(self.qkv_sizes, dim=-1)  # [B, T, H*Kin], [B, T, H*Kin], [B, T, H*V]
         q, k = q.view(B, T, H, self.head_dim_k), k.view(B, T, H, self.head_dim_k)
         v = v.view(B, T, H, self.head_dim_v)
         q, k, v, gates, scale = self.mix_inputs(x, q, k, v)
@@ -200,8 +200,8 @@ class LinearBlock(Block):
         of size W; independent of ``context``."""
         Ks, Vs = self.state_dims()
         n = batch * self.num_heads * Ks * Vs * 4
-        if self.convs is not None:
-            n += sum(conv.cache_bytes(batch, dtype) for conv in self.convs.values())
+        if self.conv is not None:
+            n += self.conv.cache_bytes(batch, dtype)
         return n
 
     # ----- contract-suite declarations -----------------------------------------------------

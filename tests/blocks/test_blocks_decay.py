@@ -42,7 +42,7 @@ def test_retnet_matches_parallel_retention():
     y, _ = b(x)
     G = torch.full((2, 10), math.log(1 - 2 ** -5)).cumsum(1)
     with torch.no_grad():
-        ref = _decay_parallel(b.q_proj(x), b.k_proj(x), b.v_proj(x), G)
+        ref = _decay_parallel(*b.project(x), G)
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
 
 
@@ -53,7 +53,7 @@ def test_simple_gla_is_mamba2_decay():
     with torch.no_grad():
         g = -b.A_log.exp() * F.softplus(b.dt_proj(x) + b.dt_bias)  # [B, T, 1]
         assert (g <= 0).all()
-        ref = _decay_parallel(b.q_proj(x), b.k_proj(x), b.v_proj(x), g[..., 0].cumsum(1))
+        ref = _decay_parallel(*b.project(x), g[..., 0].cumsum(1))
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
     # Mamba-2 init: A in [1, 16], softplus(dt_bias) in [1e-3, 1e-1]
     assert 1 <= b.A_log.exp().min() and b.A_log.exp().max() <= 16
@@ -69,7 +69,7 @@ def test_gla_vector_gates_match_parallel_form():
         gk = F.logsigmoid(b.gk_proj(x)) / 16.0  # [B, T, K]
         assert (gk <= 0).all()
         G = gk.cumsum(1)
-        q, k, v = b.q_proj(x), b.k_proj(x), b.v_proj(x)
+        q, k, v = b.project(x)
         # o_i = scale * sum_{j<=i} sum_c q_ic k_jc exp(G_ic - G_jc) v_j
         w = torch.exp(G[:, :, None, :] - G[:, None, :, :])  # [B, i, j, K]
         A = torch.einsum("bic,bjc,bijc->bij", q, k, w).tril() * 8 ** -0.5
@@ -98,12 +98,13 @@ def test_delta_blocks_normalise_qk_and_gate(name):
     x = torch.randn(2, 8, D)
     y, _ = b(x)
     with torch.no_grad():
-        q, k = F.normalize(b.q_proj(x), dim=-1), F.normalize(b.k_proj(x), dim=-1)
+        q, k, v = b.project(x)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         beta = torch.sigmoid(b.b_proj(x))[..., 0]
         g = None
         if name == "gated_deltanet":
             g = (-b.A_log.exp() * F.softplus(b.a_proj(x) + b.dt_bias))[..., 0]
-        ref = _delta_loop(q, k, b.v_proj(x), beta, g)
+        ref = _delta_loop(q, k, v, beta, g)
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
 
 
@@ -120,7 +121,7 @@ def test_expand_v_and_head_dims():
     assert (b.head_dim_k, b.head_dim_v) == (8, 18)
     _, s = b(torch.randn(3, 5, D))
     assert s["S"].shape == (3, 2, 8, 18)
-    assert s["conv_q"].shape == (3, 2, 16) and s["conv_v"].shape == (3, 2, 36)
+    assert s["conv"].shape == (3, 2, 16 + 16 + 36)
     assert b.state_bytes(3, 10**6, torch.bfloat16) == 3 * 2 * 8 * 18 * 4 + 3 * 2 * (16 + 16 + 36) * 2
 
 
@@ -128,7 +129,7 @@ def test_conv_state_is_last_inputs():
     b = blocks.build("retnet", d_model=D, conv_size=4)
     x = torch.randn(1, 6, D)
     _, s = b(x)
-    torch.testing.assert_close(s["conv_k"], b.k_proj(x)[:, -3:])
+    torch.testing.assert_close(s["conv"], b.qkv_proj(x)[:, -3:])
     _, s2 = b(x[:, :2])  # shorter than the conv: zero-padded on the left
-    torch.testing.assert_close(s2["conv_v"][:, 0], torch.zeros(1, D))
-    torch.testing.assert_close(s2["conv_v"][:, 1:], b.v_proj(x[:, :2]))
+    torch.testing.assert_close(s2["conv"][:, 0], torch.zeros(1, 3 * D))
+    torch.testing.assert_close(s2["conv"][:, 1:], b.qkv_proj(x[:, :2]))

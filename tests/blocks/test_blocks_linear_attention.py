@@ -29,9 +29,9 @@ def test_denominator_matches_parallel_form(fm):
     x = torch.randn(2, 11, D)
     y, _ = b(x)
     with torch.no_grad():
-        q = b.feature_map(b.q_proj(x).view(2, 11, 1, -1), is_query=True)[:, :, 0]  # [B, T, K]
-        k = b.feature_map(b.k_proj(x).view(2, 11, 1, -1), is_query=False)[:, :, 0]
-        v = b.v_proj(x)
+        q, k, v = b.project(x)
+        q = b.feature_map(q.reshape(2, 11, 1, -1), is_query=True)[:, :, 0]  # [B, T, K]
+        k = b.feature_map(k.reshape(2, 11, 1, -1), is_query=False)[:, :, 0]
         A = (q @ k.transpose(1, 2)).tril()  # [B, T, T]
         ref = (A @ v) / (A.sum(-1, keepdim=True) + b.config.denominator_eps)
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
@@ -42,9 +42,9 @@ def test_output_norm_normalisation_is_rmsnorm_of_numerator():
     x = torch.randn(2, 9, D)
     y, state = b(x)
     with torch.no_grad():
-        q = torch.nn.functional.elu(b.q_proj(x)) + 1
-        k = torch.nn.functional.elu(b.k_proj(x)) + 1
-        num = (q @ k.transpose(1, 2)).tril() @ b.v_proj(x)
+        q, k, v = b.project(x)
+        q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+        num = (q @ k.transpose(1, 2)).tril() @ v
         ref = num * torch.rsqrt(num.pow(2).mean(-1, keepdim=True) + 1e-5)
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
     assert state["S"].shape == (2, 1, D, D)  # no denominator column
@@ -54,7 +54,7 @@ def test_denominator_state_carries_z_in_extra_column():
     b = _bare("elu1")
     x = torch.randn(2, 7, D)
     _, state = b(x)
-    k = torch.nn.functional.elu(b.k_proj(x)) + 1  # [B, T, K]
+    k = torch.nn.functional.elu(b.project(x)[1]) + 1  # [B, T, K]
     assert state["S"].shape == (2, 1, D, D + 1)
     torch.testing.assert_close(state["S"][:, 0, :, -1], k.sum(1), rtol=1e-5, atol=1e-5)
     assert b.state_bytes(2, 7) == 2 * D * (D + 1) * 4
@@ -84,12 +84,13 @@ def test_adversarial_zero_denominator_stays_finite(fm, dtype):
         x = torch.cat([x1, -x1, torch.randn(2, 3, D) * 1e-4], dim=1)
     else:
         with torch.no_grad():
-            b.q_proj.weight.copy_(-b.q_proj.weight.abs())
+            Wq = b.qkv_proj.weight[:D]  # the query rows (one head of width D)
+            Wq.copy_(-Wq.abs())
         x = torch.rand(2, 5, D)  # positive inputs -> negative queries -> relu(q) = 0
     x = x.to(dtype).requires_grad_(True)
     y, _ = b(x)
     if fm == "identity":
-        S = b.k_proj(x)[:, :2].sum(1)  # z after two tokens
+        S = b.project(x)[1][:, :2].sum(1)  # z after two tokens
         assert S.abs().max() < 1e-6
     assert torch.isfinite(y).all()
     y.pow(2).sum().backward()
@@ -102,7 +103,7 @@ def test_near_zero_denominators_random_sweep_finite():
     """Scale the keys toward zero so every phi(q).z is ~1e-12: still finite, forward and backward."""
     b = _bare("identity")
     with torch.no_grad():
-        b.k_proj.weight.mul_(1e-12)
+        b.qkv_proj.weight[D:2 * D].mul_(1e-12)  # the key rows
     x = torch.randn(4, 16, D, requires_grad=True)
     y, _ = b(x)
     y.sum().backward()
