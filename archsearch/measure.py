@@ -39,6 +39,7 @@ class MeasureConfig:
     repeats: timed repetitions (median reported) after ``warmup`` untimed ones.
     throughput: measure throughput at all (off: only analytic numbers, no forward passes).
     measure_memory: on CUDA, also run a real decode at ``context`` for the measured peak.
+    prefill_chunk: tokens per prefill pass of that real decode (0 = the whole context at once).
     """
 
     context: int = 2048
@@ -49,13 +50,15 @@ class MeasureConfig:
     decode_steps: int = 16
     warmup: int = 1
     measure_memory: bool = True
+    prefill_chunk: int = 2048
 
     def __post_init__(self) -> None:
         for name in ("context", "batch", "prefill_len", "repeats", "decode_steps"):
             _positive_int(f"measure.{name}", getattr(self, name))
-        value = self.warmup
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise UserError(f"measure.warmup: must be an integer >= 0, got {value!r}")
+        for name in ("warmup", "prefill_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"measure.{name}: must be an integer >= 0, got {value!r}")
         for name in ("throughput", "measure_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"measure.{name}: must be true or false, got {getattr(self, name)!r}")
@@ -171,43 +174,67 @@ def decode_memory(model: torch.nn.Module, cfg: MeasureConfig, device: torch.devi
     if not cfg.measure_memory:
         out["gap_note"] = "not measured: measure.measure_memory is off"
         return out
-    out.update(_measured_cuda_memory(model, cfg, device))
-    out["gap_note"] = _gap_note(out)
+    measured = _measured_cuda_memory(model, cfg, device)
+    error = measured.pop("measured_error", None)
+    out.update(measured)
+    out["gap_note"] = error or _gap_note(out)
     return out
 
 
 @torch.no_grad()
-def _measured_cuda_memory(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device) -> dict[str, int]:
+def prefill_chunked(model: torch.nn.Module, prompt: torch.Tensor, chunk: int) -> tuple[torch.Tensor, Any]:
+    """``model.prefill`` in passes of ``chunk`` tokens carrying the states: ``prompt [B, T]`` ->
+    (last logits ``[B, V]``, states). Same result as one pass; activations of one chunk only."""
+    states = None
+    for start in range(0, prompt.shape[1], chunk):
+        logits, states = model(prompt[:, start:start + chunk], states)
+    return logits[:, -1].clone(), states  # clone: drop the chunk's [B, chunk, V] logits
+
+
+@torch.no_grad()
+def _measured_cuda_memory(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device) -> dict[str, Any]:
+    """Real prefill + decode reaching exactly ``cfg.context`` tokens, with the allocator's peak.
+
+    The prompt is prefilled in chunks of ``cfg.prefill_chunk`` tokens (carrying the states), as a
+    serving stack would: one 32k-token pass would hold [B, 32k, vocab] logits, which measures the
+    prefill's activations rather than the decode state.
+    """
     was_training = model.training
     model.eval()
+    steps = min(cfg.decode_steps, cfg.context - 1)
     try:
-        prompt = _prompt(model, cfg.batch, cfg.context, device)
+        prompt = _prompt(model, cfg.batch, cfg.context - steps, device)
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(device)  # weights + the prompt ids
         torch.cuda.reset_peak_memory_stats(device)
-        logits, states = model.prefill(prompt)
+        chunk = cfg.prefill_chunk or prompt.shape[1]
+        logits, states = prefill_chunked(model, prompt, chunk)
         torch.cuda.synchronize(device)
         prefill_peak = torch.cuda.max_memory_allocated(device) - base
         held = torch.cuda.memory_allocated(device) - base
         torch.cuda.reset_peak_memory_stats(device)
         token = logits.argmax(-1)
-        for _ in range(cfg.decode_steps):
+        for _ in range(steps):
             logits, states = model.decode_step(token, states)
             token = logits.argmax(-1)
         torch.cuda.synchronize(device)
         decode_peak = torch.cuda.max_memory_allocated(device) - base
         state_held = state_tensor_bytes(states)
         del logits, states, token, prompt
-        torch.cuda.empty_cache()
+    except torch.OutOfMemoryError as exc:
+        return {"measured_error": f"out of memory during the measured decode: {str(exc).splitlines()[0][:200]}"}
     finally:
         model.train(was_training)
+        torch.cuda.empty_cache()
     return {
         "measured_peak_bytes": int(max(prefill_peak, decode_peak)),
         "measured_prefill_peak_bytes": int(prefill_peak),
         "measured_decode_peak_bytes": int(decode_peak),
         "measured_held_bytes": int(held),
         "measured_state_tensor_bytes": int(state_held),
+        "measured_prefill_chunk": int(chunk),
+        "measured_decode_steps": int(steps),
     }
 
 

@@ -126,20 +126,33 @@ def lone_process_env() -> Iterator[None]:
 
 
 def ensure_extensions_dir() -> str:
-    """Pin TORCH_EXTENSIONS_DIR (when unset) to the directory torch would use anyway.
+    """Give DeepSpeed's JIT-compiled ops a cache that later trials find intact; returns its path.
 
-    On its first CPU use DeepSpeed JIT-compiles a shared-memory comm op (about a minute on two
-    cores); every later process loads it from this cache in about a second. Setting the variable
-    explicitly makes every rank and every later trial (whatever launcher or cwd) share that cache.
+    On its first CPU use DeepSpeed compiles a shared-memory comm op (about 70 s on two busy
+    cores); every later process loads it from ``TORCH_EXTENSIONS_DIR`` in well under a second.
+    Two things made that cache rebuild again and again when it was torch's shared default
+    (~/.cache/torch_extensions), so both are pinned here:
+
+    * ninja: a venv ships its own (pip ``ninja`` 1.13) next to a system one (1.11); which one a
+      process finds depends on its PATH, and the two hash commands differently in ``.ninja_log``,
+      so each sees the other's build as stale. The interpreter's own bin directory goes first.
+    * the directory: unless the user set one, an archsearch-owned directory keyed by the Python
+      environment, so tools with other flags or interpreters never rebuild it under us.
     """
+    bindir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if os.path.exists(os.path.join(bindir, "ninja")) and path.split(os.pathsep)[0] != bindir:
+        os.environ["PATH"] = bindir + (os.pathsep + path if path else "")
     if not os.environ.get("TORCH_EXTENSIONS_DIR"):
+        import hashlib
+
         import torch
         from torch import _appdirs
 
-        root = _appdirs.user_cache_dir(appname="torch_extensions")
         acc = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
-        py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
-        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(os.path.realpath(root), f"{py}_{acc}")
+        env = hashlib.sha1(f"{sys.prefix}|{torch.__version__}".encode()).hexdigest()[:8]
+        name = f"py{sys.version_info.major}{sys.version_info.minor}_{acc}_{env}"
+        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(_appdirs.user_cache_dir("archsearch"), "torch_extensions", name)
     return os.environ["TORCH_EXTENSIONS_DIR"]
 
 

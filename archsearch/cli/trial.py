@@ -33,10 +33,11 @@ def add_arguments(p) -> None:
     g.add_argument("--batch", type=int, help="global batch size (sequences)")
     g.add_argument("--lr", type=float, help="peak learning rate")
     g.add_argument("--eval-every", type=int, help="evaluate every N steps (0 = at the end only)")
-    g.add_argument("--precision", choices=("auto", "fp32", "bf16"))
-    g.add_argument("--seed", type=int)
+    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), help="auto: bf16 on CUDA, fp32 on CPU")
+    g.add_argument("--seed", type=int, help="seed of initialisation and data order")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"))
-    g.add_argument("--ds-config", metavar="JSON", help="DeepSpeed config file merged over the defaults")
+    g.add_argument("--ds-config", metavar="NAME|JSON",
+                   help="DeepSpeed config merged over the defaults: a shipped name (zero2_bf16, ...) or a file")
     g = p.add_argument_group("measurement")
     g.add_argument("--context", type=int, help="decode-memory context (tokens)")
     g.add_argument("--measure-batch", type=int, help="batch for decode memory and throughput")
@@ -104,7 +105,9 @@ def build_config(args, base: dict[str, Any] | None, spec_hash: str) -> Any:
     if args.no_throughput:
         measure["throughput"] = False
     if args.ds_config:
-        d["ds_config"] = _read_json(args.ds_config, "--ds-config")
+        from launch.dsconfig import load_ds_config
+
+        d["ds_config"] = load_ds_config(args.ds_config)
     if args.out:
         d["out_dir"] = args.out
     elif not base or "out_dir" not in d:

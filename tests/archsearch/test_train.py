@@ -178,3 +178,35 @@ def test_weight_decay_skips_vectors():
     groups = param_groups(HybridLM(SPEC), 0.1)
     assert groups[0]["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in groups[0]["params"])
     assert groups[1]["weight_decay"] == 0.0 and all(p.dim() < 2 for p in groups[1]["params"])
+
+
+class _FailsAtStep(HybridLM):
+    """Raises ``exc`` on its ``n``-th forward: stands in for a CUDA OOM / a Ctrl-C mid-training."""
+
+    def __init__(self, spec, n, exc):
+        super().__init__(spec)
+        self.calls, self.n, self.exc = 0, n, exc
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.n:
+            raise self.exc
+        return super().forward(*args, **kwargs)
+
+
+@pytest.mark.parametrize("exc, status", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), "oom"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"), "oom"),
+    (KeyboardInterrupt(), "interrupted"),
+])
+def test_out_of_memory_and_interrupt_end_with_a_status(dist, task, exc, status):
+    res = train(lambda: _FailsAtStep(SPEC, 3, exc), task, TrainConfig(tokens=10 * 32 * 16, batch_size=32),
+                seed=0, dist=dist, out_dir=None)
+    assert res.status == status and res.steps == 2 and res.model is None
+    assert res.reason and ("out of memory" in res.reason or "can't allocate" in res.reason or status == "interrupted")
+
+
+def test_a_bug_is_raised_not_recorded_as_oom(dist, task):
+    with pytest.raises(ValueError, match="a bug"):
+        train(lambda: _FailsAtStep(SPEC, 2, ValueError("a bug")), task, TrainConfig(tokens=10 * 32 * 16),
+              seed=0, dist=dist, out_dir=None)

@@ -135,6 +135,22 @@ def test_lone_process_env_fills_in_and_restores(monkeypatch):
     assert os.environ["MASTER_ADDR"] == "10.0.0.1"
 
 
+def test_extensions_dir_is_pinned_with_the_interpreters_ninja(monkeypatch, tmp_path):
+    from archsearch.trial import ensure_extensions_dir
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    path = ensure_extensions_dir()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == path
+    assert "archsearch" in path and Path(path).name.startswith(f"py{sys.version_info.major}{sys.version_info.minor}_")
+    assert ensure_extensions_dir() == path  # stable: same environment, same directory
+    bindir = os.path.dirname(sys.executable)
+    if os.path.exists(os.path.join(bindir, "ninja")):
+        assert os.environ["PATH"].split(os.pathsep)[0] == bindir
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # a user's choice is kept
+    assert ensure_extensions_dir() == str(tmp_path)
+
+
 # --- the process entry point ---------------------------------------------------------------------------
 def _files(tmp_path, cfg: TrialConfig):
     spec_path, cfg_path = tmp_path / "spec.json", tmp_path / "cfg.json"
@@ -169,6 +185,27 @@ def test_process_entry_point_writes_a_failed_record_for_bad_input(tmp_path):
     assert "train.tokens: must" in proc.stderr and "Traceback" not in proc.stderr
     rec = record.read(out)
     assert rec["status"] == "failed" and "train.tokens" in rec["reason"]
+
+
+def test_sigterm_ends_the_trial_as_interrupted_with_a_record(tmp_path):
+    import signal
+    import time
+
+    spec_path, cfg_path, out = _files(tmp_path, _config(tmp_path / "run", tokens=10**9, max_seconds=600))
+    proc = subprocess.Popen([sys.executable, "-m", "archsearch.trial", "--spec", spec_path, "--config", cfg_path,
+                             "--out", out], env=_clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    curve = tmp_path / "run" / "curve.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if curve.exists() and len(curve.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    rec = record.read(out)
+    assert rec["status"] == "interrupted" and rec["train"]["steps"] >= 2
+    assert rec["params"] > 0 and rec["decode_memory"]["analytic_bytes"] > 0
 
 
 @pytest.mark.slow

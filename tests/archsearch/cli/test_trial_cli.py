@@ -71,12 +71,13 @@ def test_options_override_the_config():
     args = _args("s.json", "--task", "mqar", "--task-param", "num_kv_pairs=4", "--tokens", "999",
                  "--seconds", "7.5", "--batch", "8", "--lr", "0.01", "--device", "cpu", "--context", "4096",
                  "--measure-batch", "16", "--prefill-len", "32", "--repeats", "5", "--no-throughput",
-                 "--seed", "3", "--out", "x")
+                 "--seed", "3", "--out", "x", "--ds-config", "zero2_bf16")
     cfg = cli_trial.build_config(args, None, "ab" * 32)
     assert cfg.task_params == {"num_kv_pairs": 4}
     assert (cfg.train.tokens, cfg.train.max_seconds, cfg.train.batch_size, cfg.train.lr) == (999, 7.5, 8, 0.01)
     assert (cfg.measure.context, cfg.measure.batch, cfg.measure.prefill_len, cfg.measure.repeats) == (4096, 16, 32, 5)
     assert cfg.measure.throughput is False and (cfg.seed, cfg.device, cfg.out_dir) == (3, "cpu", "x")
+    assert cfg.ds_config["zero_optimization"]["stage"] == 2
     assert cli_trial.build_config(_args("s.json"), None, "ab" * 32).out_dir.startswith(os.path.join("runs", "trials", "abab"))
 
 
