@@ -87,4 +87,4 @@ def _load() -> None:
     if not torch.cuda.is_available():
         return
     # Importing the kernel modules registers them.
-    from . import gla, scalar_decay, step  # noqa: F401
+    from . import delta, gla, scalar_decay, step  # noqa: F401

@@ -37,6 +37,11 @@ def _inputs(family, B, T, H, K, V, dtype, decay, seed, with_h0):
         return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32)
 
     args = {"q": rnd(B, T, H, K).to(dtype), "k": rnd(B, T, H, K).to(dtype), "v": rnd(B, T, H, V).to(dtype)}
+    if "delta" in family:  # keys L2-normalised (the delta rules' contract); arguments in the op's order
+        args["k"] = F.normalize(args["k"].float(), dim=-1).to(dtype)
+        if family == "gated_delta_rule":
+            args["g"] = decay * F.logsigmoid(rnd(B, T, H) + 2.0)
+        args["beta"] = torch.sigmoid(rnd(B, T, H))
     if family == "simple_gla":
         # decay strength: g = decay * logsigmoid(x); 10 makes exp(g) ~ 1e-3 .. 1e-30 per step
         args["g"] = decay * F.logsigmoid(rnd(B, T, H) + 2.0)
@@ -53,7 +58,11 @@ CASES = [
     ("simple_gla", torch.bfloat16, (1, 300, 2, 128, 128), [(1.0, True), (10.0, False)]),
     ("linear_attn", torch.bfloat16, (1, 300, 2, 128, 128), [(1.0, True)]),
     ("gla", torch.bfloat16, (1, 300, 2, 128, 128), [(1.0, True), (5.0, False)]),
+    ("gated_delta_rule", torch.bfloat16, (1, 300, 2, 128, 128), [(1.0, True), (10.0, False)]),
+    ("delta_rule", torch.bfloat16, (1, 300, 2, 128, 128), [(1.0, True)]),
     ("simple_gla", torch.float32, (2, 65, 2, 64, 64), [(1.0, True), (10.0, False), (0.01, True)]),
+    ("gated_delta_rule", torch.float32, (2, 65, 2, 64, 64), [(1.0, True), (10.0, False), (0.01, True)]),
+    ("delta_rule", torch.float32, (2, 65, 2, 64, 48), [(1.0, True)]),
     ("gla", torch.float32, (2, 65, 2, 64, 64), [(1.0, True), (5.0, False), (0.01, True)]),
     ("gla", torch.float32, (1, 100, 2, 160, 32), [(1.0, True)]),
     ("simple_gla", torch.float32, (1, 1, 2, 64, 64), [(1.0, True), (10.0, False)]),
@@ -90,7 +99,7 @@ def test_chunk_kernel_matches_reference(family, dtype, shape, decays):
         assert rel(o, ro) < tol, ("o", decay)
         assert rel(ht, rht) < tol, ("final state", decay)
         for n in leaves:
-            t = tol if n not in ("g", "gk") else 10 * tol  # the decay gradient is a long reverse sum
+            t = tol if n not in ("g", "gk", "beta") else 10 * tol  # long sums over positions
             assert rel(leaves[n].grad, ref_leaves[n].grad) < t, (f"d{n}", decay)
         if h0 is not None:
             assert rel(h0k.grad, h0r.grad) < tol, ("d initial_state", decay)
