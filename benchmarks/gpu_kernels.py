@@ -55,6 +55,40 @@ def op_module(family: str):
     return importlib.import_module(f"blocks.ops.{family}")
 
 
+# --- 0. correctness ----------------------------------------------------------------------------
+def correctness() -> dict:
+    """Each family's kernel (through the op) against the op's PyTorch chunk form in float32 on the
+    same values, forward and every gradient, at a length that is not a multiple of the chunk."""
+    out = {}
+    B, T, H = 2, 1000, 4
+    for family in LINEAR_FAMILIES:
+        for dtype in (torch.bfloat16, torch.float32):
+            try:
+                args = train_inputs(family, B, T, H=H, dtype=dtype, seed=11)
+                mod = op_module(family)
+                pos = positional(family, args)
+                ref_pos = [t.detach().float().requires_grad_(True) for t in pos]
+                h0 = torch.randn(B, H, HEAD_DIM, HEAD_DIM, device="cuda")
+                o, ht = mod.chunk(*pos, initial_state=h0, output_final_state=True)
+                with kernels.disabled():
+                    ro, rht = mod.chunk(*ref_pos, initial_state=h0, output_final_state=True)
+                do = torch.randn_like(ro)
+                grads = torch.autograd.grad((o.float() * do).sum() + ht.sum(), pos)
+                rgrads = torch.autograd.grad((ro * do).sum() + rht.sum(), ref_pos)
+
+                def rel(a, b):
+                    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-6)).item()
+
+                row = {"o": rel(o, ro), "final_state": rel(ht, rht)}
+                row.update({f"d{n}": rel(a, b) for n, a, b in zip(("q", "k", "v", "g1", "g2"), grads, rgrads)})
+                out[f"{family}/{str(dtype)[6:]}"] = row
+                log(f"check {family:17s} {str(dtype)[6:]:9s} " + " ".join(f"{k}={v:.1e}" for k, v in row.items()))
+            except Exception as exc:
+                out[f"{family}/{str(dtype)[6:]}"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                log(f"check {family} {dtype} FAILED {exc!r}"[:300])
+    return out
+
+
 # --- 1. ceilings ------------------------------------------------------------------------------
 def ceilings() -> dict:
     n = 1 << 30  # 2 GiB of bf16 each way: far beyond the 60 MB L2
@@ -247,15 +281,17 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
     return out
 
 
-def model_compiled_bench(copy_bw: float, batch: int = 16) -> dict:
+def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "") -> dict:
     """The same models with their linear layers through torch.compile inside the captured graph."""
     from archsearch import decode_graph
     from archsearch.model import HybridLM
 
     out = {}
     for name, block, every, ctx in (("gated_deltanet x24", "gated_deltanet", 0, 4096),
-                                    ("simple_gla x24", "simple_gla", 0, 4096),
-                                    ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, 4096)):  # noqa: E501
+                                    ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, 4096),
+                                    ("simple_gla x24", "simple_gla", 0, 4096)):
+        if cases and name not in cases.split(","):
+            continue
         try:
             with torch.device("cuda"):
                 model = HybridLM(model_spec(block, softmax_every=every))
@@ -373,7 +409,7 @@ def fmt(x, scale=1.0, digits=2):
 def markdown(res: dict) -> str:
     """The results as markdown; a section that failed shows its error instead of a table."""
     lines: list[str] = []
-    for part in (_md_train, _md_step, _md_softmax, _md_model):
+    for part in (_md_train, _md_check, _md_step, _md_softmax, _md_model):
         try:
             lines += part(res)
         except Exception as exc:  # a missing/failed section must not hide the others
@@ -413,6 +449,21 @@ def _md_train(res: dict) -> list[str]:
     lines.append(row("FlashAttention SDPA (causal)", tr["sdpa_flash"]))
     if fla.get("errors"):
         lines += ["", "fla errors: " + "; ".join(f"{k}: {v[:140]}" for k, v in fla["errors"].items())]
+    return lines
+
+
+def _md_check(res: dict) -> list[str]:
+    ck = res.get("correctness")
+    if not isinstance(ck, dict) or not ck:
+        return []
+    lines = ["", "## Kernels vs the PyTorch chunk form (float32 on the same values; B=2, T=1000, H=4, D=128; relative L2 error)", "",
+             "| family/dtype | o | final state | dq | dk | dv | d(gate 1) | d(gate 2) |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in ck.items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error'][:100]} |||||||")
+            continue
+        cells = [r.get(k) for k in ("o", "final_state", "dq", "dk", "dv", "dg1", "dg2")]
+        lines.append(f"| {name} | " + " | ".join("-" if c is None else f"{c:.1e}" for c in cells) + " |")
     return lines
 
 
@@ -537,6 +588,7 @@ def main(argv=None) -> int:
                     "kernel_breakdown,model_compiled")
     ap.add_argument("--fla-families", default="linear_attn,delta_rule,simple_gla,gla,gated_delta_rule")
     ap.add_argument("--fla-lengths", default="", help="comma list (default: the benchmark's lengths)")
+    ap.add_argument("--compiled-cases", default="gated_deltanet x24,gated_deltanet 3:1 softmax,simple_gla x24")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -559,7 +611,8 @@ def main(argv=None) -> int:
     def save():
         (out / "gpu_results.json").write_text(json.dumps(res, indent=1))
 
-    sections = [("ceilings", lambda: ceilings()),
+    sections = [("correctness", correctness),
+                ("ceilings", lambda: ceilings()),
                 ("train", lambda: train_bench(lengths, LINEAR_FAMILIES)),
                 ("step", step_bench),
                 ("softmax_decode", lambda: softmax_decode_bench(contexts)),
@@ -567,7 +620,8 @@ def main(argv=None) -> int:
                 ("model_decode", lambda: model_decode_bench(res["ceilings"]["copy_bytes_per_s"])),
                 ("fla", lambda: fla_bench(a.fla_timeout, [int(x) for x in a.fla_lengths.split(",")] if a.fla_lengths
                                           else lengths, a.fla_families)),
-                ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"]))]
+                ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"],
+                                                                cases=a.compiled_cases))]
     for name, fn in sections:
         if name in skip or (name == "softmax_decode" and "softmax" in skip) or (name == "model_decode" and "model" in skip):
             continue

@@ -86,5 +86,13 @@ def _load() -> None:
         return
     if not torch.cuda.is_available():
         return
-    # Importing the kernel modules registers them.
-    from . import delta, gla, scalar_decay, step  # noqa: F401
+    # Importing the kernel modules registers them. A Triton too old or too new for them must not
+    # break the ops: they keep their PyTorch forms, and the warning says why.
+    try:
+        from . import delta, gla, scalar_decay, step  # noqa: F401
+    except (ImportError, AttributeError, TypeError) as exc:  # pragma: no cover - depends on the install
+        import warnings
+
+        warnings.warn(f"blocks.kernels: Triton kernels unavailable ({type(exc).__name__}: {exc}); "
+                      "the ops run their PyTorch forms", RuntimeWarning, stacklevel=2)
+        _KERNELS.clear()
