@@ -26,6 +26,7 @@ import gc
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -121,6 +122,38 @@ def _num(value: Any, field: str, lo: float | None = None, hi: float | None = Non
         raise UserError(f"{field}: must be a number {' and '.join(bound)}, got {value!r}")
 
 
+def ensure_extensions_dir() -> str:
+    """Give DeepSpeed's JIT-compiled ops a cache that later trials find intact; returns its path.
+
+    DeepSpeed JIT-compiles C++ ops on first use (its CPU shared-memory comm op took 70-110 s on
+    two busy cores; ``setup_distributed`` now skips that one, but a user's ds_config may still
+    ask for others, e.g. CPU Adam for offload); later processes load them from
+    ``TORCH_EXTENSIONS_DIR`` in well under a second. Two things made that cache rebuild again and
+    again when it was torch's shared default (~/.cache/torch_extensions), so both are pinned:
+
+    * ninja: a venv ships its own (pip ``ninja`` 1.13) next to a system one (1.11); which one a
+      process finds depends on its PATH, and the two hash commands differently in ``.ninja_log``,
+      so each sees the other's build as stale. The interpreter's own bin directory goes first.
+    * the directory: unless the user set one, an archsearch-owned directory keyed by the Python
+      environment, so tools with other flags or interpreters never rebuild it under us.
+    """
+    bindir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if os.path.exists(os.path.join(bindir, "ninja")) and path.split(os.pathsep)[0] != bindir:
+        os.environ["PATH"] = bindir + (os.pathsep + path if path else "")
+    if not os.environ.get("TORCH_EXTENSIONS_DIR"):
+        import hashlib
+
+        import torch
+        from torch import _appdirs
+
+        acc = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+        env = hashlib.sha1(f"{sys.prefix}|{torch.__version__}".encode()).hexdigest()[:8]
+        name = f"py{sys.version_info.major}{sys.version_info.minor}_{acc}_{env}"
+        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(_appdirs.user_cache_dir("archsearch"), "torch_extensions", name)
+    return os.environ["TORCH_EXTENSIONS_DIR"]
+
+
 # --- process group ---------------------------------------------------------------------------------
 @dataclasses.dataclass
 class DistInfo:
@@ -158,8 +191,17 @@ def setup_distributed(device: str) -> DistInfo:
     # DeepSpeed picks its accelerator once, at import; a CPU trial on a GPU host must say so first.
     if kind == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
+    ensure_extensions_dir()
     import deepspeed
+    import deepspeed.ops
     from deepspeed.utils import logger as ds_logger
+
+    if not os.environ.get("ARCHSEARCH_DS_SHM_OP"):
+        # DeepSpeed's comm backend JIT-compiles a shared-memory all-reduce op on creation (70-110 s
+        # on first use; a compile killed midway leaves a torch_extensions lock that hangs every later
+        # process). Only tensor-parallel inference (inference_all_reduce) uses it, never training;
+        # marked incompatible, DeepSpeed falls back to torch.distributed as on platforms without it.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
     if not os.environ.get("ARCHSEARCH_DS_VERBOSE"):
         ds_logger.setLevel("WARNING")

@@ -30,7 +30,7 @@ from typing import Any, Iterator, Mapping  # noqa: E402
 
 from archsearch.errors import UserError  # noqa: E402
 from archsearch.measure import MeasureConfig  # noqa: E402  (re-exported: the interface lives here)
-from archsearch.train import TrainConfig  # noqa: E402
+from archsearch.train import TrainConfig, ensure_extensions_dir  # noqa: E402
 
 __all__ = ["TrialConfig", "TrainConfig", "MeasureConfig", "run_trial", "main"]
 
@@ -125,37 +125,6 @@ def lone_process_env() -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def ensure_extensions_dir() -> str:
-    """Give DeepSpeed's JIT-compiled ops a cache that later trials find intact; returns its path.
-
-    On its first CPU use DeepSpeed compiles a shared-memory comm op (about 70 s on two busy
-    cores); every later process loads it from ``TORCH_EXTENSIONS_DIR`` in well under a second.
-    Two things made that cache rebuild again and again when it was torch's shared default
-    (~/.cache/torch_extensions), so both are pinned here:
-
-    * ninja: a venv ships its own (pip ``ninja`` 1.13) next to a system one (1.11); which one a
-      process finds depends on its PATH, and the two hash commands differently in ``.ninja_log``,
-      so each sees the other's build as stale. The interpreter's own bin directory goes first.
-    * the directory: unless the user set one, an archsearch-owned directory keyed by the Python
-      environment, so tools with other flags or interpreters never rebuild it under us.
-    """
-    bindir = os.path.dirname(sys.executable)
-    path = os.environ.get("PATH", "")
-    if os.path.exists(os.path.join(bindir, "ninja")) and path.split(os.pathsep)[0] != bindir:
-        os.environ["PATH"] = bindir + (os.pathsep + path if path else "")
-    if not os.environ.get("TORCH_EXTENSIONS_DIR"):
-        import hashlib
-
-        import torch
-        from torch import _appdirs
-
-        acc = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
-        env = hashlib.sha1(f"{sys.prefix}|{torch.__version__}".encode()).hexdigest()[:8]
-        name = f"py{sys.version_info.major}{sys.version_info.minor}_{acc}_{env}"
-        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(_appdirs.user_cache_dir("archsearch"), "torch_extensions", name)
-    return os.environ["TORCH_EXTENSIONS_DIR"]
-
-
 # --- one trial --------------------------------------------------------------------------------------------
 def _load_task(cfg: TrialConfig, spec: Any) -> Any:
     from archsearch import tasks
@@ -202,8 +171,6 @@ def run_trial(spec: Any, cfg: TrialConfig, record_path: str | os.PathLike | None
     task = _load_task(cfg, spec)
     out_dir = Path(cfg.out_dir)
     record_path = Path(record_path) if record_path is not None else out_dir / "record.json"
-    ensure_extensions_dir()
-
     import torch
 
     from archsearch.model import HybridLM
