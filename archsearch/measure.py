@@ -268,16 +268,14 @@ def held_check(model: torch.nn.Module, states: Any, batch: int, context: int) ->
 
 
 # --- throughput ----------------------------------------------------------------------------------------
-def _decode_graph_stepper(model: torch.nn.Module, states: Any, token: torch.Tensor):
-    """A CUDA-graph decode stepper from ``archsearch.decode_graph`` (GPU part), or None."""
+def _decode_graph_stepper(model: torch.nn.Module, states: Any, token: torch.Tensor, capacity: int):
+    """``archsearch.decode_graph.capture``: the whole decode step as one CUDA graph, as a greedy
+    stepper ``token [B] -> next token [B]`` starting from ``states``; None where the module is absent."""
     if importlib.util.find_spec("archsearch.decode_graph") is None:
         return None
     from archsearch import decode_graph
 
-    make = getattr(decode_graph, "capture", None) or getattr(decode_graph, "DecodeGraph", None)
-    if make is None:
-        return None
-    return make(model, states, token)
+    return decode_graph.capture(model, states, token, capacity=capacity)
 
 
 @torch.no_grad()
@@ -286,8 +284,10 @@ def throughput(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device 
 
     Each repetition prefills a fresh prompt ``[B, L]`` (timed: prefill tokens/s = B*L / t) and then
     runs ``decode_steps`` greedy decode steps from that state (timed: decode tokens/s = B*N / t).
-    ``warmup`` untimed repetitions first (allocator, kernel autotune, graph capture); the median
-    of ``repeats`` is reported. Also returns ``held_check`` from the first prefill.
+    On CUDA the decode steps replay ``archsearch.decode_graph``'s captured graph (capture not
+    timed; ``decode_mode`` says which ran, ``decode_graph_error`` why not). ``warmup`` untimed
+    repetitions first (allocator, kernel autotune, graph capture); the median of ``repeats`` is
+    reported. Also returns ``held_check`` from the first prefill.
     """
     device = torch.device(device)
     was_training = model.training
@@ -295,6 +295,8 @@ def throughput(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device 
     prefill_s: list[float] = []
     decode_s: list[float] = []
     mode = "eager"
+    graph_error = None
+    step = None
     check = None
     try:
         for rep in range(cfg.warmup + cfg.repeats):
@@ -303,17 +305,25 @@ def throughput(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device 
             t0 = time.perf_counter()
             logits, states = model.prefill(prompt)
             _sync(device)
-            t1 = time.perf_counter()
+            t_prefill = time.perf_counter() - t0
             if check is None:
                 check = held_check(model, states, cfg.batch, cfg.prefill_len)
             token = logits.argmax(-1)
-            step = None
-            if device.type == "cuda":
-                step = _decode_graph_stepper(model, states, token)
+            if device.type == "cuda" and graph_error is None:
+                try:
+                    if step is None:  # capture once; later repetitions load their states into it
+                        # KV capacity exactly what the steps need: a graph step reads every slot.
+                        step = _decode_graph_stepper(model, states, token, cfg.prefill_len + cfg.decode_steps)
+                    else:
+                        step.decoder.load(states, cfg.prefill_len)
+                except Exception as exc:  # a block the graph cannot capture: measure eagerly, say why
+                    text = str(exc).strip()
+                    graph_error = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+                    step = None
+            _sync(device)
+            t1 = time.perf_counter()
             if step is not None:
                 mode = "cuda_graph"
-                _sync(device)
-                t1 = time.perf_counter()
                 for _ in range(cfg.decode_steps):
                     token = step(token)
             else:
@@ -321,10 +331,10 @@ def throughput(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device 
                     logits, states = model.decode_step(token, states)
                     token = logits.argmax(-1)
             _sync(device)
-            t2 = time.perf_counter()
+            t_decode = time.perf_counter() - t1
             if rep >= cfg.warmup:
-                prefill_s.append(t1 - t0)
-                decode_s.append(t2 - t1)
+                prefill_s.append(t_prefill)
+                decode_s.append(t_decode)
     finally:
         model.train(was_training)
     pre, dec = statistics.median(prefill_s), statistics.median(decode_s)
@@ -340,6 +350,7 @@ def throughput(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device 
         "repeats": cfg.repeats,
         "warmup": cfg.warmup,
         "decode_mode": mode,
+        "decode_graph_error": graph_error,
         "decode_step_ms": 1e3 * dec / cfg.decode_steps,
         "prefill_ms": 1e3 * pre,
         "threads": torch.get_num_threads() if device.type == "cpu" else None,

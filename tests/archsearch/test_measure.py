@@ -149,3 +149,4 @@ def test_cuda_measures_peak_decode_memory_next_to_the_analytic_bytes():
         assert mem["gap_note"]
     tp = throughput(m, cfg, "cuda")
     assert tp["device"] == torch.cuda.get_device_name() and tp["decode_tokens_per_s"] > 0
+    assert tp["decode_mode"] == "cuda_graph", tp["decode_graph_error"]
