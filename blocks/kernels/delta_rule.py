@@ -403,7 +403,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
             b_dh *= tl.exp(g_last)
             b_qT = (b_qT * (scale * tl.exp(b_g))[None, :]).to(b_do.dtype)
         else:
-            b_qT = (b_qT * scale).to(b_do.dtype)
+            b_qT = (b_qT.to(tl.float32) * scale).to(b_do.dtype)
         b_dh += tl.dot(b_qT, b_do, input_precision=DOT_PREC)
         b_dh -= tl.dot(b_wT, b_dv2.to(b_wT.dtype), input_precision=DOT_PREC)
     if STORE_DH0:
@@ -461,11 +461,14 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         b_ds = tl.where(m_ij, b_dP * scale, 0.)
     if USE_G:
         # G enters through exp(G) q (o), exp(G_C - G) k (state), exp(G_C) (state), exp(G_i - G_j).
+        # Terms whose exponent is G_x - G_x (the diagonal of the pairwise decay, the last key's
+        # exp(G_C - G_C)) carry no gradient: they are left out rather than added and subtracted,
+        # since that +x - x would swamp the tiny true gradient of a strong decay in rounding.
         b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
-        b_M = b_ds * b_qk
-        b_kdk = tl.sum(b_kf * b_dk, 1)
-        b_dg = tl.sum(b_qf * b_dq, 1) - b_kdk + tl.sum(b_M, 1) - tl.sum(b_M, 0)
+        b_M = tl.where(o_i[:, None] > o_i[None, :], b_ds * b_qk, 0.)
         last = tl.minimum(i_t * BT + BT, T) - 1
+        b_kdk = tl.where(o_t < last, tl.sum(b_kf * b_dk, 1), 0.)
+        b_dg = tl.sum(b_qf * b_dq, 1) - b_kdk + tl.sum(b_M, 1) - tl.sum(b_M, 0)
         b_dg += tl.where(o_t == last, tl.sum(b_kdk, 0) + tl.sum(b_hdh, 0) * tl.exp(g_last), 0.)
         tl.store(dG + (i_b * T + o_t) * H + i_h, b_dg, mask=m_t)
     b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
