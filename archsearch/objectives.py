@@ -57,12 +57,15 @@ def _memory_points(space: Space) -> list[tuple[int, int, str]]:
 
 
 def static_facts(space: Space, spec) -> StaticFacts:
-    """Build ``HybridLM(spec)`` on the meta device (no memory, no init cost) and read its accounting."""
+    """Build ``HybridLM(spec)`` (on the meta device when large) and read its accounting."""
     import torch
 
     from archsearch.model import HybridLM
 
-    with torch.device("meta"):
+    # Small models are built for real on the CPU: meta-device init of some blocks imports
+    # torch._dynamo (seconds, once per process), more than building a small model costs.
+    approx = spec.d_model * spec.vocab_size + 16 * len(spec.layers) * spec.d_model**2
+    with torch.device("cpu" if approx < 20_000_000 else "meta"):
         model = HybridLM(spec)
     soft = softmax_blocks(space)
     share = sum(layer.block in soft for layer in spec.layers) / len(spec.layers)

@@ -12,6 +12,7 @@ with every hypervolume; the history is computed against the final reference poin
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,9 @@ def hypervolume_history(study: optuna.Study, ref: list[float] | None = None) -> 
     ref = ref or reference_point(study)
     if ref is None:
         return [], []
-    fig = optuna.visualization.plot_hypervolume_history(study, reference_point=ref)
+    with warnings.catch_warnings():  # experimental since 3.3; stable enough for our use
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        fig = optuna.visualization.plot_hypervolume_history(study, reference_point=ref)
     return list(fig.data[0].x), list(fig.data[0].y)
 
 
@@ -220,7 +223,9 @@ def write_html(study: optuna.Study, path: str | Path) -> Path:
     figs.append(fig)
     ref = reference_point(study)
     if ref is not None:
-        hv = optuna.visualization.plot_hypervolume_history(study, reference_point=ref)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            hv = optuna.visualization.plot_hypervolume_history(study, reference_point=ref)
         hv.update_layout(title="hypervolume history (reference " + ", ".join(
             format_value(n, v) for n, v in zip(names, ref)) + ")")
         figs.append(hv)

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import logging
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +73,10 @@ def open_storage(url: str | None, study_name: str, root: Path = DEFAULT_ROOT, cr
         if not create and not path.exists():
             raise UserError(f"no study {study_name!r}: {path} does not exist"
                             + (f" (studies here: {', '.join(list_local_studies(root)) or 'none'})" if url is None else ""))
-        if create:
+        if create and url is None:
             path.parent.mkdir(parents=True, exist_ok=True)
         elif not path.parent.is_dir():
-            raise UserError(f"--storage {url}: directory {path.parent} does not exist")
+            raise UserError(f"--storage {url}: cannot open the journal file: directory {path.parent} does not exist")
         try:
             return JournalStorage(JournalFileBackend(str(path)))
         except OSError as exc:
@@ -129,8 +130,17 @@ def make_sampler(space: Space) -> optuna.samplers.BaseSampler:
     cls = sampler_class(space.sampler.name)
     opts = dict(space.sampler.options)
     if space.sampler.name == "grid":
-        return cls(search_space=grid_search_space(space), seed=space.study.seed, **opts)
+        return _AskTellGridSampler(search_space=grid_search_space(space), seed=space.study.seed, **opts)
     return cls(seed=space.study.seed, **opts)
+
+
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+    """GridSampler for an ask/tell loop. Optuna's calls ``study.stop()`` once the grid is
+    exhausted, which raises outside ``study.optimize``; here the trial budget ends the study, and
+    trials past the grid repeat grid points whose results the spec-hash lookup reuses for free."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
 
 
 def grid_search_space(space: Space) -> dict[str, list[Any]]:
@@ -204,7 +214,9 @@ def open_study(space: Space, storage_url: str | None = None, study_name: str | N
         return study
     study = optuna.create_study(study_name=name, storage=storage, directions=directions,
                                 sampler=make_sampler(space), load_if_exists=True)
-    study.set_metric_names(obj.metric_names(space))
+    with warnings.catch_warnings():  # experimental since 3.2 but the way to name objectives
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(obj.metric_names(space))
     study.set_user_attr(SPACE_ATTR, space_d)
     return study
 

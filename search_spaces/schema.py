@@ -58,7 +58,7 @@ class Pattern:
     softmax: str = "softmax"
     every: Any = None
     share: Any = None
-    placement: Any = "even"
+    placement: Any = None  # with share: default "even"
 
 
 @dataclasses.dataclass

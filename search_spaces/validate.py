@@ -205,7 +205,8 @@ def _model(p: _Parser, d: Any) -> Model:
             softmax=p.scalar(pd, "softmax", pp, "softmax", _block_check(names)),
             every=p.domain(pd, "every", pp, None, lambda v: None if _is_int(v) and v >= 1 else "must be >= 1", nullable=True),
             share=p.domain(pd, "share", pp, None, lambda v: None if _is_num(v) and 0 <= v <= 1 else "must be in [0, 1]", nullable=True),
-            placement=p.domain(pd, "placement", pp, "even", one_of(PLACEMENTS)),
+            placement=(p.domain(pd, "placement", pp, "even", one_of(PLACEMENTS))
+                       if "share" in pd or "placement" in pd else None),
         )
         if ("every" in pd) == ("share" in pd):
             p.err(pp, "needs exactly one of every (softmax every k-th layer) or share (a fraction of layers)")

@@ -1,0 +1,62 @@
+"""Study pieces that need no training: storage URLs, infeasible-only studies, grid spaces."""
+from __future__ import annotations
+
+import pytest
+
+import search_spaces
+from archsearch import study as st
+from archsearch.errors import UserError
+from launch.slots import plan_slots
+from study_spaces import tiny
+
+
+def test_all_infeasible_study_starts_no_process(tmp_path):
+    space = search_spaces.Space.from_dict(tiny(constraints={"max_params": 1}, study={"trials": 3, "seed": 0}))
+    summary = st.run_study(space, root=tmp_path, slots=plan_slots([], 1, 1), progress=False)
+    assert summary.trained == 0 and summary.complete == 3 and summary.infeasible == 3
+    assert not (tmp_path / "tiny" / "trials").exists()
+    study = st.load_study("tiny", None, tmp_path)
+    assert study.best_trials == []  # infeasible trials never make the front
+    for t in study.trials:
+        assert t.constraints["max_params"] > 0 and t.user_attrs["status"] == "infeasible"
+        assert t.values[0] == 0.0  # worst accuracy; memory keeps its true value
+        assert t.values[1] == t.user_attrs["facts"]["decode_bytes"]["256x1:bfloat16"]
+
+
+@pytest.mark.parametrize("url,msg", [
+    ("redis://localhost", "--storage: must be sqlite:///FILE, postgresql://"),
+    ("postgresql://nobody@127.0.0.1:1/none", "--storage postgresql://nobody@127.0.0.1:1/none: cannot open"),
+    ("/nonexistent-dir/x.log", "--storage /nonexistent-dir/x.log: cannot open the journal file"),
+])
+def test_bad_storage_is_one_line(url, msg):
+    with pytest.raises(UserError) as exc:
+        st.open_storage(url, "s")
+    assert msg in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_missing_study_names_the_known_ones(tmp_path):
+    space = search_spaces.Space.from_dict(tiny(constraints={"max_params": 1}, study={"trials": 1, "seed": 0}))
+    st.run_study(space, root=tmp_path, slots=plan_slots([], 1, 1), progress=False)
+    with pytest.raises(UserError, match=r"no study 'nope'.*studies here: tiny"):
+        st.load_study("nope", None, tmp_path)
+
+
+def test_sqlite_storage(tmp_path):
+    space = search_spaces.Space.from_dict(tiny(constraints={"max_params": 1}, study={"trials": 2, "seed": 0}))
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    st.run_study(space, storage=url, root=tmp_path, slots=plan_slots([], 1, 1), progress=False)
+    assert len(st.load_study("tiny", url, tmp_path).trials) == 2
+
+
+def test_grid_search_space_lists_every_layer_param():
+    space = search_spaces.Space.from_dict(tiny(model__depth=[1, 2]))
+    grid = st.grid_search_space(space)
+    assert grid == {"depth": [1, 2], "layer_0": ["linear_attn", "softmax", "gated_deltanet"],
+                    "layer_1": ["linear_attn", "softmax", "gated_deltanet"]}
+
+
+def test_space_changes_lists_paths():
+    a = search_spaces.Space.from_dict(tiny()).to_dict()
+    b = search_spaces.Space.from_dict(tiny(budget={"tokens": 7})).to_dict()
+    changes = st.space_changes(a, b)
+    assert "budget.tokens: 384 -> 7" in changes
