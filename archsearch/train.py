@@ -478,6 +478,57 @@ def _grad_norm(model: torch.nn.Module) -> float | None:
     return float(torch.nn.utils.get_total_norm(grads))
 
 
+def _engine(build_model: Callable[[], torch.nn.Module], cfg: TrainConfig, ds_cfg: dict[str, Any], seed: int,
+            total_steps: int, device: torch.device, timings: dict[str, float]) -> Any:
+    """Seeded model, AdamW (a torch optimizer: no fused-Adam compile), warm-up/cosine schedule,
+    wrapped by ``deepspeed.initialize``."""
+    import deepspeed
+
+    t = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build_model().to(device)
+    timings["build_model"] = time.perf_counter() - t
+    t = time.perf_counter()
+    # The first torch optimizer of a process imports torch._dynamo (torch marks optimizer methods
+    # as not traceable): about 1.5 s on an idle core, the largest fixed cost after `import torch`.
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=ADAM_BETAS)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, cfg.warmup_frac, cfg.min_lr_frac))
+    timings["optimizer"] = time.perf_counter() - t
+    t = time.perf_counter()
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_cfg, dist_init_required=False)
+    timings["deepspeed_initialize"] = time.perf_counter() - t
+    return engine
+
+
+def _step(engine: Any, batches: Any, accum: int, device: torch.device) -> tuple[float, float, float | None]:
+    """One optimiser step over ``accum`` micro batches on this rank.
+
+    Returns (mean micro-batch loss, count of non-finite losses and gradient norms, pre-clip
+    global gradient norm or None). A non-finite loss still runs backward and step, so every
+    rank enters the same collectives; the caller stops after the step.
+    """
+    loss_sum, nonfinite, manual_norm = 0.0, 0.0, None
+    for _ in range(accum):
+        x, y = next(batches)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        logits, _ = engine(x)  # [B, T, V]
+        loss = lm_loss(logits, y)
+        engine.backward(loss)
+        if engine.is_gradient_accumulation_boundary():
+            manual_norm = _grad_norm(engine.module)  # None when ZeRO holds the gradients
+        engine.step()
+        value = float(loss.detach())
+        loss_sum += value
+        nonfinite += 0.0 if math.isfinite(value) else 1.0
+    # DeepSpeed keeps the norm under ZeRO and bf16; plain fp32 engines clip without storing it.
+    norm = engine.get_global_grad_norm()
+    norm = float(norm) if norm is not None else manual_norm
+    if norm is not None and not math.isfinite(norm):
+        nonfinite += 1.0
+    return loss_sum / accum, nonfinite, norm
+
+
 def train(
     build_model: Callable[[], torch.nn.Module],
     task: Any,
@@ -494,9 +545,9 @@ def train(
     Every rank calls this with the same arguments. ``build_model`` is called once per rank after
     seeding (same initial weights everywhere) and again on rank 0 under ZeRO-3 to hold the
     gathered weights. ``out_dir`` receives ``curve.jsonl`` and ``tensorboard/`` (rank 0).
+    Raises UserError for a config that cannot run (batch split, ds_config keys); other
+    exceptions than out-of-memory and interruption are bugs and propagate.
     """
-    import deepspeed
-
     timings: dict[str, float] = {}
     precision = resolve_precision(cfg, dist.device, ds_config)
     ds_cfg = build_ds_config(cfg, dist.world_size, precision, ds_config)
@@ -506,71 +557,40 @@ def train(
                       grad_accum=ds_cfg["gradient_accumulation_steps"], precision=precision,
                       zero_stage=zero_stage, timings=timings)
     tokens_per_step = cfg.batch_size * task.seq_len
-    total_steps = max(1, math.ceil(cfg.tokens / tokens_per_step))
-    res.planned_steps = total_steps
-
-    t = time.perf_counter()
-    torch.manual_seed(seed)
-    model = build_model().to(dist.device)
-    timings["build_model"] = time.perf_counter() - t
-    t = time.perf_counter()
-    # The first torch optimizer of a process imports torch._dynamo (torch marks optimizer methods
-    # as not traceable): about 1.5 s on an idle core, the largest fixed cost after `import torch`.
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=ADAM_BETAS)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, cfg.warmup_frac, cfg.min_lr_frac))
-    timings["optimizer"] = time.perf_counter() - t
-    t = time.perf_counter()
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=ds_cfg, dist_init_required=False)
-    timings["deepspeed_initialize"] = time.perf_counter() - t
-    del model, optimizer
+    total_steps = res.planned_steps = max(1, math.ceil(cfg.tokens / tokens_per_step))
 
     t = time.perf_counter()
     log = CurveLog(out_dir, dist.is_main, spec_text)
     timings["curve_log_setup"] = time.perf_counter() - t
     if log.enabled:
         res.curve_path, res.tensorboard_dir = str(log.path), str(log.tb_dir)
-    t = time.perf_counter()
-    batches = task.train_batches(res.micro_batch, seed, dist.rank, dist.world_size)
-    timings["task_data"] = time.perf_counter() - t
+    engine = None
     losses: list[float] = []
     t_start = time.perf_counter()
-    t_log, tokens_log = t_start, 0
     try:
+        engine = _engine(build_model, cfg, ds_cfg, seed, total_steps, dist.device, timings)
+        t = time.perf_counter()
+        batches = task.train_batches(res.micro_batch, seed, dist.rank, dist.world_size)
+        timings["task_data"] = time.perf_counter() - t
         engine.train()
+        t_start = t_log = time.perf_counter()
+        tokens_log = 0
         for step in range(1, total_steps + 1):
-            loss_sum, nonfinite = 0.0, 0.0
-            manual_norm = None
             lr = engine.get_lr()[0]  # the rate this step's update uses (the scheduler advances in step())
-            for _ in range(res.grad_accum):
-                x, y = next(batches)
-                x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
-                logits, _ = engine(x)
-                loss = lm_loss(logits, y)
-                engine.backward(loss)
-                if engine.is_gradient_accumulation_boundary():
-                    manual_norm = _grad_norm(engine.module)  # pre-clip; None when ZeRO holds the grads
-                engine.step()
-                value = float(loss.detach())
-                loss_sum += value
-                nonfinite += 0.0 if math.isfinite(value) else 1.0
-            norm = engine.get_global_grad_norm()
-            norm = float(norm) if norm is not None else manual_norm
-            if norm is not None and not math.isfinite(norm):
-                nonfinite += 1.0
+            loss, nonfinite, norm = _step(engine, batches, res.grad_accum, dist.device)
             elapsed = time.perf_counter() - t_start
             if step == 1:
                 timings["first_step"] = elapsed
             over_time = 1.0 if dist.is_main and elapsed > cfg.max_seconds else 0.0
             # One collective per step: mean loss, any rank non-finite, rank 0's clock decision.
-            loss_sum, nonfinite, over_time = _all_reduce_sum([loss_sum / res.grad_accum, nonfinite, over_time], dist)
+            loss_sum, nonfinite, over_time = _all_reduce_sum([loss, nonfinite, over_time], dist)
             mean_loss = loss_sum / dist.world_size
             res.steps, res.tokens = step, step * tokens_per_step
             res.seconds = time.perf_counter() - t_start
             if nonfinite:
                 res.status = "diverged"
                 res.reason = f"non-finite loss or gradient norm at step {step} (loss {mean_loss}, lr {lr:.3g})"
-                log.row(step, res.tokens, res.seconds, loss=None if not math.isfinite(mean_loss) else mean_loss,
+                log.row(step, res.tokens, res.seconds, loss=mean_loss if math.isfinite(mean_loss) else None,
                         diverged=True)
                 break
             losses.append(mean_loss)
@@ -578,8 +598,7 @@ def train(
                 now = time.perf_counter()
                 tps = (res.tokens - tokens_log) / max(now - t_log, 1e-9)
                 t_log, tokens_log = now, res.tokens
-                log.row(step, res.tokens, res.seconds, loss=mean_loss, lr=lr,
-                        grad_norm=norm, tokens_per_s=tps)
+                log.row(step, res.tokens, res.seconds, loss=mean_loss, lr=lr, grad_norm=norm, tokens_per_s=tps)
             if over_time:
                 res.notes.append(f"max_seconds {cfg.max_seconds:g} reached: trained {step} of {total_steps} steps "
                                  f"({res.tokens} of {total_steps * tokens_per_step} tokens)")

@@ -210,3 +210,11 @@ def test_a_bug_is_raised_not_recorded_as_oom(dist, task):
     with pytest.raises(ValueError, match="a bug"):
         train(lambda: _FailsAtStep(SPEC, 2, ValueError("a bug")), task, TrainConfig(tokens=10 * 32 * 16),
               seed=0, dist=dist, out_dir=None)
+
+
+def test_out_of_memory_while_building_the_model_is_oom(dist, task):
+    def build():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    res = train(build, task, TrainConfig(tokens=1000), seed=0, dist=dist, out_dir=None)
+    assert res.status == "oom" and res.steps == 0 and "80.00 GiB" in res.reason
