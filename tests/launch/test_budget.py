@@ -80,7 +80,7 @@ def test_journal_workers_complete_exactly_n(tmp_path):
 @pytest.mark.postgres
 @pytest.mark.skipif(not PG_URL, reason="ARCHSEARCH_TEST_POSTGRES_URL not set (.ci/run sets it)")
 def test_postgres_workers_complete_exactly_n():
-    run_workers(PG_URL, n_workers=4, n_trials=15)
+    run_workers(PG_URL, n_workers=3, n_trials=10)
 
 
 def test_claim_waits_while_running_trials_hold_the_budget(tmp_path):

@@ -109,14 +109,14 @@ def test_unrelated_group_with_a_recycled_id_is_not_killed(tmp_path):
 
 
 def test_heartbeat_stale_trials_are_reaped_from_any_host(tmp_path):
-    storage = reaper.make_heartbeat_storage(f"sqlite:///{tmp_path / 'hb.db'}", heartbeat_interval=1, grace_period=1)
+    storage = reaper.make_heartbeat_storage(f"sqlite:///{tmp_path / 'hb.db'}", heartbeat_interval=1, grace_period=2)
     study = optuna.create_study(study_name="hb", storage=storage, directions=["minimize"])
     alive = running_trial(study, owner_host="remote", owner_pid=1)
     stale = running_trial(study, owner_host="remote", owner_pid=1)
     with reaper.heartbeat(study, alive):
         with reaper.heartbeat(study, stale):
             time.sleep(0.2)  # one beat each
-        time.sleep(2.5)      # `stale` misses its beats; `alive` keeps beating
+        time.sleep(3.0)      # `stale` misses its beats (> 2 s); `alive` beats every 1 s
         reaped = reaper.reap_stale_trials(study, retry=False)
     assert [t.number for t in reaped] == [stale.number]
     assert state(study, stale) == TrialState.FAIL and state(study, alive) == TrialState.RUNNING
