@@ -163,7 +163,8 @@ def run_trial(spec: Any, cfg: TrialConfig, record_path: str | os.PathLike | None
     (divergence, out of memory, interruption, or a bug) is recorded as the status, not raised.
     """
     from archsearch import record as rec_mod
-    from archsearch.measure import analytic, measure
+    from archsearch.model import HybridLM
+    from archsearch.train import setup_distributed, train
 
     t_total = time.perf_counter()
     timings: dict[str, float] = {}
@@ -171,11 +172,6 @@ def run_trial(spec: Any, cfg: TrialConfig, record_path: str | os.PathLike | None
     task = _load_task(cfg, spec)
     out_dir = Path(cfg.out_dir)
     record_path = Path(record_path) if record_path is not None else out_dir / "record.json"
-    import torch
-
-    from archsearch.model import HybridLM
-    from archsearch.train import setup_distributed, train
-
     timings["prepare"] = time.perf_counter() - t_total
 
     with lone_process_env():
@@ -202,20 +198,7 @@ def run_trial(spec: Any, cfg: TrialConfig, record_path: str | os.PathLike | None
             return None
 
         t = time.perf_counter()
-        try:
-            if status == "ok" and result is not None and result.model is not None:
-                m = measure(result.model, cfg.measure, dist.device)
-                check = (m["throughput"] or {}).get("held_check")
-                if check and not check["match"]:
-                    notes.append(f"analytic state bytes {check['analytic_bytes']} != held {check['held_bytes']} "
-                                 f"after a real prefill of {check['context']} tokens")
-            else:
-                dtype = torch.bfloat16 if result is not None and result.precision == "bf16" else torch.float32
-                m = analytic(_analytic_model(spec), cfg.measure, f"trial status {status}", dtype)
-        except Exception as exc:  # a measurement bug must not lose the training result
-            if status == "ok":
-                status, reason = "failed", "measurement: " + _failure(exc, out_dir)
-            m = {"params": None, "flops_per_token": None}
+        m, status, reason = _measurements(spec, cfg, result, status, reason, dist.device, notes, out_dir)
         timings["measure"] = time.perf_counter() - t
         timings["run_trial"] = time.perf_counter() - t_total
 
@@ -233,6 +216,30 @@ def run_trial(spec: Any, cfg: TrialConfig, record_path: str | os.PathLike | None
         )
         rec_mod.write(record, record_path)
         return record
+
+
+def _measurements(spec: Any, cfg: TrialConfig, result: Any, status: str, reason: str, device: Any,
+                  notes: list[str], out_dir: Path) -> tuple[dict[str, Any], str, str]:
+    """Params, FLOPs, decode memory, throughput of the trained model; for a trial without one
+    (diverged, oom, ...) the analytic numbers of an untrained copy. Returns (m, status, reason)."""
+    import torch
+
+    from archsearch.measure import analytic, measure
+
+    try:
+        if status == "ok" and result is not None and result.model is not None:
+            m = measure(result.model, cfg.measure, device)
+            check = m["throughput"].get("held_check")
+            if check and not check["match"]:
+                notes.append(f"analytic state bytes {check['analytic_bytes']} != held {check['held_bytes']} "
+                             f"after a real prefill of {check['context']} tokens")
+            return m, status, reason
+        dtype = torch.bfloat16 if result is not None and result.precision == "bf16" else torch.float32
+        return analytic(_analytic_model(spec), cfg.measure, f"trial status {status}", dtype), status, reason
+    except Exception as exc:  # a measurement bug must not lose the training result
+        if status == "ok":
+            status, reason = "failed", "measurement: " + _failure(exc, out_dir)
+        return {"params": None, "flops_per_token": None}, status, reason
 
 
 def _failure(exc: BaseException, out_dir: Path | None) -> str:
