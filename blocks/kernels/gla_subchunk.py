@@ -1,0 +1,507 @@
+"""Triton chunk kernels, forward and backward, for gated linear attention with a decay per key
+channel (``gla``), with fla's secondary chunking of the intra-chunk scores.
+
+    S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T       S: [K, V] per (batch, head), float32 carry
+    o_t = scale * S_t^T q_t
+
+Shapes: ``q, k, gk: [B, T, H, K]``, ``v: [B, T, H, V]``, state ``[B, H, K, V]`` float32.
+
+A chunk of ``BT = 64`` positions is cut into four sub-chunks of ``BC = 16``. With chunk-local
+inclusive prefix sums ``G`` (per channel), the intra-chunk score ``A_ij = sum_c q_ic k_jc
+exp(G_ic - G_jc)`` is
+
+* for query sub-chunk ``a`` after key sub-chunk ``b``: a matmul through the reference row
+  ``n`` = the first row of ``a``, ``(q_a * exp(G_a - G_n)) (k_b * exp(G_n - G_b))^T``; ``G`` does
+  not increase, so both exponents are <= 0 and no decay strength overflows;
+* on the four diagonal 16x16 blocks: exact, one key row at a time, pairs ``j > i`` masked to
+  -inf before ``exp``.
+
+So the exponentials per chunk are ``4 * 16 * 16 * K`` on the diagonal plus ``O(64 K)`` elsewhere,
+a quarter of the ``64 * 64 * K`` that exact pairwise scores over the whole chunk take; the rest is
+tensor-core matmuls. The chunk states come from one sequential walk over the chunks inside a
+kernel (``_fwd_h``), recomputed in the backward; a reverse walk gives their gradients.
+
+Gate gradient: chunk-local, term by term (through ``exp(G) q`` for the state read, ``exp(G_C - G) k``
+and ``exp(G_C)`` for the state write, and the strictly lower pairs of the scores), then a reverse
+cumsum inside the chunk. Terms whose exponent is ``G_x - G_x`` carry no gradient and are left out
+instead of being added and subtracted, so a tiny true gradient (strong decay) is not lost in
+float32 rounding of ``+x - x``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from blocks.ops.utils import check_gate, check_qkv
+
+from . import register_kernel
+
+BT = 64  # chunk length inside the kernels
+BC = 16  # sub-chunk (tl.dot's smallest block)
+NC = BT // BC
+MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is split into slices
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(n))
+
+
+def _warps(n: int) -> int:
+    return 1 if _INTERPRET else n
+
+
+def _stages(x: torch.Tensor) -> int:
+    return 1 if _INTERPRET or x.dtype == torch.float32 else 2
+
+
+def _prec(x: torch.Tensor) -> str:
+    # float32 inputs: full-precision dots (the PyTorch forms do not use TF32); bf16/fp16 inputs
+    # already carry ~3 significant digits, TF32 on the float32 intermediates costs nothing there.
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def _state_dtype(x: torch.Tensor) -> torch.dtype:
+    # Chunk-start states are stored in the activation dtype (half the traffic in bf16, as fla).
+    return torch.float32 if x.dtype == torch.float32 else x.dtype
+
+
+# --- device helpers --------------------------------------------------------------------------
+@triton.jit
+def _rows(x, i_b, i_h, r0, T, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BD: tl.constexpr):
+    """``x[b, r0:r0+BR, h, c0:c0+BD]`` of ``x: [B, T, H, D]``, zero past ``T`` and ``D``."""
+    o_r = r0 + tl.arange(0, BR)
+    o_d = c0 + tl.arange(0, BD)
+    return tl.load(x + ((i_b * T + o_r[:, None]) * H + i_h) * D + o_d[None, :],
+                   mask=(o_r < T)[:, None] & (o_d < D)[None, :], other=0.)
+
+
+@triton.jit
+def _store(x, val, i_b, i_h, r0, T, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BD: tl.constexpr):
+    o_r = r0 + tl.arange(0, BR)
+    o_d = c0 + tl.arange(0, BD)
+    tl.store(x + ((i_b * T + o_r[:, None]) * H + i_h) * D + o_d[None, :], val.to(x.dtype.element_ty),
+             mask=(o_r < T)[:, None] & (o_d < D)[None, :])
+
+
+@triton.jit
+def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
+    """Row ``min(r, last)`` of the chunk-local cumulative gate ``gc: [B, T, H, K]``, ``[BK]``."""
+    o_k = c0 + tl.arange(0, BK)
+    return tl.load(gc + ((i_b * T + tl.minimum(r, last)) * H + i_h) * K + o_k, mask=o_k < K, other=0.)
+
+
+@triton.jit
+def _g_rows(gc, g_last, i_b, i_h, r0, T, H: tl.constexpr, K: tl.constexpr, c0,
+            BR: tl.constexpr, BK: tl.constexpr):
+    """Rows of ``gc`` with rows past ``T`` set to the chunk's last valid row ``g_last`` (so every
+    exponent formed from them stays <= 0)."""
+    o_r = r0 + tl.arange(0, BR)
+    b_g = _rows(gc, i_b, i_h, r0, T, H, K, c0, BR, BK)
+    return tl.where((o_r < T)[:, None], b_g, g_last[None, :])
+
+
+# --- kernels ---------------------------------------------------------------------------------
+@triton.jit
+def _cumsum_kernel(gk, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Grid (K/BK, NT, B*H): chunk-local inclusive cumsum of ``gk`` into float32 ``gc``."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    b_g = _rows(gk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+    _store(gc, tl.cumsum(b_g, axis=0), i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+
+
+@triton.jit
+def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (K/BK, V/BV, B*H): walk the chunks in order; ``h[b, t, h]`` = state before chunk t."""
+    i_k = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    p_kv = o_k[:, None] * V + o_v[None, :]
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
+    for i_t in range(NT):
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_k = _rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_h *= tl.exp(g_last)[:, None]
+        b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_v.dtype)
+        b_h += tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PREC)
+    if STORE_HT:
+        tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
+
+
+@triton.jit
+def _intra_a_kernel(q, k, gc, A, scale, T,
+                    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                    NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H), BK >= K: the chunk's scores ``A: [B, T, H, BT]`` float32 (scale included,
+    zero above the diagonal)."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
+    o_c = tl.arange(0, BC)
+    for a in tl.static_range(NC):
+        ra = i_t * BT + a * BC
+        b_q = _rows(q, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
+        b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, 0, BC, BK)
+        b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, 0, BK)
+        b_qs = b_q * tl.exp(b_ga - b_gn[None, :])
+        for b in tl.static_range(NC):
+            if b < a:
+                rb = i_t * BT + b * BC
+                b_kb = _rows(k, i_b, i_h, rb, T, H, K, 0, BC, BK).to(tl.float32)
+                b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, 0, BC, BK)
+                b_ks = b_kb * tl.exp(b_gn[None, :] - b_gb)
+                b_A = tl.dot(b_qs, tl.trans(b_ks), input_precision=DOT_PREC) * scale
+                _store(A, b_A, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+            if b > a:
+                _store(A, tl.zeros([BC, BC], dtype=tl.float32), i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+        b_A = tl.zeros([BC, BC], dtype=tl.float32)
+        for j in range(BC):
+            b_kj = tl.load(k + ((i_b * T + ra + j) * H + i_h) * K + tl.arange(0, BK),
+                           mask=(tl.arange(0, BK) < K) & (ra + j + 0 * tl.arange(0, BK) < T), other=0.).to(tl.float32)
+            b_gj = _g_row(gc, i_b, i_h, ra + j, last, T, H, K, 0, BK)
+            b_e = tl.exp(tl.where(o_c[:, None] >= j, b_ga - b_gj[None, :], float("-inf")))
+            b_col = tl.sum(b_q * b_kj[None, :] * b_e, axis=1)
+            b_A = tl.where(o_c[None, :] == j, b_col[:, None], b_A)
+        _store(A, b_A * scale, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
+
+
+@triton.jit
+def _fwd_o_kernel(q, v, gc, h, A, o, scale, T, NT,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (V/BV, NT, B*H): ``o = scale (q * exp(G)) h + A v``."""
+    i_v = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_v = i_v * BV + tl.arange(0, BV)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
+        b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                      mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.)
+        b_o += tl.dot((b_q * tl.exp(b_g)).to(b_h.dtype), b_h, input_precision=DOT_PREC)
+    b_A = _rows(A, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
+    b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+    b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+    _store(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+
+
+@triton.jit
+def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (K/BK, V/BV, B*H): reverse walk; ``dh[b, t, h]`` = dLoss/d(state after chunk t)."""
+    i_k = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    p_kv = o_k[:, None] * V + o_v[None, :]
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
+    for i_r in range(NT):
+        i_t = NT - 1 - i_r
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
+        b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_do = _rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_dh *= tl.exp(g_last)[:, None]
+        b_qd = (b_q * tl.exp(b_g) * scale).to(b_do.dtype)
+        b_dh += tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PREC)
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
+
+
+@triton.jit
+def _bwd_inter_kernel(q, k, v, gc, h, A, do, dh, dv, dA, dq_i, dk_i, dg_i, scale, T, NT,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H), BK >= K: ``dv`` (final); the score gradient ``dA = scale mask(do v^T)``;
+    the state parts of ``dq, dk`` and of the chunk-local gate gradient (float32)."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    r0 = i_t * BT
+    o_t = r0 + tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    last = tl.minimum(r0 + BT, T) - 1
+    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
+    b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, 0, BT, BK)
+    b_q = _rows(q, i_b, i_h, r0, T, H, K, 0, BT, BK)
+    b_k = _rows(k, i_b, i_h, r0, T, H, K, 0, BT, BK)
+    b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_k.dtype)
+    b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_vk = (o_v < V)[:, None] & m_k[None, :]
+        b_v = _rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+        b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+        b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
+        b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
+        b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
+        b_dk += tl.dot(b_v, b_dhT.to(b_v.dtype), input_precision=DOT_PREC)
+        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+        b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
+        b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC) \
+            + tl.dot(b_kd, tl.trans(b_dhT).to(b_kd.dtype), input_precision=DOT_PREC)
+        _store(dv, b_dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+    o_i = tl.arange(0, BT)
+    _store(dA, tl.where(o_i[:, None] >= o_i[None, :], b_dA * scale, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    b_dq = b_dq * tl.exp(b_g) * scale
+    b_dk = b_dk * tl.exp(g_last[None, :] - b_g)
+    # gate: q . dq through the state read; the state write exp(G_C - G_j) k_j moves gradient from
+    # row j to the last row (j = last has exponent 0: no gradient); exp(G_C) S adds <S, dS'>.
+    b_kdk = tl.where((o_t < last)[:, None], b_k.to(tl.float32) * b_dk, 0.)
+    b_dg = b_q.to(tl.float32) * b_dq - b_kdk
+    b_dg += tl.where((o_t == last)[:, None], (tl.sum(b_kdk, axis=0) + tl.exp(g_last) * b_hdh)[None, :], 0.)
+    _store(dq_i, b_dq, i_b, i_h, r0, T, H, K, 0, BT, BK)
+    _store(dk_i, b_dk, i_b, i_h, r0, T, H, K, 0, BT, BK)
+    _store(dg_i, b_dg, i_b, i_h, r0, T, H, K, 0, BT, BK)
+
+
+@triton.jit
+def _bwd_intra_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T,
+                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                      NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H), BK >= K: add the intra-chunk parts to ``dq, dk`` (final) and the gate
+    gradient, then ``dg`` = reverse cumsum of the chunk-local gradient, sub-chunks last to first."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
+    o_c = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    carry = tl.zeros([BK], dtype=tl.float32)
+    for a_r in tl.static_range(NC):
+        a: tl.constexpr = NC - 1 - a_r
+        ra = i_t * BT + a * BC
+        b_q = _rows(q, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
+        b_k = _rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
+        b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, 0, BC, BK)
+        # keys in earlier sub-chunks b < a, through the first row n of a
+        b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, 0, BK)
+        b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
+        # queries in later sub-chunks c > a, through the last row m of a
+        b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, 0, BK)
+        b_dks = tl.zeros([BC, BK], dtype=tl.float32)
+        for b in tl.static_range(NC):
+            if b < a:
+                rb = i_t * BT + b * BC
+                b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+                b_kb = _rows(k, i_b, i_h, rb, T, H, K, 0, BC, BK).to(tl.float32)
+                b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, 0, BC, BK)
+                b_dqs += tl.dot(b_dAab, b_kb * tl.exp(b_gn[None, :] - b_gb), input_precision=DOT_PREC)
+            if b > a:
+                rc = i_t * BT + b * BC
+                b_dAca = _rows(dA, i_b, i_h, rc, T, H, BT, a * BC, BC, BC)
+                b_qc = _rows(q, i_b, i_h, rc, T, H, K, 0, BC, BK).to(tl.float32)
+                b_gc = _g_rows(gc, g_last, i_b, i_h, rc, T, H, K, 0, BC, BK)
+                b_dks += tl.dot(tl.trans(b_dAca), b_qc * tl.exp(b_gc - b_gm[None, :]), input_precision=DOT_PREC)
+        b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
+        b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
+        # the diagonal block, strictly below the diagonal, one key row j at a time
+        b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
+        for j in range(BC):
+            b_kj = tl.load(k + ((i_b * T + ra + j) * H + i_h) * K + o_k,
+                           mask=(o_k < K) & (ra + j + 0 * o_k < T), other=0.).to(tl.float32)
+            b_gj = _g_row(gc, i_b, i_h, ra + j, last, T, H, K, 0, BK)
+            b_e = tl.exp(tl.where(o_c[:, None] > j, b_ga - b_gj[None, :], float("-inf")))  # [i, c]
+            b_col = tl.sum(tl.where(o_c[None, :] == j, b_dAaa, 0.), axis=1)  # dA[i, j]
+            b_dqs += b_col[:, None] * b_kj[None, :] * b_e
+            b_dkj = tl.sum(b_col[:, None] * b_q * b_e, axis=0)
+            b_dks += tl.where(o_c[:, None] == j, b_dkj[None, :], 0.)
+        b_diag = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dAaa, 0.), axis=1)
+        b_dq = _rows(dq_i, i_b, i_h, ra, T, H, K, 0, BC, BK) + b_dqs + b_diag[:, None] * b_k
+        b_dk = _rows(dk_i, i_b, i_h, ra, T, H, K, 0, BC, BK) + b_dks + b_diag[:, None] * b_q
+        _store(dq, b_dq, i_b, i_h, ra, T, H, K, 0, BC, BK)
+        _store(dk, b_dk, i_b, i_h, ra, T, H, K, 0, BC, BK)
+        b_dG = _rows(dg_i, i_b, i_h, ra, T, H, K, 0, BC, BK) + b_q * b_dqs - b_k * b_dks
+        b_dG = tl.where((ra + o_c < T)[:, None], b_dG, 0.)
+        b_tot = tl.sum(b_dG, axis=0)
+        b_rev = carry[None, :] + b_tot[None, :] - tl.cumsum(b_dG, axis=0) + b_dG
+        carry += b_tot
+        _store(dg, b_rev, i_b, i_h, ra, T, H, K, 0, BC, BK)
+
+
+# --- host side -------------------------------------------------------------------------------
+def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
+    """(BK, BV) of the sequential walks: fewer (B, H) pairs (long T) want narrower blocks so that
+    more SMs take part in the chains of NT dependent steps."""
+    BK, BV = min(64, _pow2(K)), min(64, _pow2(V))
+    if x.is_cuda and BV > 32:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        if B * H * triton.cdiv(K, BK) * triton.cdiv(V, BV) < 4 * sms:
+            BV = 32
+    return BK, BV
+
+
+def chunk_cumsum(gk: torch.Tensor) -> torch.Tensor:
+    B, T, H, K = gk.shape
+    gc = torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device)
+    BK = min(64, _pow2(K))
+    _cumsum_kernel[(triton.cdiv(K, BK), triton.cdiv(T, BT), B * H)](gk, gc, T, H=H, K=K, BT=BT, BK=BK,
+                                                                    num_warps=_warps(4))
+    return gc
+
+
+def fwd_h(k, v, gc, h0, output_final_state):
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, BT)
+    BK, BV = _walk_blocks(k, B, H, K, V)
+    h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
+    ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    _fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)](
+        k, v, gc, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None,
+        STORE_HT=output_final_state, DOT_PREC=_prec(k), num_warps=_warps(4), num_stages=1 if _INTERPRET else 2)
+    return h, ht
+
+
+def intra_a(q, k, gc, scale):
+    B, T, H, K = q.shape
+    A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
+    _intra_a_kernel[(triton.cdiv(T, BT), B * H)](q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC,
+                                                 BK=_pow2(K), DOT_PREC=_prec(q), num_warps=_warps(4))
+    return A
+
+
+def fwd_o(q, v, gc, h, A, scale):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, BT)
+    BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
+    o = torch.empty_like(v)
+    _fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+        q, v, gc, h, A, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=_prec(q),
+        num_warps=_warps(8), num_stages=_stages(q))
+    return o
+
+
+def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0):
+    """``(dq, dk, dv, dgk float32, dh0 | None)``."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, BT)
+    prec = _prec(q)
+    h, _ = fwd_h(k, v, gc, h0, False)
+    BKw, BVw = _walk_blocks(q, B, H, K, V)
+    dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
+    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
+    _bwd_dh_kernel[(triton.cdiv(K, BKw), triton.cdiv(V, BVw), B * H)](
+        q, do, gc, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
+        USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, num_warps=_warps(4),
+        num_stages=1 if _INTERPRET else 2)
+    dv = torch.empty_like(v)
+    dA = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
+    dq_i = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    dk_i, dg_i = torch.empty_like(dq_i), torch.empty_like(dq_i)
+    _bwd_inter_kernel[(NT, B * H)](
+        q, k, v, gc, h, A, do, dh, dv, dA, dq_i, dk_i, dg_i, scale, T, NT, H=H, K=K, V=V, BT=BT,
+        BK=_pow2(K), BV=min(64, _pow2(V)), DOT_PREC=prec, num_warps=_warps(8), num_stages=_stages(q))
+    del h, dh
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    _bwd_intra_kernel[(NT, B * H)](
+        q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K),
+        DOT_PREC=prec, num_warps=_warps(4))
+    return dq, dk, dv, dg, dh0
+
+
+class ChunkGLASubchunk(torch.autograd.Function):
+    """``(q, k, v, gk [B,T,H,K], scale, h0 [B,H,K,V] | None, final)`` -> ``(o [B,T,H,V],
+    final_state [B,H,K,V] float32 | None)``; requires ``K <= MAX_K``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
+        gc = chunk_cumsum(gk)
+        h, ht = fwd_h(k, v, gc, h0, output_final_state)
+        A = intra_a(q, k, gc, scale)
+        o = fwd_o(q, v, gc, h, A, scale)
+        # the chunk states are recomputed in backward ([B, T/64, H, K, V] per layer is too much
+        # to keep); the scores A ([B, T, H, 64] float32) are kept, they cost the exponentials.
+        ctx.save_for_backward(q, k, v, gk, gc, A, h0)
+        ctx.scale = scale
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, gk, gc, A, h0 = ctx.saved_tensors
+        do = do.contiguous()
+        if dht is not None:
+            dht = dht.contiguous()
+        need_dh0 = h0 is not None and ctx.needs_input_grad[5]
+        dq, dk, dv, dg, dh0 = bwd(q, k, v, gc, A, h0, do, dht, ctx.scale, need_dh0)
+        return dq, dk, dv, dg.to(gk.dtype), None, dh0, None
+
+
+@register_kernel("gla", "chunk")
+@torch.compiler.disable  # torch.compile graphs break here and run the kernels as they are
+def gla_chunk(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
+    """Triton ``blocks.ops.gla.chunk`` (``chunk_size`` is the PyTorch form's; see ``BT``). Head
+    dims above ``MAX_K`` are cut into key slices: the output is a sum over key channels and the
+    state rows are independent."""
+    check_qkv(q, k, v)
+    check_gate("gk", gk, q.shape)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else float(scale)
+    if initial_state is not None:
+        if tuple(initial_state.shape) != (B, H, K, V):
+            raise ValueError(f"initial_state: must have shape {(B, H, K, V)}, got {tuple(initial_state.shape)}")
+        initial_state = initial_state.float().contiguous()
+    q, k, v, gk = q.contiguous(), k.contiguous(), v.contiguous(), gk.contiguous()
+    if K <= MAX_K:
+        return ChunkGLASubchunk.apply(q, k, v, gk, scale, initial_state, output_final_state)
+    o, states = None, []
+    for s in range(0, K, MAX_K):
+        sl = slice(s, min(K, s + MAX_K))
+        h0 = None if initial_state is None else initial_state[:, :, sl].contiguous()
+        o_s, ht_s = ChunkGLASubchunk.apply(q[..., sl].contiguous(), k[..., sl].contiguous(), v,
+                                           gk[..., sl].contiguous(), scale, h0, output_final_state)
+        o = o_s if o is None else o + o_s
+        states.append(ht_s)
+    return o, (torch.cat(states, dim=2) if output_final_state else None)
