@@ -696,16 +696,25 @@ def chunk_delta(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
     return ChunkDeltaRule.apply(q, k, v, g, beta, scale, initial_state, output_final_state)
 
 
-@register_kernel("delta_rule", "chunk")
 @torch.compiler.disable  # torch.compile graphs break here and run the kernels as they are
 def delta_rule_chunk(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
     """Triton ``blocks.ops.delta_rule.chunk``."""
     return chunk_delta(q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size)
 
 
-@register_kernel("gated_delta_rule", "chunk")
 @torch.compiler.disable
 def gated_delta_rule_chunk(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            chunk_size=64):
     """Triton ``blocks.ops.gated_delta_rule.chunk``."""
     return chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+
+
+def register() -> None:
+    """Make these the kernels behind ``blocks.ops.{delta_rule,gated_delta_rule}.chunk``.
+
+    Not done at import: ``blocks.kernels.delta`` registers other kernels for the same ops, and an
+    import must not silently swap them; ``blocks.kernels._load`` calls this under
+    ``ARCHSEARCH_ALT_KERNELS=1`` (for A/B runs), a caller may call it directly.
+    """
+    register_kernel("delta_rule", "chunk")(delta_rule_chunk)
+    register_kernel("gated_delta_rule", "chunk")(gated_delta_rule_chunk)

@@ -478,7 +478,6 @@ class ChunkGLASubchunk(torch.autograd.Function):
         return dq, dk, dv, dg.to(gk.dtype), None, dh0, None
 
 
-@register_kernel("gla", "chunk")
 @torch.compiler.disable  # torch.compile graphs break here and run the kernels as they are
 def gla_chunk(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
     """Triton ``blocks.ops.gla.chunk`` (``chunk_size`` is the PyTorch form's; see ``BT``). Head
@@ -505,3 +504,13 @@ def gla_chunk(q, k, v, gk, scale=None, initial_state=None, output_final_state=Fa
         o = o_s if o is None else o + o_s
         states.append(ht_s)
     return o, (torch.cat(states, dim=2) if output_final_state else None)
+
+
+def register() -> None:
+    """Make this the kernel behind ``blocks.ops.gla.chunk``.
+
+    Not done at import: ``blocks.kernels.gla`` registers another kernel for the same op, and an
+    import must not silently swap them; ``blocks.kernels._load`` calls this under
+    ``ARCHSEARCH_ALT_KERNELS=1`` (for A/B runs), a caller may call it directly.
+    """
+    register_kernel("gla", "chunk")(gla_chunk)
