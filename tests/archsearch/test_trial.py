@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from archsearch import record
 from archsearch.errors import UserError
@@ -225,3 +226,16 @@ def test_two_gloo_ranks_under_the_deepspeed_launcher_keep_the_global_batch(tmp_p
     assert rec["train"]["global_batch"] == one["train"]["global_batch"] == 16
     assert rec["train"]["micro_batch"] == 8 and one["train"]["micro_batch"] == 16
     assert rec["train"]["steps"] == one["train"]["steps"] and rec["train"]["tokens"] == one["train"]["tokens"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_trial_trains_in_bf16_and_measures_peak_memory(tmp_path):
+    cfg = _config(tmp_path)
+    cfg.device = "cuda"
+    rec = run_trial(SPEC, cfg)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["train"]["precision"] == "bf16" and rec["decode_memory"]["dtype"] == "bfloat16"
+    mem = rec["decode_memory"]
+    assert mem["measured_peak_bytes"] > 0
+    assert mem["measured_state_tensor_bytes"] == mem["analytic_bytes"]
+    assert rec["throughput"]["device"] == torch.cuda.get_device_name()
