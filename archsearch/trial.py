@@ -306,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
 
             write(rec, args.out)
             code = {"ok": 0, "diverged": 0, "oom": 0, "interrupted": 130}.get(rec["status"], 1)
+            metrics = ", ".join(f"{k}={v:.4g}" for k, v in rec["metrics"].items())
+            print(f"archsearch.trial: {rec['status']}{': ' + rec['reason'] if rec['reason'] else ''} "
+                  f"({rec['train']['steps']} steps, {rec['timings']['process_total']:.1f} s{', ' + metrics if metrics else ''})"
+                  f" -> {args.out}")
     except UserError as exc:
         print(f"archsearch.trial: error: {exc}", file=sys.stderr)
         code = 2
