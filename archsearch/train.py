@@ -349,6 +349,15 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")[:300]
 
 
+def _finite(x: Any) -> Any:
+    """``x`` with NaN/inf floats as None (strict JSON; a diverged step logs loss null)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Mapping):
+        return {k: _finite(v) for k, v in x.items()}
+    return x
+
+
 class CurveLog:
     """Rank 0's training curve: a JSONL file (one row per logged step or evaluation) and TensorBoard."""
 
@@ -372,15 +381,15 @@ class CurveLog:
     def row(self, step: int, tokens: int, seconds: float, **values: Any) -> None:
         if not self.enabled:
             return
-        row = {"step": step, "tokens": tokens, "seconds": round(seconds, 4), **values}
-        self._f.write(json.dumps(row, allow_nan=True) + "\n")
+        row = {"step": step, "tokens": tokens, "seconds": round(seconds, 4), **_finite(values)}
+        self._f.write(json.dumps(row) + "\n")
         self._f.flush()
         for name, v in values.items():
             if isinstance(v, Mapping):
                 for k, x in v.items():
                     if isinstance(x, (int, float)):
                         self._tb.add_scalar(f"{name}/{k}", x, step)
-            elif isinstance(v, (int, float)) and v is not None:
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
                 self._tb.add_scalar(f"train/{name}", v, step)
 
     def close(self) -> None:
@@ -590,8 +599,7 @@ def train(
             if nonfinite:
                 res.status = "diverged"
                 res.reason = f"non-finite loss or gradient norm at step {step} (loss {mean_loss}, lr {lr:.3g})"
-                log.row(step, res.tokens, res.seconds, loss=mean_loss if math.isfinite(mean_loss) else None,
-                        diverged=True)
+                log.row(step, res.tokens, res.seconds, loss=mean_loss, diverged=True)
                 break
             losses.append(mean_loss)
             if step % cfg.log_every == 0 or step == total_steps or over_time:
@@ -611,12 +619,20 @@ def train(
             res.final_loss = sum(losses[-FINAL_LOSS_WINDOW:]) / len(losses[-FINAL_LOSS_WINDOW:])
         if res.status == "ok":
             t = time.perf_counter()
-            res.eval_metrics = _evaluate(engine, task, cfg, dist, zero_stage)
+            metrics = _evaluate(engine, task, cfg, dist, zero_stage)
             timings["final_eval"] = time.perf_counter() - t
-            log.row(res.steps, res.tokens, time.perf_counter() - t_start, eval=res.eval_metrics, final=True)
-            res.model = _full_model(engine, build_model, dist, zero_stage)
-            if res.model is not None:
-                res.model.zero_grad(set_to_none=True)
+            log.row(res.steps, res.tokens, time.perf_counter() - t_start, eval=metrics, final=True)
+            bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))  # rank 0 has the metrics
+            if _all_reduce_sum([float(bool(bad))], dist)[0]:  # agreed: _full_model may be collective
+                # finite training loss, non-finite held-out score: the weights are not usable
+                res.status = "diverged"
+                res.reason = f"non-finite evaluation metric {bad[0]} ({metrics[bad[0]]})" if bad else "non-finite evaluation metric"
+                res.eval_metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
+            else:
+                res.eval_metrics = metrics
+                res.model = _full_model(engine, build_model, dist, zero_stage)
+                if res.model is not None:
+                    res.model.zero_grad(set_to_none=True)
     except KeyboardInterrupt:
         res.status, res.reason = "interrupted", f"interrupted after {res.steps} steps"
     except Exception as exc:

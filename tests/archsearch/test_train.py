@@ -218,3 +218,19 @@ def test_out_of_memory_while_building_the_model_is_oom(dist, task):
 
     res = train(build, task, TrainConfig(tokens=1000), seed=0, dist=dist, out_dir=None)
     assert res.status == "oom" and res.steps == 0 and "80.00 GiB" in res.reason
+
+
+def test_non_finite_evaluation_is_diverged(dist, task, tmp_path):
+    class NaNScore:  # the task, but its held-out score comes out NaN
+        seq_len = task.seq_len
+        train_batches = task.train_batches
+
+        def evaluate(self, model, device, batch_size=64):
+            return {"accuracy": 0.5, "loss": float("nan")}
+
+    res = train(lambda: HybridLM(SPEC), NaNScore(), TrainConfig(tokens=2 * 32 * 16), seed=0, dist=dist,
+                out_dir=tmp_path)
+    assert res.status == "diverged" and "loss" in res.reason
+    assert res.eval_metrics == {"accuracy": 0.5} and res.model is None
+    last = json.loads(open(res.curve_path).read().splitlines()[-1])  # strict JSON: NaN written as null
+    assert last["eval"] == {"accuracy": 0.5, "loss": None}
