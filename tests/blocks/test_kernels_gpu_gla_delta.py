@@ -1,0 +1,234 @@
+"""Triton chunk kernels for ``gla`` and the delta rules against the reference recurrences, forward
+and backward: the alternative kernels (``blocks.kernels.gla_subchunk``, ``blocks.kernels.delta_rule``,
+called directly) and whichever kernels ``blocks.kernels`` has registered for those ops.
+
+* GPU tests need CUDA and Triton and skip cleanly without them.
+* Interpreter tests run the alternative kernels on CPU tensors through Triton's interpreter. They
+  run only when ``triton`` is importable AND ``TRITON_INTERPRET=1`` was set before the test process
+  started (Triton reads it when the kernels are defined, at import, so a test cannot switch it on),
+  and skip otherwise. They check float32 only: the interpreter's ``tl.dot`` multiplies bfloat16
+  tiles as their raw 16-bit integers, so bf16 is covered by the GPU tests alone. Run them with
+  ``TRITON_INTERPRET=1 python -m pytest -q tests/blocks/test_kernels_gpu_gla_delta.py -k interpreter``.
+
+Inputs are seeded draws (made on the CPU, so every device sees the same values) at lengths that are
+and are not multiples of the kernels' chunk (64), with an initial state or none, and random, very
+strong (``g = -30``: every step forgets ~all) or no decay. The reference is the op's ``recurrent``
+loop in float32 on the same values (bf16 inputs upcast).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from blocks.ops import delta_rule as delta_ops
+from blocks.ops import gated_delta_rule as gated_ops
+from blocks.ops import gla as gla_ops
+from blocks.ops.utils import l2norm
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_GPU = HAS_TRITON and torch.cuda.is_available()
+INTERPRET = HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU and Triton")
+interpreter = pytest.mark.skipif(
+    not INTERPRET or HAS_GPU,
+    reason="needs triton and TRITON_INTERPRET=1 set before the process starts (and no GPU: there the "
+           "GPU tests run the same kernels for real)")
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+
+FAMILIES = ("gla", "delta_rule", "gated_delta_rule")
+REFERENCE = {"gla": gla_ops.recurrent, "delta_rule": delta_ops.recurrent, "gated_delta_rule": gated_ops.recurrent}
+
+
+def alt_kernel(family: str):
+    """The alternative kernel for ``family`` (imported lazily: the modules need triton)."""
+    if family == "gla":
+        from blocks.kernels import gla_subchunk
+
+        return gla_subchunk.gla_chunk
+    from blocks.kernels import delta_rule
+
+    return delta_rule.delta_rule_chunk if family == "delta_rule" else delta_rule.gated_delta_rule_chunk
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``||a - b|| / max(||b||, 1e-3 sqrt(n))``: relative, except that a reference whose entries
+    are all below ~1e-3 (a gate gradient under strong decay) is judged by absolute error."""
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite values"
+    return ((a - b).norm() / max(b.norm().item(), 1e-3 * b.numel() ** 0.5)).item()
+
+
+def make_inputs(family, B, T, H, K, V, decay, with_h0, seed):
+    """Positional op inputs (float32, CPU) in call order, and the initial state or None."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    q, k, v = rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, H, V)
+    gate_shape = (B, T, H, K) if family == "gla" else (B, T, H)
+    if decay == "random":
+        g = F.logsigmoid(rnd(*gate_shape) + (1.0 if family == "gla" else 0.0))
+    elif decay == "strong":
+        g = torch.full(gate_shape, -30.0)
+    else:
+        g = torch.zeros(gate_shape)
+    if family == "gla":
+        args = [q, k, v, g]
+    else:
+        k = l2norm(k)
+        beta = torch.sigmoid(rnd(B, T, H))
+        args = [q, k, v, beta] if family == "delta_rule" else [q, k, v, g, beta]
+    return args, (rnd(B, H, K, V) if with_h0 else None)
+
+
+def run_case(kernel, family, shape, dtype, decay, with_h0, device, seed=0):
+    """``{name: rel error}`` of the kernel's ``o``, final state and every input gradient."""
+    B, T, H, K, V = shape
+    args, h0 = make_inputs(family, B, T, H, K, V, decay, with_h0, seed)
+    # q, k, v in the tested dtype; gates, beta and the state stay float32 (as the blocks pass them)
+    ins = [a.to(device=device, dtype=dtype if i < 3 else torch.float32) for i, a in enumerate(args)]
+    got, ref = {}, {}
+    for out, fn in ((got, kernel), (ref, REFERENCE[family])):
+        leaves = [x.detach().clone().requires_grad_(True) for x in ins]
+        s0 = h0.to(device).requires_grad_(True) if h0 is not None else None
+        call_args = leaves if fn is kernel else [x.float() for x in leaves]
+        o, ht = fn(*call_args, initial_state=s0, output_final_state=True)
+        if fn is kernel:
+            assert o.dtype == dtype and o.shape == (B, T, H, V), (o.dtype, o.shape)
+            assert ht.dtype == torch.float32 and ht.shape == (B, H, K, V)
+        gen = torch.Generator().manual_seed(seed + 1)
+        do = torch.randn(o.shape, generator=gen).to(device)
+        dht = torch.randn(ht.shape, generator=gen).to(device)
+        wrt = leaves + ([s0] if s0 is not None else [])
+        grads = torch.autograd.grad((o.float() * do).sum() + (ht * dht).sum(), wrt)
+        out["o"], out["state"] = o.detach(), ht.detach()
+        names = ["q", "k", "v", *(["g"] if family != "delta_rule" else []), *(["beta"] if family != "gla" else [])]
+        for name, gr in zip(names + ["initial_state"], grads):
+            out[f"d{name}"] = gr
+    return {name: rel(got[name], ref[name]) for name in ref}
+
+
+# --- GPU ---------------------------------------------------------------------------------------
+SHAPES = [  # B, T, H, K, V
+    (2, 64, 2, 64, 64),
+    (1, 1, 3, 32, 48),
+    (2, 65, 2, 64, 128),
+    (1, 200, 2, 128, 64),
+    (1, 1000, 1, 128, 128),
+    (1, 100, 2, 160, 32),  # K > 128: gla splits into key slices, the delta rules run the PyTorch form
+]
+CASES = (("random", True), ("strong", False), ("none", True))
+TOL = {torch.float32: 2e-4, torch.bfloat16: 4e-2}
+
+
+@gpu
+@pytest.mark.parametrize("impl", ["alt", "registered"])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_kernel_matches_reference(impl, family, shape, dtype):
+    import blocks.kernels as kernels
+
+    kernel = alt_kernel(family) if impl == "alt" else kernels.get_kernel(family, "chunk")
+    if kernel is None:
+        pytest.skip(f"no kernel registered for {family}.chunk")
+    for decay, with_h0 in CASES:
+        if family == "delta_rule" and decay != "random":
+            continue
+        errs = run_case(kernel, family, shape, dtype, decay, with_h0, "cuda")
+        bad = {n: e for n, e in errs.items() if e > TOL[dtype]}
+        assert not bad, f"{impl} {family} {decay} h0={with_h0}: {bad} (all: {errs})"
+
+
+@gpu
+@pytest.mark.parametrize("family", ["gla", "gated_delta_rule"])
+def test_gpu_alt_gate_gradient_under_strong_decay_is_relative(family):
+    """The alternative kernels keep the tiny true gate gradient of a strong decay (they leave the
+    ``G_x - G_x`` terms out instead of adding and subtracting them): relative error, no floor."""
+    kernel = alt_kernel(family)
+    B, T, H, K, V = 1, 130, 2, 64, 64
+    args, _ = make_inputs(family, B, T, H, K, V, "strong", False, seed=3)
+    ins = [a.cuda().requires_grad_(True) for a in args]
+    o, _ = kernel(*ins)
+    gk = torch.autograd.grad(o.sum(), ins[3])[0]
+    ref_ins = [a.cuda().requires_grad_(True) for a in args]
+    o_ref, _ = REFERENCE[family](*ref_ins)
+    gk_ref = torch.autograd.grad(o_ref.sum(), ref_ins[3])[0]
+    err = ((gk.double() - gk_ref.double()).norm() / gk_ref.double().norm()).item()
+    assert err < 1e-3, err
+
+
+@gpu
+def test_gpu_ops_dispatch_to_registered_kernels():
+    """``blocks.ops.<family>.chunk`` on CUDA returns exactly what the registered kernel returns
+    (the benchmark measures the kernels through the ops)."""
+    import blocks.kernels as kernels
+
+    for family in FAMILIES:
+        kernel = kernels.get_kernel(family, "chunk")
+        if kernel is None:
+            continue
+        args, h0 = make_inputs(family, 1, 100, 2, 64, 64, "random", True, seed=5)
+        ins = [a.cuda() for a in args]
+        op = {"gla": gla_ops, "delta_rule": delta_ops, "gated_delta_rule": gated_ops}[family]
+        o_op, s_op = op.chunk(*ins, initial_state=h0.cuda(), output_final_state=True)
+        o_k, s_k = kernel(*ins, initial_state=h0.cuda(), output_final_state=True)
+        assert torch.equal(o_op, o_k) and torch.equal(s_op, s_k), family
+
+
+# --- CPU, through the Triton interpreter --------------------------------------------------------
+INTERPRETER_CASES = [  # family, shape, decay, with_h0
+    ("gated_delta_rule", (1, 70, 1, 16, 16), "random", True),
+    ("gated_delta_rule", (1, 70, 1, 32, 16), "strong", False),
+    ("delta_rule", (2, 40, 1, 16, 32), "none", True),
+    ("gla", (1, 70, 1, 16, 16), "random", True),
+    ("gla", (1, 70, 1, 32, 16), "strong", False),
+]
+
+
+@interpreter
+@pytest.mark.parametrize("family,shape,decay,with_h0", INTERPRETER_CASES,
+                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
+def test_interpreter_alt_kernel_matches_reference(family, shape, decay, with_h0):
+    errs = run_case(alt_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
+    # float32 everywhere: agreement to float32 rounding (measured 1e-7 .. 2e-6)
+    bad = {n: e for n, e in errs.items() if e > 2e-5}
+    assert not bad, f"{family} {decay}: {bad} (all: {errs})"
+
+
+# --- CPU, anywhere triton imports ---------------------------------------------------------------
+@needs_triton
+def test_register_swaps_in_the_alt_kernels_and_nothing_at_import():
+    import blocks.kernels as kernels
+    from blocks.kernels import delta_rule, gla_subchunk
+
+    names = [("gla", "chunk"), ("delta_rule", "chunk"), ("gated_delta_rule", "chunk")]
+    before = {n: kernels._KERNELS.get(n) for n in names}
+    assert before[("gla", "chunk")] is not gla_subchunk.gla_chunk  # importing registered nothing
+    try:
+        gla_subchunk.register()
+        delta_rule.register()
+        assert kernels._KERNELS[("gla", "chunk")] is gla_subchunk.gla_chunk
+        assert kernels._KERNELS[("delta_rule", "chunk")] is delta_rule.delta_rule_chunk
+        assert kernels._KERNELS[("gated_delta_rule", "chunk")] is delta_rule.gated_delta_rule_chunk
+    finally:
+        for n, fn in before.items():
+            if fn is None:
+                kernels._KERNELS.pop(n, None)
+            else:
+                kernels._KERNELS[n] = fn
+
+
+@needs_triton
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bad_gate_shape_is_a_one_line_error(family):
+    args, _ = make_inputs(family, 1, 8, 2, 16, 16, "random", False, seed=0)
+    args[-1] = args[-1][:, :4]  # gk / beta with the wrong length
+    name = "gk" if family == "gla" else "beta"
+    with pytest.raises(ValueError, match=name):
+        alt_kernel(family)(*args)
