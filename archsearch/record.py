@@ -11,6 +11,25 @@ TensorBoard directory), timings, library versions, and the status with its failu
 
 ``failure_record`` makes the record of a trial that never got to write one (the process was
 killed, or a bad config), so every trial of a study leaves a record behind.
+
+Keys (``validate`` checks each is present with its type; sections may carry more keys):
+
+* ``spec``, ``spec_hash``: the ArchSpec as a dict and its sha256 (``ArchSpec.hash``).
+* ``status``: ok | diverged | timeout | oom | failed | interrupted; ``reason``: one line, required
+  unless ok; ``notes``: remarks that do not change the status (e.g. max_seconds reached).
+* ``task``: name, params, vocab_size, seq_len; ``metrics``: the task's held-out metrics (final
+  evaluation); ``metric_directions``: metric -> maximize | minimize.
+* ``params``, ``flops_per_token``: parameter count; forward FLOPs per token at the decode context.
+* ``decode_memory``: context, batch, dtype, analytic_bytes (exact state bytes), measured_peak_bytes
+  (CUDA only, else null), gap_note (why they differ > 10%, or why not measured); on CUDA also the
+  measured parts (prefill/decode peaks, held bytes, state tensor bytes).
+* ``throughput``: device, decode_tokens_per_s, prefill_tokens_per_s, batch, context (prompt length)
+  and the conditions: decode_steps, repeats, warmup, decode_mode (eager | cuda_graph), dtype,
+  threads, held_check (analytic vs held state bytes after a real prefill).
+* ``train``: tokens, steps, planned_steps, seconds, final_loss (mean of the last 10 steps),
+  curve_path (JSONL), tensorboard_dir, world_size, global_batch, micro_batch, grad_accum,
+  precision, zero_stage.
+* ``config``: the TrialConfig; ``timings``: seconds per phase; ``versions``: libraries and host.
 """
 from __future__ import annotations
 
