@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         code = 130
         if rank == 0:
-            _write_failure(spec_dict, cfg_dict, "interrupted", "interrupted before training started", args.out)
+            _write_failure(spec_dict, cfg_dict, "interrupted", "interrupted (SIGTERM or Ctrl-C) before the record was written", args.out)
     except BaseException as exc:  # a bug: traceback to the log, a record that says so
         traceback.print_exc()
         code = 1
