@@ -241,7 +241,7 @@ def write_html(study: optuna.Study, path: str | Path) -> Path:
 def export_front(study: optuna.Study, out_dir: str | Path) -> list[Path]:
     """Per front member ``out_dir/trial_NNNNN/`` with ``spec.json`` (an ArchSpec), ``metrics.json``
     (objective values, spec facts, trial records) and ``config.json`` (the trial config it was
-    trained with) -- ready for ``archsearch trial --spec spec.json --config config.json --out r.json``
+    trained with) -- ready for ``archsearch trial spec.json --config config.json --out DIR``
     or a longer run (raise ``train.tokens``). Also ``front.json``, the index."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -303,13 +303,15 @@ class StudyRunner:
         from launch.reaper import mark_owner
 
         mark_owner(self.study, trial)
+        from blocks.base import ConfigError
+
         try:
             spec = suggest(self.space, trial).validate()
-        except UserError as exc:  # the space allows a combination the blocks reject
+            facts = obj.static_facts(self.space, spec)
+        except (UserError, ConfigError) as exc:  # the space allows a combination the blocks reject
             self._tell_fail(trial, "failed", f"invalid spec: {exc}")
             self._failure(trial.number, f"invalid spec: {exc}")
             return None
-        facts = obj.static_facts(self.space, spec)
         self._set_attrs(trial, {SPEC: spec.to_dict(), SPEC_HASH: spec.hash, STACK: spec.stack_string(),
                                 FACTS: facts.to_attrs()})
         cons = obj.constraint_values(self.space, facts)

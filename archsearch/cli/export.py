@@ -21,6 +21,6 @@ def run(args) -> int:
     print(f"exported {len(dirs)} front member(s) of {study.study_name} to {args.dir} (index: {args.dir / 'front.json'})")
     for d in dirs:
         cfg = d / "config.json"
-        run = f"archsearch trial --spec {d / 'spec.json'} --config {cfg} --out {d / 'record.json'}"
+        run = f"archsearch trial {d / 'spec.json'} --config {cfg} --out {d / 'run'}"
         print(f"  {d.name}: {run if cfg.exists() else d / 'spec.json'}")
     return 0
