@@ -75,12 +75,12 @@ def build_command(
     env["OMP_NUM_THREADS"] = str(slot.cpu_threads)
 
     if not use_launcher:
+        if slot.num_procs != 1 or slot.hostfile:
+            raise ValueError(f"{slot.describe()}: {slot.num_procs} processes need the DeepSpeed launcher")
         env.update(
-            RANK="0", WORLD_SIZE=str(slot.num_procs), LOCAL_RANK="0", LOCAL_SIZE="1",
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1",
             MASTER_ADDR=slot.master_addr, MASTER_PORT=str(master_port),
         )
-        if slot.num_procs != 1:
-            raise ValueError(f"{slot.describe()}: {slot.num_procs} processes need the DeepSpeed launcher")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slot.gpus))
         if not slot.gpus:
             env["DS_ACCELERATOR"] = "cpu"
