@@ -97,16 +97,19 @@ class GraphDecoder:
     The graph is captured on the first ``step``; ``prefill``/``load``/``randomize`` set the state.
     """
 
-    def __init__(self, model, batch: int, capacity: int, compile: bool = False) -> None:
-        if not available():
+    def __init__(self, model, batch: int, capacity: int, compile: bool = False, use_graph: bool = True) -> None:
+        """``use_graph=False`` runs the same static-buffer step eagerly (any device, no capture): the
+        CPU tests check the static path against ``HybridLM.decode_step`` this way."""
+        if use_graph and not available():
             raise UserError("decode graph: needs a CUDA device (none found)")
         if batch < 1:
             raise UserError(f"batch: must be >= 1, got {batch}")
         if capacity < 1:
             raise UserError(f"capacity: must be >= 1, got {capacity}")
         param = next(model.parameters())
-        if param.device.type != "cuda":
+        if use_graph and param.device.type != "cuda":
             raise UserError("decode graph: the model must be on a CUDA device (call model.cuda())")
+        self.use_graph = use_graph
         self.model = model.eval()
         self.batch, self.capacity = batch, capacity
         self.device, self.dtype = param.device, param.dtype
@@ -252,15 +255,23 @@ class GraphDecoder:
         """Advance every sequence by ``token: [B]``; returns logits ``[B, V]``, a static buffer that
         the next step overwrites (clone it to keep it)."""
         self._check_room(self.position)
-        if self.graph is None:
-            self.capture()
         self.token.copy_(token)
-        self.graph.replay()
+        if not self.use_graph:
+            from blocks.kernels import inplace_decode_state
+
+            with torch.no_grad(), inplace_decode_state():
+                self.logits = self._forward()
+        else:
+            if self.graph is None:
+                self.capture()
+            self.graph.replay()
         self.position += 1
         return self.logits
 
     def time_step(self, iters: int = 50, warmup: int = 5) -> float:
         """Median seconds per decode step by graph replay (the states advance; positions must fit)."""
+        if not self.use_graph:
+            raise UserError("decode graph: time_step needs the captured graph (use_graph=True)")
         if self.graph is None:
             self.capture()
         self._check_room(self.position + warmup + iters)

@@ -233,6 +233,54 @@ def test_disabled_context_hides_kernels():
         assert kernels.get_kernel("gated_delta_rule", "step") is None
 
 
+def _cpu_model(layers, vocab=61, d_model=32):
+    from archsearch.model import HybridLM
+    from archsearch.spec import ArchSpec, LayerSpec
+
+    torch.manual_seed(0)
+    spec = ArchSpec(vocab_size=vocab, d_model=d_model, layers=tuple(LayerSpec(b, c) for b, c in layers))
+    return HybridLM(spec).eval()
+
+
+def test_static_decode_path_matches_eager_model_on_cpu():
+    """The static-buffer step (what the graph captures), run eagerly: ring-buffer windowed cache,
+    GQA, conv caches, every linear family; against ``HybridLM.decode_step`` step by step."""
+    from archsearch.decode_graph import GraphDecoder
+
+    model = _cpu_model([
+        ("gated_deltanet", {"num_heads": 2}),
+        ("softmax", {"num_heads": 4, "num_kv_heads": 2}),
+        ("simple_gla", {"num_heads": 2, "conv_size": 3}),
+        ("softmax", {"num_heads": 2, "window": 4}),
+        ("gla", {"num_heads": 2}),
+        ("linear_attn", {"num_heads": 2}),
+    ])
+    B, P, steps = 2, 6, 5  # the window of 4 wraps around its ring
+    prompt = torch.randint(0, 61, (B, P))
+    dec = GraphDecoder(model, B, capacity=P + steps, use_graph=False)
+    with torch.no_grad():
+        ref, states = model.prefill(prompt)
+        assert torch.allclose(dec.prefill(prompt), ref)
+        token = ref.argmax(-1)
+        for _ in range(steps):
+            ref, states = model.decode_step(token, states)
+            got = dec.step(token)
+            assert (got - ref).abs().max().item() < 1e-5 * ref.abs().max().item() + 1e-6
+            token = ref.argmax(-1)
+        with pytest.raises(UserError, match="capacity"):
+            dec.step(token)
+
+
+def test_decode_bytes_counts_weights_once_and_states_both_ways():
+    from archsearch.decode_graph import decode_bytes
+
+    model = _cpu_model([("simple_gla", {"num_heads": 2}), ("softmax", {"num_heads": 2})])
+    weights = sum(p.numel() * 4 for p in model.parameters())  # tied head: counted once
+    lin = model.layers[0].mixer.state_bytes(3, 100, torch.float32)
+    kv = model.layers[1].mixer.state_bytes(3, 100, torch.float32)
+    assert decode_bytes(model, 3, 100) == weights + 2 * lin + kv
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 def test_decode_graph_needs_cuda_one_line_error():
     from archsearch.decode_graph import GraphDecoder
