@@ -102,3 +102,13 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
     assert "train.tokens: must" in capsys.readouterr().err
     assert main(["trial", str(EXAMPLE), "--task-param", "novalue", "--out", str(tmp_path)]) == 2
     assert "--task-param: must be KEY=VALUE" in capsys.readouterr().err
+
+
+def test_table_renders_a_record_without_results():
+    from rich.console import Console
+
+    rec = record.failure_record({"vocab_size": 8}, "oom", "OutOfMemoryError: CUDA out of memory", spec_hash="f" * 64)
+    console = Console(width=160, record=True)
+    console.print(cli_trial.summary_table(rec, "r.json", "?"))
+    text = console.export_text()
+    assert "oom" in text and "CUDA out of memory" in text and "params" in text
