@@ -10,6 +10,7 @@ inputs to bf16 rounding (the kernels store chunk states in bf16, as fla does).
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -216,6 +217,49 @@ def test_capture_hook_for_measure_steps_greedily():
             ref_logits, ref_states = model.decode_step(ref_token, ref_states)
             ref_token = ref_logits.argmax(-1)
             assert torch.equal(token, ref_token)
+
+
+# --- Triton's interpreter on CPU (TRITON_INTERPRET=1 with Triton installed; skipped otherwise) ---
+# How the kernels were developed without a GPU: the same kernels, interpreted by NumPy in float32
+# (the interpreter has no bf16), on tiny shapes. Run with
+#   TRITON_INTERPRET=1 python -m pytest -q tests/blocks/test_kernels_gpu.py -k interpreter
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize("family", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
+def test_chunk_kernels_in_interpreter(family):
+    import importlib
+
+    from blocks.kernels import delta, gla, scalar_decay
+
+    kernel = {"linear_attn": scalar_decay.linear_attn_chunk, "simple_gla": scalar_decay.simple_gla_chunk,
+              "gla": gla.gla_chunk, "delta_rule": delta.delta_rule_chunk,
+              "gated_delta_rule": delta.gated_delta_rule_chunk}[family]
+    op = importlib.import_module(f"blocks.ops.{family}")
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, K, V = 1, 70, 2, 32, 16  # T: one full chunk and a ragged one
+    rnd = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    args = [rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, H, V)]
+    if "delta" in family:
+        args[1] = F.normalize(args[1], dim=-1)
+    if family in ("simple_gla", "gated_delta_rule"):
+        args.append(F.logsigmoid(rnd(B, T, H) + 2.0))
+    if family == "gla":
+        args.append(F.logsigmoid(rnd(B, T, H, K) + 2.0))
+    if "delta" in family:
+        args.append(torch.sigmoid(rnd(B, T, H)))
+    h0 = rnd(B, H, K, V)
+    mine = [a.clone().requires_grad_(True) for a in args] + [h0.clone().requires_grad_(True)]
+    ref = [a.clone().requires_grad_(True) for a in args] + [h0.clone().requires_grad_(True)]
+    o, ht = kernel(*mine[:-1], initial_state=mine[-1], output_final_state=True)
+    ro, rht = op.recurrent(*ref[:-1], initial_state=ref[-1], output_final_state=True)
+    do, dht = torch.randn_like(ro), torch.randn_like(rht)
+    ((o * do).sum() + (ht * dht).sum()).backward()
+    ((ro * do).sum() + (rht * dht).sum()).backward()
+    assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
+    for a, b in zip(mine, ref):
+        assert rel(a.grad, b.grad) < 1e-4
 
 
 # --- CPU side: no GPU, the ops keep their PyTorch forms ----------------------------------------
