@@ -263,7 +263,8 @@ def test_chunk_kernels_in_interpreter(family):
 
 
 # --- CPU side: no GPU, the ops keep their PyTorch forms ----------------------------------------
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
+@pytest.mark.skipif(torch.cuda.is_available() or INTERPRET,
+                    reason="checks the no-GPU fallback (the interpreter tests import the kernels directly)")
 def test_no_kernels_without_cuda():
     assert kernels.get_kernel("simple_gla", "chunk") is None
     from blocks.ops import utils
