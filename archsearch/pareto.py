@@ -71,7 +71,8 @@ def front_table(study: optuna.Study):
     names = metric_names(study)
     members = front(study)
     table = Table(title=f"Pareto front of {study.study_name}: {len(members)} of "
-                        f"{len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))} complete trials",
+                        f"{len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))} complete trials, "
+                        f"{len(unique_by_spec(members))} distinct architectures",
                   title_justify="left")
     table.add_column("trial", justify="right")
     for n, d in zip(names, study.directions):
@@ -79,15 +80,29 @@ def front_table(study: optuna.Study):
     table.add_column("params", justify="right")
     table.add_column("d_model", justify="right")
     table.add_column("stack")
-    for t in members:
+    for t, repeats in unique_by_spec(members):
         facts = t.user_attrs.get(FACTS, {})
         spec = t.user_attrs.get(SPEC, {})
-        note = f" (= #{t.user_attrs[REUSED_FROM]})" if REUSED_FROM in t.user_attrs else ""
+        note = f" ({','.join(str(r.number) for r in repeats)})" if repeats else ""
         table.add_row(str(t.number) + note, *[format_value(n, v) for n, v in zip(names, t.values)],
                       format_value("params", facts.get("params", float("nan"))) if facts else "?",
                       str(spec.get("d_model", "?")), t.user_attrs.get(STACK, "?"))
     legend = "  ".join(f"{k} = {v}" for k, v in stack_legend(members).items())
-    return table, f"stack: one letter per layer, first layer left; {legend}"
+    return table, (f"stack: one letter per layer, first layer left; {legend}; "
+                   "(n,m): later trials of the same spec, their result reused")
+
+
+def unique_by_spec(trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, list[FrozenTrial]]]:
+    """Group trials of one spec hash (reused results): ``[(first trial, [repeats]), ...]`` in order."""
+    groups: dict[str, tuple[FrozenTrial, list[FrozenTrial]]] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        key = t.user_attrs.get(SPEC_HASH) or f"#{t.number}"
+        if key in groups:
+            groups[key][1].append(t)
+        else:
+            groups[key] = (t, [])
+    order = {t.number: i for i, t in enumerate(trials)}
+    return sorted(groups.values(), key=lambda g: order[g[0].number])
 
 
 # ---- hypervolume ---------------------------------------------------------------------------
@@ -172,7 +187,7 @@ def write_png(study: optuna.Study, path: str | Path) -> Path:
         if len(names) == 2 and fr:
             pts = sorted((t.values[0], t.values[1]) for t in fr)
             ax.plot(*zip(*pts), c="tab:blue", lw=1, alpha=0.6)
-        for t in fr:
+        for t, _ in unique_by_spec(fr):
             ax.annotate(f"{t.number}:{t.user_attrs.get(STACK, '')}", (t.values[i], t.values[j]), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
         ax.set_xlabel(f"{names[i]} ({study.directions[i].name.lower()})")

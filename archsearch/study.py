@@ -287,7 +287,7 @@ class StudyRunner:
 
     def _log(self, msg: str) -> None:
         if self.console is not None:
-            self.console.log(msg)
+            self.console.print(f"{time.strftime('%H:%M:%S')} {msg}", markup=False, highlight=False)
         else:
             log.info(msg)
 

@@ -17,3 +17,16 @@ def load(args):
     from archsearch.study import load_study
 
     return load_study(args.study_opt or args.study, args.storage, args.root)
+
+
+def console():
+    """A rich Console; when stdout is not a terminal (logs, pipes, tests) wide enough for the front
+    table, where rich would otherwise assume 80 columns and wrap it."""
+    import os
+    import sys
+
+    from rich.console import Console
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=140)

@@ -36,11 +36,11 @@ def run(args) -> int:
 
     if not 1 <= args.port <= 65535:
         raise UserError(f"--port: must be in 1..65535, got {args.port}")
-    storage = storage_argument(args)
     exe = shutil.which("optuna-dashboard")
     if exe is None and importlib.util.find_spec("optuna_dashboard") is None:
         raise UserError("optuna-dashboard is not installed: pip install optuna-dashboard "
                         "(or pip install 'archsearch[dashboard]')")
+    storage = storage_argument(args)
     cmd = [exe] if exe else [sys.executable, "-m", "optuna_dashboard"]
     cmd += [storage, "--port", str(args.port), "--host", args.host]
     print("command: " + " ".join(cmd))

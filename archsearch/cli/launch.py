@@ -24,8 +24,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
-
     import search_spaces
     from archsearch.errors import UserError
     from archsearch.study import run_study
@@ -38,7 +36,9 @@ def run(args) -> int:
     if gpus is None and space.budget.device == "cpu":
         gpus = []  # a CPU space never takes the GPUs
     slots = plan_slots(gpus, args.gpus_per_trial, args.slots, hostfile=args.hostfile)
-    console = Console()
+    from archsearch.cli._common import console as make_console
+
+    console = make_console()
     name = args.study or space.study_name
     console.print(f"[bold]study[/bold] {name}: space {space.name}, {args.trials or space.study.trials} trials, "
                   f"{len(slots)} slot(s): {', '.join(s.describe() for s in slots)}")

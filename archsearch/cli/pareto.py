@@ -32,8 +32,8 @@ def report(study, out_dir: Path, console) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
-
     study = load(args)
-    report(study, args.out or (args.root / study.study_name), Console())
+    from archsearch.cli._common import console
+
+    report(study, args.out or (args.root / study.study_name), console())
     return 0

@@ -15,3 +15,20 @@ def test_spaces_and_validate(capsys):
     assert rc == 0 and all(n in out for n in ("mqar_tiny", "hybrid_lm_small", "zoology_mqar"))
     rc, out, _ = run(capsys, "validate", "mqar_tiny")
     assert rc == 0 and "distinct architectures" in out and '"layers"' in out
+
+
+def test_dashboard_without_optuna_dashboard_is_one_line(capsys, monkeypatch):
+    import importlib.util
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "optuna_dashboard" else real(name, *a))
+    rc, _, err = run(capsys, "dashboard", "anything", "--print-only")
+    assert rc == 2 and "optuna-dashboard is not installed: pip install optuna-dashboard" in err
+
+
+def test_launch_rejects_bad_storage_before_training(capsys, tmp_path):
+    rc, _, err = run(capsys, "launch", "mqar_tiny", "--storage", "redis://x", "--root", str(tmp_path), "--no-progress")
+    assert rc == 2 and "--storage: must be sqlite:///FILE" in err
+    assert not (tmp_path / "mqar_tiny").exists()

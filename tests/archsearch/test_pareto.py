@@ -1,0 +1,64 @@
+"""Front, reference point, hypervolume, plots and table on hand-made studies (no training)."""
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import create_trial
+
+from archsearch import pareto
+
+
+def make_study(points, directions=("maximize", "minimize"), infeasible=()):
+    study = optuna.create_study(directions=list(directions))
+    study.set_metric_names(["mqar.accuracy", "decode_memory@2048x1", "params"][: len(directions)])
+    for i, values in enumerate(points):
+        study.add_trial(create_trial(
+            values=list(values),
+            user_attrs={"stack": "LS", "spec": {"d_model": 32, "layers": [{"block": "linear_attn"}, {"block": "softmax"}]},
+                        "facts": {"params": 1000 + i}},
+            system_attrs={"constraints:max_params": 1.0 if i in infeasible else -0.5},
+        ))
+    return study
+
+
+def test_front_excludes_dominated_and_infeasible_and_is_sorted():
+    study = make_study([(0.9, 100.0), (0.5, 10.0), (0.4, 50.0), (1.0, 5.0)], infeasible=(3,))
+    front = pareto.front(study)
+    assert [t.number for t in front] == [0, 1]  # best accuracy first; #2 dominated by #1; #3 infeasible
+    assert {t.number for t in front} == {t.number for t in study.best_trials}
+
+
+def test_reference_point_and_hypervolume():
+    study = make_study([(0.9, 100.0), (0.5, 10.0)])
+    ref = pareto.reference_point(study)
+    assert ref == pytest.approx([0.5 - 0.04, 100.0 + 9.0])
+    # minimisation space: points (-0.9, 100), (-0.5, 10), ref (-0.46, 109)
+    expected = (0.9 - 0.46) * (109 - 100) + (0.5 - 0.46) * (100 - 10)
+    assert pareto.hypervolume(study, ref) == pytest.approx(expected)
+    xs, ys = pareto.hypervolume_history(study, ref)
+    assert xs == [0, 1] and ys[-1] == pytest.approx(expected)
+
+
+def test_plots_and_table_for_three_objectives(tmp_path):
+    study = make_study([(0.9, 100.0, 3.0), (0.5, 10.0, 2.0), (0.7, 50.0, 1.0), (0.1, 200.0, 9.0)],
+                       directions=("maximize", "minimize", "minimize"), infeasible=(3,))
+    png = pareto.write_png(study, tmp_path / "p.png")
+    html = pareto.write_html(study, tmp_path / "p.html")
+    assert png.stat().st_size > 1000 and "plotly" in html.read_text()
+    table, legend = pareto.front_table(study)
+    assert table.row_count == 3 and "L = linear_attn" in legend and "S = softmax" in legend
+
+
+def test_four_objectives_use_a_scatter_matrix(tmp_path):
+    study = optuna.create_study(directions=["maximize", "minimize", "minimize", "maximize"])
+    for v in [(0.9, 1, 2, 3), (0.5, 0.5, 3, 1)]:
+        study.add_trial(create_trial(values=list(v), user_attrs={"stack": "NN"}))
+    text = pareto.write_html(study, tmp_path / "p.html").read_text()
+    assert "splom" in text
+    assert pareto.write_png(study, tmp_path / "p.png").exists()
+
+
+def test_format_value():
+    assert pareto.format_value("decode_memory@2048x1", 3 * 2**20) == "3.00 MiB"
+    assert pareto.format_value("params", 12_345) == "12.3k"
+    assert pareto.format_value("mqar.accuracy", 0.123456) == "0.1235"
