@@ -112,6 +112,7 @@ def counts(study: optuna.Study) -> dict[str, int]:
 def claim_trial(study: optuna.Study, n_trials: int, **ask_kwargs) -> tuple[optuna.Trial | None, bool]:
     """Ask for a trial if the shared budget allows: ``(trial, False)``, ``(None, False)`` = wait
     (the budget is held by RUNNING trials that may still fail), ``(None, True)`` = done.
+    The trial comes marked with this process as its owner (``launch.reaper.mark_owner``).
     """
     with study_lock(study):
         c = counts(study)
@@ -123,4 +124,10 @@ def claim_trial(study: optuna.Study, n_trials: int, **ask_kwargs) -> tuple[optun
         with warnings.catch_warnings():
             # We record heartbeats ourselves (launch.reaper.heartbeat) around ask/tell trials.
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-            return study.ask(**ask_kwargs), False
+            trial = study.ask(**ask_kwargs)
+        # Owner attrs before the lock is released: a trial is never visible to the reaper of
+        # another worker without saying whose it is.
+        from launch.reaper import mark_owner
+
+        mark_owner(study, trial)
+        return trial, False

@@ -85,9 +85,11 @@ def mark_owner(study: optuna.Study, trial, proc=None) -> None:
     Call right after ``study.ask()`` and again with ``proc`` once ``start_trial`` returned.
     ``trial`` is an ``optuna.Trial`` or a ``FrozenTrial``.
     """
-    trial_id = trial._trial_id
     for key, value in owner_attrs(proc).items():
-        study._storage.set_trial_user_attr(trial_id, key, value)
+        if isinstance(trial, optuna.Trial):
+            trial.set_user_attr(key, value)  # also updates the trial's own view of its attrs
+        else:
+            study._storage.set_trial_user_attr(trial._trial_id, key, value)
 
 
 def normalize_db_url(url: str) -> str:

@@ -87,6 +87,7 @@ def test_claim_waits_while_running_trials_hold_the_budget(tmp_path):
     study = optuna.create_study(storage=open_storage(str(tmp_path / "j.log")), directions=["minimize"])
     a, _ = claim_trial(study, 1)
     assert a is not None
+    assert a.user_attrs["owner_pid"] == os.getpid()  # marked before anyone else can see it
     assert claim_trial(study, 1) == (None, False)   # held by a RUNNING trial that may still fail
     study.tell(a, state=TrialState.FAIL)
     b, _ = claim_trial(study, 1)                     # its budget is reclaimed
