@@ -132,7 +132,10 @@ def _load_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR:
     """Rows ``row0 .. row0+BR`` and columns ``col0 .. col0+BD`` of ``x: [B, T, H, D]``, zero-padded."""
     o_r = row0 + tl.arange(0, BR)
     o_d = col0 + tl.arange(0, BD)
-    return tl.load(x + ((i_b * T + o_r[:, None]) * H + i_h) * D + o_d[None, :],
+    # int64 only in the scalar base; per-element offsets in int32 (wrappers check T*H*D < 2^31):
+    # 64-bit address tensors for [64, 128] tiles cost registers the dots need
+    base = x + (i_b * T * H + i_h) * D
+    return tl.load(base + o_r[:, None] * (H * D) + o_d[None, :],
                    mask=(o_r < T)[:, None] & (o_d < D)[None, :], other=0.)
 
 
@@ -140,8 +143,18 @@ def _load_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR:
 def _store_rows(x, val, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr, BD: tl.constexpr):
     o_r = row0 + tl.arange(0, BR)
     o_d = col0 + tl.arange(0, BD)
-    tl.store(x + ((i_b * T + o_r[:, None]) * H + i_h) * D + o_d[None, :], val.to(x.dtype.element_ty),
+    base = x + (i_b * T * H + i_h) * D
+    tl.store(base + o_r[:, None] * (H * D) + o_d[None, :], val.to(x.dtype.element_ty),
              mask=(o_r < T)[:, None] & (o_d < D)[None, :])
+
+
+@triton.jit
+def _load_cols(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BD: tl.constexpr, BR: tl.constexpr):
+    """``x[b, row0:row0+BR, h, col0:col0+BD]`` transposed, ``[BD, BR]``, zero-padded."""
+    o_r = row0 + tl.arange(0, BR)
+    o_d = col0 + tl.arange(0, BD)
+    base = x + (i_b * T * H + i_h) * D
+    return tl.load(base + o_r[None, :] * (H * D) + o_d[:, None], mask=(o_r < T)[None, :] & (o_d < D)[:, None], other=0.)
 
 
 @triton.jit
@@ -194,14 +207,14 @@ def _wy_fwd_kernel(k, v, beta, gc, Ai, w, u, T,
     A30 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 0, H, K, BT, BC, BK, USE_G, DOT_PREC)
     A31 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 1, H, K, BT, BC, BK, USE_G, DOT_PREC)
     A32 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 2, H, K, BT, BC, BK, USE_G, DOT_PREC)
-    P: tl.constexpr = "ieee"  # the inverse is float32 math whatever the inputs
-    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=P), input_precision=P)
-    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=P), input_precision=P)
-    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=P), input_precision=P)
-    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision=P) + tl.dot(A21, T10, input_precision=P), input_precision=P)
-    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision=P) + tl.dot(A32, T21, input_precision=P), input_precision=P)
-    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision=P) + tl.dot(A31, T10, input_precision=P)
-                  + tl.dot(A32, T20, input_precision=P), input_precision=P)
+    # the inverse is float32 math whatever the inputs: full-precision dots (16x16, cheap)
+    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision="ieee"), input_precision="ieee")
+    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision="ieee"), input_precision="ieee")
+    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision="ieee"), input_precision="ieee")
+    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision="ieee") + tl.dot(A21, T10, input_precision="ieee"), input_precision="ieee")
+    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision="ieee") + tl.dot(A32, T21, input_precision="ieee"), input_precision="ieee")
+    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision="ieee") + tl.dot(A31, T10, input_precision="ieee")
+                  + tl.dot(A32, T20, input_precision="ieee"), input_precision="ieee")
     Z = tl.zeros([BC, BC], dtype=tl.float32)
     _store_block(Ai, T00, i_b, i_h, i_t, T, 0, 0, H, BT, BC)
     _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
@@ -220,37 +233,45 @@ def _wy_fwd_kernel(k, v, beta, gc, Ai, w, u, T,
     _store_block(Ai, T32, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
     _store_block(Ai, T33, i_b, i_h, i_t, T, 3, 3, H, BT, BC)
 
-    # w = Ai X_w, u = Ai X_u, block row by block row (X_j: the scaled rows of sub-block j).
+    # w = Ai X_w, u = Ai X_u, block row by block row; X_j = diag(s_j) k_j (or v_j), so the scales
+    # go on the columns of the 16x16 blocks, Ai_ij diag(s_j), and the [BC, K] rows stay as loaded.
     r0 = i_t * BT
     b0, e0 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 0, H, BT, BC, USE_G)
     b1, e1 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 1, H, BT, BC, USE_G)
     b2, e2 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 2, H, BT, BC, USE_G)
     b3, e3 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 3, H, BT, BC, USE_G)
-    X0 = _load_rows(k, i_b, i_h, r0, T, H, K, 0, BC, BK).to(tl.float32) * e0[:, None]
-    X1 = _load_rows(k, i_b, i_h, r0 + BC, T, H, K, 0, BC, BK).to(tl.float32) * e1[:, None]
-    X2 = _load_rows(k, i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK).to(tl.float32) * e2[:, None]
-    X3 = _load_rows(k, i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK).to(tl.float32) * e3[:, None]
-    _store_rows(w, tl.dot(T00, X0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, K, 0, BC, BK)
-    _store_rows(w, tl.dot(T10, X0, input_precision=DOT_PREC) + tl.dot(T11, X1, input_precision=DOT_PREC),
-                i_b, i_h, r0 + BC, T, H, K, 0, BC, BK)
-    _store_rows(w, tl.dot(T20, X0, input_precision=DOT_PREC) + tl.dot(T21, X1, input_precision=DOT_PREC)
-                + tl.dot(T22, X2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK)
-    _store_rows(w, tl.dot(T30, X0, input_precision=DOT_PREC) + tl.dot(T31, X1, input_precision=DOT_PREC)
-                + tl.dot(T32, X2, input_precision=DOT_PREC) + tl.dot(T33, X3, input_precision=DOT_PREC),
-                i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK)
+    k0 = _load_rows(k, i_b, i_h, r0, T, H, K, 0, BC, BK)
+    k1 = _load_rows(k, i_b, i_h, r0 + BC, T, H, K, 0, BC, BK)
+    k2 = _load_rows(k, i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK)
+    k3 = _load_rows(k, i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK)
+    dt = k0.dtype
+    _store_rows(w, tl.dot((T00 * e0[None, :]).to(dt), k0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, K, 0, BC, BK)
+    _store_rows(w, tl.dot((T10 * e0[None, :]).to(dt), k0, input_precision=DOT_PREC)
+                + tl.dot((T11 * e1[None, :]).to(dt), k1, input_precision=DOT_PREC), i_b, i_h, r0 + BC, T, H, K, 0, BC, BK)
+    _store_rows(w, tl.dot((T20 * e0[None, :]).to(dt), k0, input_precision=DOT_PREC)
+                + tl.dot((T21 * e1[None, :]).to(dt), k1, input_precision=DOT_PREC)
+                + tl.dot((T22 * e2[None, :]).to(dt), k2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK)
+    _store_rows(w, tl.dot((T30 * e0[None, :]).to(dt), k0, input_precision=DOT_PREC)
+                + tl.dot((T31 * e1[None, :]).to(dt), k1, input_precision=DOT_PREC)
+                + tl.dot((T32 * e2[None, :]).to(dt), k2, input_precision=DOT_PREC)
+                + tl.dot((T33 * e3[None, :]).to(dt), k3, input_precision=DOT_PREC), i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK)
+    U00, U10, U11 = (T00 * b0[None, :]).to(dt), (T10 * b0[None, :]).to(dt), (T11 * b1[None, :]).to(dt)
+    U20, U21, U22 = (T20 * b0[None, :]).to(dt), (T21 * b1[None, :]).to(dt), (T22 * b2[None, :]).to(dt)
+    U30, U31 = (T30 * b0[None, :]).to(dt), (T31 * b1[None, :]).to(dt)
+    U32, U33 = (T32 * b2[None, :]).to(dt), (T33 * b3[None, :]).to(dt)
     for i_v in range(tl.cdiv(V, BV)):
         c0 = i_v * BV
-        Y0 = _load_rows(v, i_b, i_h, r0, T, H, V, c0, BC, BV).to(tl.float32) * b0[:, None]
-        Y1 = _load_rows(v, i_b, i_h, r0 + BC, T, H, V, c0, BC, BV).to(tl.float32) * b1[:, None]
-        Y2 = _load_rows(v, i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV).to(tl.float32) * b2[:, None]
-        Y3 = _load_rows(v, i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV).to(tl.float32) * b3[:, None]
-        _store_rows(u, tl.dot(T00, Y0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, c0, BC, BV)
-        _store_rows(u, tl.dot(T10, Y0, input_precision=DOT_PREC) + tl.dot(T11, Y1, input_precision=DOT_PREC),
+        Y0 = _load_rows(v, i_b, i_h, r0, T, H, V, c0, BC, BV).to(dt)
+        Y1 = _load_rows(v, i_b, i_h, r0 + BC, T, H, V, c0, BC, BV).to(dt)
+        Y2 = _load_rows(v, i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV).to(dt)
+        Y3 = _load_rows(v, i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV).to(dt)
+        _store_rows(u, tl.dot(U00, Y0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, c0, BC, BV)
+        _store_rows(u, tl.dot(U10, Y0, input_precision=DOT_PREC) + tl.dot(U11, Y1, input_precision=DOT_PREC),
                     i_b, i_h, r0 + BC, T, H, V, c0, BC, BV)
-        _store_rows(u, tl.dot(T20, Y0, input_precision=DOT_PREC) + tl.dot(T21, Y1, input_precision=DOT_PREC)
-                    + tl.dot(T22, Y2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV)
-        _store_rows(u, tl.dot(T30, Y0, input_precision=DOT_PREC) + tl.dot(T31, Y1, input_precision=DOT_PREC)
-                    + tl.dot(T32, Y2, input_precision=DOT_PREC) + tl.dot(T33, Y3, input_precision=DOT_PREC),
+        _store_rows(u, tl.dot(U20, Y0, input_precision=DOT_PREC) + tl.dot(U21, Y1, input_precision=DOT_PREC)
+                    + tl.dot(U22, Y2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV)
+        _store_rows(u, tl.dot(U30, Y0, input_precision=DOT_PREC) + tl.dot(U31, Y1, input_precision=DOT_PREC)
+                    + tl.dot(U32, Y2, input_precision=DOT_PREC) + tl.dot(U33, Y3, input_precision=DOT_PREC),
                     i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV)
 
 
@@ -282,8 +303,7 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
         b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
         _store_rows(vn, b_vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        b_kT = tl.load(k + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None],
-                       mask=m_k[:, None] & m_t[None, :], other=0.)  # [BK, BT]
+        b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
             b_h *= tl.exp(g_last)
@@ -314,8 +334,7 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_kT = tl.load(k + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None],
-                       mask=m_k[:, None] & m_t[None, :], other=0.)
+        b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BK, BT)
         b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.)
         b_o += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=DOT_PREC)
@@ -387,46 +406,48 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
+        # the chunk-position factors scale the [BT, BV] operands and results, not the [BT, K]
+        # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
+        b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
+        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-            b_k = (b_k * tl.exp(g_last - b_g)[:, None]).to(b_k.dtype)
-        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV) \
-            + tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)
-        _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        b_qT = tl.load(q + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None],
-                       mask=m_k[:, None] & m_t[None, :], other=0.)  # [BK, BT]
-        b_wT = tl.load(w + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None],
-                       mask=m_k[:, None] & m_t[None, :], other=0.)
-        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        if USE_G:
+            b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
+            b_do = b_do * (scale * tl.exp(b_g))[:, None]
             b_dh *= tl.exp(g_last)
-            b_qT = (b_qT * (scale * tl.exp(b_g))[None, :]).to(b_do.dtype)
         else:
-            b_qT = (b_qT.to(tl.float32) * scale).to(b_do.dtype)
-        b_dh += tl.dot(b_qT, b_do, input_precision=DOT_PREC)
+            b_do = b_do * scale
+        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV) + b_kdh
+        _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
+        b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
+        b_dh += tl.dot(b_qT, b_do.to(b_qT.dtype), input_precision=DOT_PREC)
         b_dh -= tl.dot(b_wT, b_dv2.to(b_wT.dtype), input_precision=DOT_PREC)
     if STORE_DH0:
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
 @triton.jit
-def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT,
+def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), BK >= K: ``dq`` (final), and the parts of ``dk``, ``dw = -dv2 h^T`` and the
-    chunk-local ``dG`` that come through the output and the state (float32)."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+    """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
+    and ``dw = -dv2 h^T`` that come through the output and the state (float32); this slice's share
+    of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
+    over key channels). Splitting K keeps the float32 accumulators at [BT, 64] each."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    o_k = tl.arange(0, BK)
+    o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
-    b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
-    b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
+    b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
@@ -449,42 +470,43 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)
     o_i = tl.arange(0, BT)
     m_ij = o_i[:, None] >= o_i[None, :]
-    b_qf = b_q.to(tl.float32)
-    b_kf = b_k.to(tl.float32)
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
         b_dq = b_dq * (scale * tl.exp(b_g))[:, None]
         b_dk = b_dk * tl.exp(g_last - b_g)[:, None]
         b_ds = tl.where(m_ij, b_dP * scale * tl.exp(tl.where(m_ij, b_g[:, None] - b_g[None, :], float("-inf"))), 0.)
-    else:
-        b_dq = b_dq * scale
-        b_ds = tl.where(m_ij, b_dP * scale, 0.)
-    if USE_G:
-        # G enters through exp(G) q (o), exp(G_C - G) k (state), exp(G_C) (state), exp(G_i - G_j).
         # Terms whose exponent is G_x - G_x (the diagonal of the pairwise decay, the last key's
         # exp(G_C - G_C)) carry no gradient: they are left out rather than added and subtracted,
         # since that +x - x would swamp the tiny true gradient of a strong decay in rounding.
         b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
         b_M = tl.where(o_i[:, None] > o_i[None, :], b_ds * b_qk, 0.)
         last = tl.minimum(i_t * BT + BT, T) - 1
-        b_kdk = tl.where(o_t < last, tl.sum(b_kf * b_dk, 1), 0.)
-        b_dg = tl.sum(b_qf * b_dq, 1) - b_kdk + tl.sum(b_M, 1) - tl.sum(b_M, 0)
+        b_kdk = tl.where(o_t < last, tl.sum(b_k.to(tl.float32) * b_dk, 1), 0.)
+        b_dg = tl.sum(b_q.to(tl.float32) * b_dq, 1) - b_kdk + tl.sum(b_M, 1) - tl.sum(b_M, 0)
         b_dg += tl.where(o_t == last, tl.sum(b_kdk, 0) + tl.sum(b_hdh, 0) * tl.exp(g_last), 0.)
-        tl.store(dG + (i_b * T + o_t) * H + i_h, b_dg, mask=m_t)
+        tl.store(dG + ((i_k * B + i_b) * T + o_t) * H + i_h, b_dg, mask=m_t)
+    else:
+        b_dq = b_dq * scale
+        b_ds = tl.where(m_ij, b_dP * scale, 0.)
     b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
     b_dk += tl.dot(tl.trans(b_ds).to(b_q.dtype), b_q, input_precision=DOT_PREC)
-    _store_rows(dq, b_dq, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
-    _store_rows(dk, b_dk, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
-    _store_rows(dw, -b_dw, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
+    _store_rows(dq, b_dq, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    _store_rows(dk, b_dk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    _store_rows(dw, -b_dw, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
 
 
 @triton.jit
-def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T,
+def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
                    USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), BK >= K: back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``;
-    writes the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``)."""
+    """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
+    the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
+    ``NK_G`` key-slice shares are summed here).
+
+    Two passes over key slices of ``BK`` keep the live float32 tiles at [BT, BT] / [BT, BK]:
+    the first sums ``dAi = dw X_w^T + du X_u^T`` and ``k k^T``, the second (after
+    ``dA = -Ai^T dAi Ai^T``) writes ``dk`` slice by slice."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -493,18 +515,19 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     m_t = o_t < T
     r0 = i_t * BT
     b_T = _load_rows(Ai, i_b, i_h, r0, T, H, BT, 0, BT, BT)  # [BT, BT] float32
-    b_k = _load_rows(k, i_b, i_h, r0, T, H, K, 0, BT, BK)
-    b_kf = b_k.to(tl.float32)
     b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32)
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        b_e = tl.exp(b_g)
+        b_be = b_b * tl.exp(b_g)
     else:
-        b_e = tl.full([BT], 1.0, dtype=tl.float32)
-    b_Xw = b_kf * (b_b * b_e)[:, None]
-    b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, 0, BT, BK)  # float32
-    b_dXw = tl.dot(tl.trans(b_T), b_dW, input_precision=DOT_PREC)
-    b_dT = tl.dot(b_dW, tl.trans(b_Xw), input_precision=DOT_PREC)
+        b_be = b_b
+    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)  # float32
+        b_dT += tl.dot(b_dW, tl.trans(b_kf * b_be[:, None]), input_precision=DOT_PREC)
+        b_kk += tl.dot(b_kf, tl.trans(b_kf), input_precision=DOT_PREC)
     b_db = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         b_vf = _load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
@@ -513,26 +536,34 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
         b_dT += tl.dot(b_du, tl.trans(b_vf * b_b[:, None]), input_precision=DOT_PREC)
         b_db += tl.sum(b_vf * b_dXu, 1)
         _store_rows(dv, b_dXu * b_b[:, None], i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
-    b_kdXw = tl.sum(b_kf * b_dXw, 1)
-    b_db += b_kdXw * b_e
-    b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, 0, BT, BK) + b_dXw * (b_b * b_e)[:, None]
-    # dA = -Ai^T dAi Ai^T on the strictly lower part (A's support)
+    # dA = -Ai^T dAi Ai^T on the strictly lower part (A's support), times exp(G_i - G_j)
     o_i = tl.arange(0, BT)
     m_s = o_i[:, None] > o_i[None, :]
     b_dA = -tl.dot(tl.trans(b_T), tl.dot(b_dT, tl.trans(b_T), input_precision=DOT_PREC), input_precision=DOT_PREC)
     if USE_G:
         b_dA = b_dA * tl.exp(tl.where(m_s, b_g[:, None] - b_g[None, :], float("-inf")))
-    b_dA = tl.where(m_s, b_dA, 0.)  # dA_ij exp(G_i - G_j)
-    b_kk = tl.dot(b_kf, tl.trans(b_kf), input_precision=DOT_PREC)
+    b_dA = tl.where(m_s, b_dA, 0.)
     b_dAb = b_dA * b_b[:, None]
-    b_dk += tl.dot(b_dAb, b_kf, input_precision=DOT_PREC) + tl.dot(tl.trans(b_dAb), b_kf, input_precision=DOT_PREC)
     b_db += tl.sum(b_dA * b_kk, 1)
-    _store_rows(dk, b_dk, i_b, i_h, r0, T, H, K, 0, BT, BK)
+    b_kdXw = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+        b_dXw = tl.dot(tl.trans(b_T), b_dW, input_precision=DOT_PREC)
+        b_kdXw += tl.sum(b_kf * b_dXw, 1)
+        b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK) + b_dXw * b_be[:, None] \
+            + tl.dot(b_dAb, b_kf, input_precision=DOT_PREC) + tl.dot(tl.trans(b_dAb), b_kf, input_precision=DOT_PREC)
+        _store_rows(dk, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+    if USE_G:
+        b_db += b_kdXw * tl.exp(b_g)
+    else:
+        b_db += b_kdXw
     tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
     if USE_G:
         b_M = b_dAb * b_kk  # dA * A
-        b_dG = tl.load(dG_in + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.) \
-            + b_kdXw * b_b * b_e + tl.sum(b_M, 1) - tl.sum(b_M, 0)
+        b_dG = b_kdXw * b_be + tl.sum(b_M, 1) - tl.sum(b_M, 0)
+        for i_s in range(NK_G):
+            b_dG += tl.load(dG_in + ((i_s * B + i_b) * T + o_t) * H + i_h, mask=m_t, other=0.)
         b_dG = tl.where(m_t, b_dG, 0.)
         # dg_s = sum_{t >= s in the chunk} dG_t
         b_rev = tl.sum(b_dG, 0) - tl.cumsum(b_dG, axis=0) + b_dG
@@ -630,17 +661,20 @@ def bwd(q, k, v, beta, gc, h0, do, dht, scale, need_dh0):
     dq = torch.empty_like(q)
     dk_p = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dw = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-    dG = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
-    _bwd_dqkwg_kernel[(NT, B * H)](
-        q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf,
-        BV=min(64, _pow2(V)), USE_G=use_g, DOT_PREC=prec, num_warps=_warps(8), num_stages=_stages(q))
+    BKs = min(64, BKf)
+    NK = triton.cdiv(K, BKs)
+    dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
+    _bwd_dqkwg_kernel[(NK, NT, B * H)](
+        q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,
+        BV=min(64, _pow2(V)), USE_G=use_g, DOT_PREC=prec, num_warps=_warps(4), num_stages=_stages(q))
     del h, dh, vn
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _wy_bwd_kernel[(NT, B * H)](
-        k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, H=H, K=K, V=V, BT=BT, BK=BKf,
-        BV=min(64, _pow2(V)), USE_G=use_g, DOT_PREC=prec, num_warps=_warps(8), num_stages=_stages(q))
+        k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT, BK=BKs,
+        BV=min(64, _pow2(V)), NK_G=NK, USE_G=use_g, DOT_PREC=prec, num_warps=_warps(4),
+        num_stages=_stages(q))
     return dq, dk, dv, dbeta, dg, dh0
 
 
@@ -674,14 +708,15 @@ class ChunkDeltaRule(torch.autograd.Function):
 
 def chunk_delta(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
     """Triton ``gated_delta_rule.chunk`` (``g=None``: ``delta_rule.chunk``). Shapes as the ops;
-    head dims ``K > MAX_K`` run the PyTorch form (the delta rule does not split over keys)."""
+    head dims ``K > MAX_K`` run the PyTorch form (the delta rule does not split over keys), as do
+    sequences of 2^31 elements or more per (batch, head-row), beyond the kernels' int32 offsets."""
     check_qkv(q, k, v)
     B, T, H, K = q.shape
     V = v.shape[-1]
     if g is not None:
         check_gate("g", g, (B, T, H))
     check_gate("beta", beta, (B, T, H))
-    if K > MAX_K:
+    if K > MAX_K or T * H * max(K, V, BT) >= 2 ** 31:  # (per-sequence offsets are int32 in the kernels)
         from blocks.ops.gated_delta_rule import chunk_delta as torch_chunk_delta
 
         return torch_chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)

@@ -75,7 +75,10 @@ def _rows(x, i_b, i_h, r0, T, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.const
     """``x[b, r0:r0+BR, h, c0:c0+BD]`` of ``x: [B, T, H, D]``, zero past ``T`` and ``D``."""
     o_r = r0 + tl.arange(0, BR)
     o_d = c0 + tl.arange(0, BD)
-    return tl.load(x + ((i_b * T + o_r[:, None]) * H + i_h) * D + o_d[None, :],
+    # int64 only in the scalar base; per-element offsets in int32 (the wrapper checks T*H*D < 2^31):
+    # 64-bit address tensors for [64, 128] tiles cost registers the dots need
+    base = x + (i_b * T * H + i_h) * D
+    return tl.load(base + o_r[:, None] * (H * D) + o_d[None, :],
                    mask=(o_r < T)[:, None] & (o_d < D)[None, :], other=0.)
 
 
@@ -83,7 +86,8 @@ def _rows(x, i_b, i_h, r0, T, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.const
 def _store(x, val, i_b, i_h, r0, T, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BD: tl.constexpr):
     o_r = r0 + tl.arange(0, BR)
     o_d = c0 + tl.arange(0, BD)
-    tl.store(x + ((i_b * T + o_r[:, None]) * H + i_h) * D + o_d[None, :], val.to(x.dtype.element_ty),
+    base = x + (i_b * T * H + i_h) * D
+    tl.store(base + o_r[:, None] * (H * D) + o_d[None, :], val.to(x.dtype.element_ty),
              mask=(o_r < T)[:, None] & (o_d < D)[None, :])
 
 
@@ -317,7 +321,7 @@ def _bwd_intra_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T,
     o_k = tl.arange(0, BK)
     carry = tl.zeros([BK], dtype=tl.float32)
     for a_r in tl.static_range(NC):
-        a: tl.constexpr = NC - 1 - a_r
+        a = NC - 1 - a_r  # constexpr: sub-chunks last to first
         ra = i_t * BT + a * BC
         b_q = _rows(q, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
         b_k = _rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
@@ -493,6 +497,12 @@ def gla_chunk(q, k, v, gk, scale=None, initial_state=None, output_final_state=Fa
             raise ValueError(f"initial_state: must have shape {(B, H, K, V)}, got {tuple(initial_state.shape)}")
         initial_state = initial_state.float().contiguous()
     q, k, v, gk = q.contiguous(), k.contiguous(), v.contiguous(), gk.contiguous()
+    if T * H * max(K, V, BT) >= 2 ** 31:  # per-sequence offsets are int32 in the kernels
+        from blocks.ops.gla import chunk as torch_chunk
+        from . import disabled
+
+        with disabled():
+            return torch_chunk(q, k, v, gk, scale, initial_state, output_final_state, chunk_size)
     if K <= MAX_K:
         return ChunkGLASubchunk.apply(q, k, v, gk, scale, initial_state, output_final_state)
     o, states = None, []
