@@ -20,8 +20,10 @@ $(BIN)/archsearch: pyproject.toml
 
 setup: $(BIN)/archsearch
 
+# One thread per CPU trial unless the caller says otherwise: tiny models gain nothing from more,
+# and on a busy machine 2 spinning threads per trial ran ~10x slower (README, "make demo").
 demo: setup
-	$(BIN)/archsearch launch mqar_tiny
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/archsearch launch mqar_tiny
 
 test: setup
 	$(BIN)/python -m pytest -q

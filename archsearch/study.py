@@ -28,6 +28,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -378,6 +380,10 @@ class StudyRunner:
         cfg = self.trial_config(run, task, params, out, first=(i == 0))
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
         kw = {"entry": self.entry} if self.entry else {}
+        if not run.slot.gpus and os.environ.get("OMP_NUM_THREADS"):
+            # launch sizes CPU threads to the cores; a user who set OMP_NUM_THREADS (e.g. 1 on a
+            # shared machine, where 2 spinning threads per tiny trial ran ~10x slower) wins.
+            kw["env"] = {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]}
         b = self.space.budget
         run.proc = start_trial(run.trial_dir / "spec.json", out / "config.json", out / "record.json", run.slot,
                                out / "trial.log", timeout_s=b.max_seconds * 1.5 + 120, **kw)
@@ -458,6 +464,12 @@ class StudyRunner:
         }
 
     def run(self) -> Summary:
+        # SIGTERM (a job scheduler, `kill`) stops the study like Ctrl-C: running trials are
+        # killed and marked interrupted instead of being left RUNNING with orphaned processes.
+        with _sigterm_as_interrupt():
+            return self._run()
+
+    def _run(self) -> Summary:
         from launch.budget import claim_trial
         from launch.reaper import reap_stale_trials
 
@@ -512,6 +524,22 @@ class StudyRunner:
                             f"last: {self.last_failure}")
         return Summary(self.study.study_name, c["complete"], c["failed"], c["infeasible"], c["front"],
                        self.trained, time.monotonic() - t0)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _fmt(v: float) -> str:

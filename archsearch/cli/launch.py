@@ -13,11 +13,9 @@ def add_arguments(p) -> None:
                    help="Optuna storage (default: journal file ./studies/NAME/journal.log): "
                         "sqlite:///F.db, postgresql://user@host/db, or a path ending .log/.journal")
     p.add_argument("--trials", type=int, metavar="N", help="complete trials to reach (default: the space's study.trials)")
-    p.add_argument("--slots", type=int, default=1, metavar="N", help="concurrent trials without GPUs (default 1)")
-    p.add_argument("--gpus", metavar="IDS", help="GPU ids to use, e.g. 0,1,2,3 (default: all visible; 'none' = CPU)")
-    p.add_argument("--gpus-per-trial", type=int, default=1, metavar="K",
-                   help="GPUs per trial (gloo processes per trial on CPU); G GPUs give G//K slots")
-    p.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile: each trial spans these hosts")
+    from launch.cliargs import add_slot_arguments
+
+    add_slot_arguments(p)
     p.add_argument("--root", default="studies", type=Path, help="directory for journals and trial runs (default ./studies)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one log line per trial)")
     p.add_argument("--no-report", action="store_true", help="do not print the front or write the plots at the end")
@@ -27,15 +25,14 @@ def run(args) -> int:
     import search_spaces
     from archsearch.errors import UserError
     from archsearch.study import run_study
-    from launch.slots import parse_gpu_list, plan_slots
+    from launch.cliargs import slots_from_args
 
     if args.trials is not None and args.trials < 1:
         raise UserError(f"--trials: must be >= 1, got {args.trials}")
     space = search_spaces.load(args.space)
-    gpus = parse_gpu_list(args.gpus)
-    if gpus is None and space.budget.device == "cpu":
-        gpus = []  # a CPU space never takes the GPUs
-    slots = plan_slots(gpus, args.gpus_per_trial, args.slots, hostfile=args.hostfile)
+    if args.gpus is None and args.hostfile is None and space.budget.device == "cpu":
+        args.gpus = "none"  # a CPU space never takes the GPUs
+    slots = slots_from_args(args)
     from archsearch.cli._common import console as make_console
 
     console = make_console()
