@@ -14,7 +14,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.syntax import Syntax
 
     from archsearch import pareto
@@ -26,7 +25,9 @@ def run(args) -> int:
     if args.trial not in trials:
         raise UserError(f"TRIAL: study {study.study_name!r} has no trial {args.trial} (trials 0..{max(trials, default=-1)})")
     t = trials[args.trial]
-    c = Console()
+    from archsearch.cli._common import console
+
+    c = console()
     names = pareto.metric_names(study)
     on_front = any(b.number == t.number for b in study.best_trials) if t.values else False
     c.print(f"[bold]trial {t.number}[/bold] of {study.study_name}: {t.state.name}, status {pareto.status_of(t)}"
