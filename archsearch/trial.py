@@ -55,9 +55,9 @@ class TrialConfig:
     ds_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.train, Mapping):
+        if not isinstance(self.train, TrainConfig):
             self.train = TrainConfig.from_dict(self.train)
-        if isinstance(self.measure, Mapping):
+        if not isinstance(self.measure, MeasureConfig):
             self.measure = MeasureConfig.from_dict(self.measure)
         if not isinstance(self.task, str) or not self.task:
             raise UserError(f"task: must be a task name, got {self.task!r}")

@@ -86,13 +86,20 @@ def _task_params(items: list[str]) -> dict[str, Any]:
 
 def build_config(args, base: dict[str, Any] | None, spec_hash: str) -> Any:
     """The TrialConfig: ``base`` (a config dict) or the defaults, overridden by the options."""
+    from archsearch.errors import UserError
     from archsearch.trial import TrialConfig
 
+    if base is not None and not isinstance(base, dict):
+        raise UserError(f"config: must be a mapping, got {type(base).__name__}")
     d = json.loads(json.dumps(base)) if base else {}
-    train, measure = d.setdefault("train", {}), d.setdefault("measure", {})
     if args.task is not None and args.task != d.get("task"):
         d["task"], d["task_params"] = args.task, {}
-    d.setdefault("task_params", {}).update(_task_params(args.task_param))
+    # The options write into these sections, so they must be mappings before TrialConfig sees them.
+    for name in ("train", "measure", "task_params"):
+        if not isinstance(d.setdefault(name, {}), dict):
+            raise UserError(f"{name}: must be a mapping, got {type(d[name]).__name__}")
+    train, measure = d["train"], d["measure"]
+    d["task_params"].update(_task_params(args.task_param))
     for opt, section, field in (("tokens", train, "tokens"), ("seconds", train, "max_seconds"),
                                 ("batch", train, "batch_size"), ("lr", train, "lr"),
                                 ("eval_every", train, "eval_every"), ("precision", train, "precision"),

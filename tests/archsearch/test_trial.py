@@ -120,6 +120,10 @@ def test_bad_input_is_refused_before_training(tmp_path):
                                     out_dir=str(tmp_path)))
     with pytest.raises(UserError, match="train.lr: must"):
         TrialConfig.from_dict({"train": {"lr": -1}})
+    with pytest.raises(UserError, match="train: must be a mapping, got str"):
+        TrialConfig.from_dict({"train": "fast"})
+    with pytest.raises(UserError, match="measure: must be a mapping, got list"):
+        TrialConfig.from_dict({"measure": [1]})
     with pytest.raises(UserError, match="device: must"):
         TrialConfig(device="tpu")
     assert not (tmp_path / "record.json").exists()

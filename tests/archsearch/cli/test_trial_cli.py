@@ -112,3 +112,17 @@ def test_table_renders_a_record_without_results():
     console.print(cli_trial.summary_table(rec, "r.json", "?"))
     text = console.export_text()
     assert "oom" in text and "CUDA out of memory" in text and "params" in text
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[1]", "config: must be a mapping, got list"),
+    ('{"measure": "x"}', "measure: must be a mapping, got str"),
+    ('{"train": [1]}', "train: must be a mapping, got list"),
+    ('{"task_params": [1]}', "task_params: must be a mapping, got list"),
+])
+def test_bad_config_files_are_one_line_errors(tmp_path, capsys, content, message):
+    path = tmp_path / "cfg.json"
+    path.write_text(content)
+    assert main(["trial", str(EXAMPLE), "--config", str(path), "--no-throughput", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
