@@ -25,6 +25,7 @@ from typing import Any, Mapping
 import torch
 
 from archsearch.errors import UserError
+from archsearch.train import check_int, config_from_dict
 
 GAP_TOLERANCE = 0.10
 
@@ -54,33 +55,16 @@ class MeasureConfig:
 
     def __post_init__(self) -> None:
         for name in ("context", "batch", "prefill_len", "repeats", "decode_steps"):
-            _positive_int(f"measure.{name}", getattr(self, name))
+            check_int(getattr(self, name), f"measure.{name}", 1)
         for name in ("warmup", "prefill_chunk"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise UserError(f"measure.{name}: must be an integer >= 0, got {value!r}")
+            check_int(getattr(self, name), f"measure.{name}", 0)
         for name in ("throughput", "measure_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"measure.{name}: must be true or false, got {getattr(self, name)!r}")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "MeasureConfig":
-        return _from_dict(cls, d or {}, "measure")
-
-
-def _positive_int(field: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"{field}: must be an integer >= 1, got {value!r}")
-
-
-def _from_dict(cls: type, d: Mapping[str, Any], prefix: str) -> Any:
-    if not isinstance(d, Mapping):
-        raise UserError(f"{prefix}: must be a mapping, got {type(d).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    for key in d:
-        if key not in known:
-            raise UserError(f"{prefix}.{key}: unknown field; known fields: {', '.join(sorted(known))}")
-    return cls(**dict(d))
+        return config_from_dict(cls, d, "measure")
 
 
 # --- conditions --------------------------------------------------------------------------------------

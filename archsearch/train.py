@@ -75,39 +75,45 @@ class TrainConfig:
     log_every: int = 1
 
     def __post_init__(self) -> None:
-        _int(self.tokens, "train.tokens", 1)
-        _int(self.batch_size, "train.batch_size", 1)
-        _int(self.eval_every, "train.eval_every", 0)
-        _int(self.micro_batch_size, "train.micro_batch_size", 0)
-        _int(self.eval_batch_size, "train.eval_batch_size", 1)
-        _int(self.log_every, "train.log_every", 1)
-        _num(self.max_seconds, "train.max_seconds", lo=0.0, lo_open=True)
-        _num(self.lr, "train.lr", lo=0.0, lo_open=True)
-        _num(self.warmup_frac, "train.warmup_frac", lo=0.0, hi=1.0)
-        _num(self.min_lr_frac, "train.min_lr_frac", lo=0.0, hi=1.0)
-        _num(self.weight_decay, "train.weight_decay", lo=0.0)
-        _num(self.grad_clip, "train.grad_clip", lo=0.0)
+        check_int(self.tokens, "train.tokens", 1)
+        check_int(self.batch_size, "train.batch_size", 1)
+        check_int(self.eval_every, "train.eval_every", 0)
+        check_int(self.micro_batch_size, "train.micro_batch_size", 0)
+        check_int(self.eval_batch_size, "train.eval_batch_size", 1)
+        check_int(self.log_every, "train.log_every", 1)
+        check_number(self.max_seconds, "train.max_seconds", lo=0.0, lo_open=True)
+        check_number(self.lr, "train.lr", lo=0.0, lo_open=True)
+        check_number(self.warmup_frac, "train.warmup_frac", lo=0.0, hi=1.0)
+        check_number(self.min_lr_frac, "train.min_lr_frac", lo=0.0, hi=1.0)
+        check_number(self.weight_decay, "train.weight_decay", lo=0.0)
+        check_number(self.grad_clip, "train.grad_clip", lo=0.0)
         if self.precision not in PRECISIONS:
             raise UserError(f"train.precision: must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "TrainConfig":
-        d = d or {}
-        if not isinstance(d, Mapping):
-            raise UserError(f"train: must be a mapping, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in d:
-            if key not in known:
-                raise UserError(f"train.{key}: unknown field; known fields: {', '.join(sorted(known))}")
-        return cls(**dict(d))
+        return config_from_dict(cls, d, "train")
 
 
-def _int(value: Any, field: str, lo: int) -> None:
+def config_from_dict(cls: type, d: Mapping[str, Any] | None, prefix: str) -> Any:
+    """``cls(**d)`` for a config dataclass (None: the defaults), with one-line errors naming
+    ``prefix.<key>`` for a non-mapping or an unknown key; the dataclass checks the values."""
+    d = d or {}
+    if not isinstance(d, Mapping):
+        raise UserError(f"{prefix}: must be a mapping, got {type(d).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in d:
+        if key not in known:
+            raise UserError(f"{prefix}.{key}: unknown field; known fields: {', '.join(sorted(known))}")
+    return cls(**dict(d))
+
+
+def check_int(value: Any, field: str, lo: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise UserError(f"{field}: must be an integer >= {lo}, got {value!r}")
 
 
-def _num(value: Any, field: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
+def check_number(value: Any, field: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     if ok and lo is not None:
         ok = value > lo if lo_open else value >= lo
