@@ -271,6 +271,7 @@ class StudyRunner:
         self.failures_in_a_row = 0
         self.last_failure = ""
         self.console = console
+        self.stop_requested = False
 
     # -- telling Optuna ----------------------------------------------------------------------
     def _set_attrs(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
@@ -464,10 +465,15 @@ class StudyRunner:
         }
 
     def run(self) -> Summary:
-        # SIGTERM (a job scheduler, `kill`) stops the study like Ctrl-C: running trials are
-        # killed and marked interrupted instead of being left RUNNING with orphaned processes.
-        with _sigterm_as_interrupt():
+        # Ctrl-C and SIGTERM (a job scheduler, `kill`) only set a flag that the loop checks
+        # between steps: an interrupt raised inside a storage write (the journal file's lock)
+        # would corrupt that write. A second signal interrupts at once.
+        with _deferred_stop(self):
             return self._run()
+
+    def _check_stop(self) -> None:
+        if self.stop_requested:
+            raise KeyboardInterrupt
 
     def _run(self) -> Summary:
         from launch.budget import claim_trial
@@ -482,7 +488,9 @@ class StudyRunner:
             last_reap = time.monotonic()
             try:
                 while True:
+                    self._check_stop()
                     while free and not done_asking:
+                        self._check_stop()
                         if self.failures_in_a_row >= MAX_CONSECUTIVE_FAILURES:
                             done_asking = True
                             break
@@ -501,6 +509,7 @@ class StudyRunner:
                         break
                     changed = False
                     for run in list(self.running.values()):
+                        self._check_stop()
                         if run.proc.poll() is not None:
                             if self._finish(run):
                                 free.append(run.slot)
@@ -527,19 +536,23 @@ class StudyRunner:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt():
+def _deferred_stop(runner: "StudyRunner"):
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        if runner.stop_requested:
+            raise KeyboardInterrupt
+        runner.stop_requested = True
 
+    runner.stop_requested = False
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread: leave signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, h in previous.items():
+            signal.signal(sig, h)
 
 
 def _fmt(v: float) -> str:
