@@ -106,18 +106,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def lone_process_env() -> Iterator[None]:
-    """Fill in the rendezvous variables a lone process lacks (RANK=0, WORLD_SIZE=1, LOCAL_RANK=0,
-    MASTER_ADDR=127.0.0.1, a free MASTER_PORT); variables already set (a launcher) are kept.
-    Those filled in are removed again on exit, so an in-process trial leaves the environment as it
-    found it (a later subprocess must not inherit a stale MASTER_PORT)."""
+def _fill_lone_env() -> list[str]:
+    """Set the rendezvous variables missing from the environment for a world of one; their names."""
     defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
     added = []
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         if key not in os.environ:
             os.environ[key] = defaults[key] if key in defaults else str(free_port())
             added.append(key)
+    return added
+
+
+@contextlib.contextmanager
+def lone_process_env() -> Iterator[None]:
+    """Fill in the rendezvous variables a lone process lacks (RANK=0, WORLD_SIZE=1, LOCAL_RANK=0,
+    MASTER_ADDR=127.0.0.1, a free MASTER_PORT); variables already set (a launcher) are kept.
+    Those filled in are removed again on exit, so an in-process trial leaves the environment as it
+    found it (a later subprocess must not inherit a stale MASTER_PORT)."""
+    added = _fill_lone_env()
     try:
         yield
     finally:
@@ -264,13 +270,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _read_json(path: str, what: str) -> Any:
+def read_json(path: str, what: str) -> Any:
+    """The JSON in ``path``; a missing, unreadable or malformed file is a UserError naming ``what``."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{what}: no such file: {path}") from None
     except OSError as exc:
         raise UserError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{what}: {path} is not valid JSON: {exc}") from None
+        raise UserError(f"{what}: {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
 
 
 def _sigterm(signum: int, frame: Any) -> None:
@@ -281,10 +292,7 @@ def _sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a trial process; never returns (``os._exit``) so ZeRO teardown cannot abort it."""
     args = _parse(argv)
-    for key, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(key, default)
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(free_port())
+    _fill_lone_env()  # kept for the process's lifetime (unlike lone_process_env)
     signal.signal(signal.SIGTERM, _sigterm)
     rank = int(os.environ["RANK"])
     code = 0
@@ -293,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from archsearch.spec import ArchSpec
 
-        spec_dict = _read_json(args.spec, "spec")
-        cfg_dict = _read_json(args.config, "config")
+        spec_dict = read_json(args.spec, "spec")
+        cfg_dict = read_json(args.config, "config")
         spec = ArchSpec.from_dict(spec_dict)
         cfg = TrialConfig.from_dict(cfg_dict)
         t_imports = time.perf_counter() - _T_START

@@ -48,21 +48,6 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the record as JSON (nothing else on stdout)")
 
 
-def _read_json(path: str, what: str) -> Any:
-    from archsearch.errors import UserError
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{what}: no such file: {path}") from None
-    except OSError as exc:
-        raise UserError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{what}: {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-
-
 def _is_record(d: Any) -> bool:
     return isinstance(d, dict) and "spec" in d and "status" in d and "config" in d
 
@@ -181,13 +166,14 @@ def run(args) -> int:
 
     from archsearch.errors import UserError
     from archsearch.spec import ArchSpec
+    from archsearch.trial import read_json
 
-    data = _read_json(args.spec, "spec")
+    data = read_json(args.spec, "spec")
     base = None
     if _is_record(data):
         base, data = data.get("config") or None, data["spec"]
     if args.config:
-        cfg_data = _read_json(args.config, "--config")
+        cfg_data = read_json(args.config, "--config")
         base = cfg_data["config"] if _is_record(cfg_data) else cfg_data
     if not isinstance(data, dict):
         raise UserError(f"spec: {args.spec} must hold a JSON object, got {type(data).__name__}")
