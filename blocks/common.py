@@ -104,6 +104,12 @@ def mamba2_decay_params(num_heads: int) -> tuple[nn.Parameter, nn.Parameter]:
     return nn.Parameter(torch.log(A)), nn.Parameter(inverse_softplus(dt))
 
 
+def mamba2_decay(A_log: torch.Tensor, dt_bias: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Log decay ``g = -exp(A_log) * softplus(a + dt_bias)`` in float32, ``a: [B, T, H]`` (the
+    projected input) -> ``g: [B, T, H]``, with the parameters of ``mamba2_decay_params``."""
+    return -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+
+
 def rotary(x: torch.Tensor, start: torch.Tensor | int, theta: float) -> torch.Tensor:
     """Rotary position embedding (half-split layout, as in GPT-NeoX/Llama) of ``x: [B, T, H, D]``
     at absolute positions ``start + [0, T)``; ``start`` is an int or a 0-d tensor. D must be even.

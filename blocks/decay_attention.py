@@ -20,7 +20,7 @@ from torch import nn
 from .ops import gla as gla_op, simple_gla as simple_gla_op
 from .linear_family import LinearBlock, LinearConfig, check_positive_int, is_number
 from .base import check
-from .common import mamba2_decay_params
+from .common import mamba2_decay, mamba2_decay_params
 from .registry import register
 
 
@@ -60,7 +60,7 @@ class SimpleGLA(LinearBlock):
         self.A_log, self.dt_bias = mamba2_decay_params(self.num_heads)
 
     def mix_inputs(self, x, q, k, v):
-        g = -self.A_log.float().exp() * F.softplus(self.dt_proj(x).float() + self.dt_bias)  # [B, T, H]
+        g = mamba2_decay(self.A_log, self.dt_bias, self.dt_proj(x))  # [B, T, H]
         return q, k, v, (g,), None
 
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .ops import delta_rule as delta_rule_op, gated_delta_rule as gated_delta_rule_op
-from .common import mamba2_decay_params
+from .common import mamba2_decay, mamba2_decay_params
 from .linear_family import LinearBlock, LinearConfig
 from .ops.utils import l2norm
 from .registry import register
@@ -71,6 +70,6 @@ class GatedDeltaNet(LinearBlock):
         self.A_log, self.dt_bias = mamba2_decay_params(self.num_heads)
 
     def mix_inputs(self, x, q, k, v):
-        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)  # [B, T, H]
+        g = mamba2_decay(self.A_log, self.dt_bias, self.a_proj(x))  # [B, T, H]
         beta = torch.sigmoid(self.b_proj(x).float())  # [B, T, H]
         return l2norm(q), l2norm(k), v, (g, beta), None
