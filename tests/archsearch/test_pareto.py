@@ -7,6 +7,8 @@ from optuna.trial import create_trial
 
 from archsearch import pareto
 
+pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+
 
 def make_study(points, directions=("maximize", "minimize"), infeasible=()):
     study = optuna.create_study(directions=list(directions))
