@@ -233,45 +233,37 @@ def _wy_fwd_kernel(k, v, beta, gc, Ai, w, u, T,
     _store_block(Ai, T32, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
     _store_block(Ai, T33, i_b, i_h, i_t, T, 3, 3, H, BT, BC)
 
-    # w = Ai X_w, u = Ai X_u, block row by block row; X_j = diag(s_j) k_j (or v_j), so the scales
-    # go on the columns of the 16x16 blocks, Ai_ij diag(s_j), and the [BC, K] rows stay as loaded.
+    # w = Ai X_w, u = Ai X_u, block row by block row (X_j: the scaled rows of sub-block j).
     r0 = i_t * BT
     b0, e0 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 0, H, BT, BC, USE_G)
     b1, e1 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 1, H, BT, BC, USE_G)
     b2, e2 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 2, H, BT, BC, USE_G)
     b3, e3 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 3, H, BT, BC, USE_G)
-    k0 = _load_rows(k, i_b, i_h, r0, T, H, K, 0, BC, BK)
-    k1 = _load_rows(k, i_b, i_h, r0 + BC, T, H, K, 0, BC, BK)
-    k2 = _load_rows(k, i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK)
-    k3 = _load_rows(k, i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK)
-    dt = k0.dtype
-    _store_rows(w, tl.dot((T00 * e0[None, :]).to(dt), k0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, K, 0, BC, BK)
-    _store_rows(w, tl.dot((T10 * e0[None, :]).to(dt), k0, input_precision=DOT_PREC)
-                + tl.dot((T11 * e1[None, :]).to(dt), k1, input_precision=DOT_PREC), i_b, i_h, r0 + BC, T, H, K, 0, BC, BK)
-    _store_rows(w, tl.dot((T20 * e0[None, :]).to(dt), k0, input_precision=DOT_PREC)
-                + tl.dot((T21 * e1[None, :]).to(dt), k1, input_precision=DOT_PREC)
-                + tl.dot((T22 * e2[None, :]).to(dt), k2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK)
-    _store_rows(w, tl.dot((T30 * e0[None, :]).to(dt), k0, input_precision=DOT_PREC)
-                + tl.dot((T31 * e1[None, :]).to(dt), k1, input_precision=DOT_PREC)
-                + tl.dot((T32 * e2[None, :]).to(dt), k2, input_precision=DOT_PREC)
-                + tl.dot((T33 * e3[None, :]).to(dt), k3, input_precision=DOT_PREC), i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK)
-    U00, U10, U11 = (T00 * b0[None, :]).to(dt), (T10 * b0[None, :]).to(dt), (T11 * b1[None, :]).to(dt)
-    U20, U21, U22 = (T20 * b0[None, :]).to(dt), (T21 * b1[None, :]).to(dt), (T22 * b2[None, :]).to(dt)
-    U30, U31 = (T30 * b0[None, :]).to(dt), (T31 * b1[None, :]).to(dt)
-    U32, U33 = (T32 * b2[None, :]).to(dt), (T33 * b3[None, :]).to(dt)
+    X0 = _load_rows(k, i_b, i_h, r0, T, H, K, 0, BC, BK).to(tl.float32) * e0[:, None]
+    X1 = _load_rows(k, i_b, i_h, r0 + BC, T, H, K, 0, BC, BK).to(tl.float32) * e1[:, None]
+    X2 = _load_rows(k, i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK).to(tl.float32) * e2[:, None]
+    X3 = _load_rows(k, i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK).to(tl.float32) * e3[:, None]
+    _store_rows(w, tl.dot(T00, X0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, K, 0, BC, BK)
+    _store_rows(w, tl.dot(T10, X0, input_precision=DOT_PREC) + tl.dot(T11, X1, input_precision=DOT_PREC),
+                i_b, i_h, r0 + BC, T, H, K, 0, BC, BK)
+    _store_rows(w, tl.dot(T20, X0, input_precision=DOT_PREC) + tl.dot(T21, X1, input_precision=DOT_PREC)
+                + tl.dot(T22, X2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK)
+    _store_rows(w, tl.dot(T30, X0, input_precision=DOT_PREC) + tl.dot(T31, X1, input_precision=DOT_PREC)
+                + tl.dot(T32, X2, input_precision=DOT_PREC) + tl.dot(T33, X3, input_precision=DOT_PREC),
+                i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK)
     for i_v in range(tl.cdiv(V, BV)):
         c0 = i_v * BV
-        Y0 = _load_rows(v, i_b, i_h, r0, T, H, V, c0, BC, BV).to(dt)
-        Y1 = _load_rows(v, i_b, i_h, r0 + BC, T, H, V, c0, BC, BV).to(dt)
-        Y2 = _load_rows(v, i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV).to(dt)
-        Y3 = _load_rows(v, i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV).to(dt)
-        _store_rows(u, tl.dot(U00, Y0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, c0, BC, BV)
-        _store_rows(u, tl.dot(U10, Y0, input_precision=DOT_PREC) + tl.dot(U11, Y1, input_precision=DOT_PREC),
+        Y0 = _load_rows(v, i_b, i_h, r0, T, H, V, c0, BC, BV).to(tl.float32) * b0[:, None]
+        Y1 = _load_rows(v, i_b, i_h, r0 + BC, T, H, V, c0, BC, BV).to(tl.float32) * b1[:, None]
+        Y2 = _load_rows(v, i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV).to(tl.float32) * b2[:, None]
+        Y3 = _load_rows(v, i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV).to(tl.float32) * b3[:, None]
+        _store_rows(u, tl.dot(T00, Y0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, c0, BC, BV)
+        _store_rows(u, tl.dot(T10, Y0, input_precision=DOT_PREC) + tl.dot(T11, Y1, input_precision=DOT_PREC),
                     i_b, i_h, r0 + BC, T, H, V, c0, BC, BV)
-        _store_rows(u, tl.dot(U20, Y0, input_precision=DOT_PREC) + tl.dot(U21, Y1, input_precision=DOT_PREC)
-                    + tl.dot(U22, Y2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV)
-        _store_rows(u, tl.dot(U30, Y0, input_precision=DOT_PREC) + tl.dot(U31, Y1, input_precision=DOT_PREC)
-                    + tl.dot(U32, Y2, input_precision=DOT_PREC) + tl.dot(U33, Y3, input_precision=DOT_PREC),
+        _store_rows(u, tl.dot(T20, Y0, input_precision=DOT_PREC) + tl.dot(T21, Y1, input_precision=DOT_PREC)
+                    + tl.dot(T22, Y2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV)
+        _store_rows(u, tl.dot(T30, Y0, input_precision=DOT_PREC) + tl.dot(T31, Y1, input_precision=DOT_PREC)
+                    + tl.dot(T32, Y2, input_precision=DOT_PREC) + tl.dot(T33, Y3, input_precision=DOT_PREC),
                     i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV)
 
 
@@ -656,25 +648,27 @@ def bwd(q, k, v, beta, gc, h0, do, dht, scale, need_dh0):
     _bwd_dh_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, gc, do, dv_loc, dv2, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf, BV=BV,
         USE_G=use_g, USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec,
-        num_warps=_warps(4), num_stages=1 if _INTERPRET else 2)
+        num_warps=_warps(8), num_stages=1 if _INTERPRET else 2)
     del dv_loc
     dq = torch.empty_like(q)
     dk_p = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dw = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    # block sizes and warps from sm_90 AOT compiles (cuobjdump -res-usage): the smallest register
+    # spills among the variants tried, e.g. dq/dk/dw at 8 warps, BV=32: 96 B of stack per thread
     BKs = min(64, BKf)
     NK = triton.cdiv(K, BKs)
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _bwd_dqkwg_kernel[(NK, NT, B * H)](
         q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,
-        BV=min(64, _pow2(V)), USE_G=use_g, DOT_PREC=prec, num_warps=_warps(4), num_stages=_stages(q))
+        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, num_warps=_warps(8), num_stages=1)
     del h, dh, vn
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _wy_bwd_kernel[(NT, B * H)](
-        k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT, BK=BKs,
-        BV=min(64, _pow2(V)), NK_G=NK, USE_G=use_g, DOT_PREC=prec, num_warps=_warps(4),
-        num_stages=_stages(q))
+        k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT,
+        BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, DOT_PREC=prec, num_warps=_warps(8),
+        num_stages=1)
     return dq, dk, dv, dbeta, dg, dh0
 
 

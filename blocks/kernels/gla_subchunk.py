@@ -252,26 +252,50 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT,
 
 
 @triton.jit
-def _bwd_inter_kernel(q, k, v, gc, h, A, do, dh, dv, dA, dq_i, dk_i, dg_i, scale, T, NT,
+def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (V/BV, NT, B*H): ``dv = A^T do + (k * exp(G_C - G)) dh`` (final)."""
+    i_v = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    r0 = i_t * BT
+    o_v = i_v * BV + tl.arange(0, BV)
+    last = tl.minimum(r0 + BT, T) - 1
+    b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+    b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
+    b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+        b_k = _rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+        b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_k.dtype)
+        b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                       mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.)
+        b_dv += tl.dot(b_kd, b_dh.to(b_kd.dtype), input_precision=DOT_PREC)
+    _store(dv, b_dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+
+
+@triton.jit
+def _bwd_inter_kernel(q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), BK >= K: ``dv`` (final); the score gradient ``dA = scale mask(do v^T)``;
-    the state parts of ``dq, dk`` and of the chunk-local gate gradient (float32)."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+    """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of the state parts of ``dq, dk`` and of the
+    chunk-local gate gradient (float32); the program of the first slice also writes the score
+    gradient ``dA = scale mask(do v^T)``."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
+    o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     last = tl.minimum(r0 + BT, T) - 1
-    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
-    b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, 0, BT, BK)
-    b_q = _rows(q, i_b, i_h, r0, T, H, K, 0, BT, BK)
-    b_k = _rows(k, i_b, i_h, r0, T, H, K, 0, BT, BK)
-    b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_k.dtype)
-    b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
@@ -288,21 +312,23 @@ def _bwd_inter_kernel(q, k, v, gc, h, A, do, dh, dv, dA, dq_i, dk_i, dg_i, scale
         b_dk += tl.dot(b_v, b_dhT.to(b_v.dtype), input_precision=DOT_PREC)
         b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
         b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
-        b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC) \
-            + tl.dot(b_kd, tl.trans(b_dhT).to(b_kd.dtype), input_precision=DOT_PREC)
-        _store(dv, b_dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
-    o_i = tl.arange(0, BT)
-    _store(dA, tl.where(o_i[:, None] >= o_i[None, :], b_dA * scale, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    if i_k == 0:
+        o_i = tl.arange(0, BT)
+        _store(dA, tl.where(o_i[:, None] >= o_i[None, :], b_dA * scale, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+    b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
     b_dq = b_dq * tl.exp(b_g) * scale
     b_dk = b_dk * tl.exp(g_last[None, :] - b_g)
     # gate: q . dq through the state read; the state write exp(G_C - G_j) k_j moves gradient from
     # row j to the last row (j = last has exponent 0: no gradient); exp(G_C) S adds <S, dS'>.
-    b_kdk = tl.where((o_t < last)[:, None], b_k.to(tl.float32) * b_dk, 0.)
-    b_dg = b_q.to(tl.float32) * b_dq - b_kdk
+    b_q = _rows(q, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+    b_k = _rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+    b_kdk = tl.where((o_t < last)[:, None], b_k * b_dk, 0.)
+    b_dg = b_q * b_dq - b_kdk
     b_dg += tl.where((o_t == last)[:, None], (tl.sum(b_kdk, axis=0) + tl.exp(g_last) * b_hdh)[None, :], 0.)
-    _store(dq_i, b_dq, i_b, i_h, r0, T, H, K, 0, BT, BK)
-    _store(dk_i, b_dk, i_b, i_h, r0, T, H, K, 0, BT, BK)
-    _store(dg_i, b_dg, i_b, i_h, r0, T, H, K, 0, BT, BK)
+    _store(dq_i, b_dq, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+    _store(dk_i, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+    _store(dg_i, b_dg, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
 
 
 @triton.jit
@@ -409,7 +435,7 @@ def intra_a(q, k, gc, scale):
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
     _intra_a_kernel[(triton.cdiv(T, BT), B * H)](q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC,
-                                                 BK=_pow2(K), DOT_PREC=_prec(q), num_warps=_warps(4))
+                                                 BK=_pow2(K), DOT_PREC=_prec(q), num_warps=_warps(8))
     return A
 
 
@@ -440,18 +466,23 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0):
         USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, num_warps=_warps(4),
         num_stages=1 if _INTERPRET else 2)
     dv = torch.empty_like(v)
+    BVd = min(64, _pow2(V))
+    _bwd_dv_kernel[(triton.cdiv(V, BVd), NT, B * H)](
+        k, gc, A, do, dh, dv, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd, DOT_PREC=prec,
+        num_warps=_warps(8), num_stages=_stages(q))
     dA = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
     dq_i = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk_i, dg_i = torch.empty_like(dq_i), torch.empty_like(dq_i)
-    _bwd_inter_kernel[(NT, B * H)](
-        q, k, v, gc, h, A, do, dh, dv, dA, dq_i, dk_i, dg_i, scale, T, NT, H=H, K=K, V=V, BT=BT,
-        BK=_pow2(K), BV=min(64, _pow2(V)), DOT_PREC=prec, num_warps=_warps(8), num_stages=_stages(q))
+    BKs = min(64, _pow2(K))
+    _bwd_inter_kernel[(triton.cdiv(K, BKs), NT, B * H)](
+        q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT, H=H, K=K, V=V, BT=BT,
+        BK=BKs, BV=min(64, _pow2(V)), DOT_PREC=prec, num_warps=_warps(8), num_stages=_stages(q))
     del h, dh
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     _bwd_intra_kernel[(NT, B * H)](
         q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K),
-        DOT_PREC=prec, num_warps=_warps(4))
+        DOT_PREC=prec, num_warps=_warps(8))
     return dq, dk, dv, dg, dh0
 
 
