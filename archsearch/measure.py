@@ -146,12 +146,7 @@ def decode_memory(model: torch.nn.Module, cfg: MeasureConfig, device: torch.devi
     ``measured_decode_peak_bytes`` (peak during the decode steps alone).
     """
     device = torch.device(device)
-    dtype = model_dtype(model)
-    analytic = int(model.state_bytes(cfg.batch, cfg.context, dtype))
-    out: dict[str, Any] = {
-        "context": cfg.context, "batch": cfg.batch, "dtype": dtype_name(dtype),
-        "analytic_bytes": analytic, "measured_peak_bytes": None, "gap_note": None,
-    }
+    out = _analytic_memory(model, cfg, model_dtype(model), None)
     if device.type != "cuda":
         out["gap_note"] = "not measured: CPU has no allocator peak counter (analytic only; see held_check)"
         return out
@@ -163,6 +158,14 @@ def decode_memory(model: torch.nn.Module, cfg: MeasureConfig, device: torch.devi
     out.update(measured)
     out["gap_note"] = error or _gap_note(out)
     return out
+
+
+def _analytic_memory(model: torch.nn.Module, cfg: MeasureConfig, dtype: torch.dtype,
+                     note: str | None) -> dict[str, Any]:
+    """The ``decode_memory`` section before any measurement: analytic bytes at ``dtype``."""
+    return {"context": cfg.context, "batch": cfg.batch, "dtype": dtype_name(dtype),
+            "analytic_bytes": int(model.state_bytes(cfg.batch, cfg.context, dtype)),
+            "measured_peak_bytes": None, "gap_note": note}
 
 
 @torch.no_grad()
@@ -347,10 +350,7 @@ def analytic(model: torch.nn.Module, cfg: MeasureConfig, why: str,
     """The numbers that need no forward pass (params, FLOPs, analytic state bytes at ``dtype``,
     default the model's); ``model`` may live on the meta device. ``why`` says why nothing was
     measured (e.g. the trial diverged)."""
-    dtype = dtype or model_dtype(model)
-    mem = {"context": cfg.context, "batch": cfg.batch, "dtype": dtype_name(dtype),
-           "analytic_bytes": int(model.state_bytes(cfg.batch, cfg.context, dtype)),
-           "measured_peak_bytes": None, "gap_note": f"not measured: {why}"}
+    mem = _analytic_memory(model, cfg, dtype or model_dtype(model), f"not measured: {why}")
     from archsearch.record import empty_throughput
 
     return {"params": int(model.num_params()), "flops_per_token": int(model.flops_per_token(cfg.context)),
