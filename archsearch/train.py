@@ -273,9 +273,12 @@ def build_ds_config(cfg: TrainConfig, world_size: int, precision: str,
         raise UserError(f"ds_config.train_batch_size: {user['train_batch_size']} conflicts with "
                         f"train.batch_size {cfg.batch_size} (the global batch is train.batch_size)")
     B = cfg.batch_size
+    if user.get("train_micro_batch_size_per_gpu") is not None:  # 0 = unset, as in train.micro_batch_size
+        check_int(user["train_micro_batch_size_per_gpu"], "ds_config.train_micro_batch_size_per_gpu", 0)
     micro = user.get("train_micro_batch_size_per_gpu") or cfg.micro_batch_size
     if not micro:
-        accum = int(user.get("gradient_accumulation_steps", 1))
+        accum = user.get("gradient_accumulation_steps", 1)
+        check_int(accum, "ds_config.gradient_accumulation_steps", 1)
         if B % (world_size * accum):
             raise UserError(f"train.batch_size: {B} must be a multiple of world size x gradient_accumulation_steps "
                             f"= {world_size} x {accum}")

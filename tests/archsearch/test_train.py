@@ -144,6 +144,17 @@ def test_ds_config_keys_the_trial_owns_are_refused(user, field):
         build_ds_config(TrainConfig(batch_size=32), 1, "fp32", user)
 
 
+@pytest.mark.parametrize("user, field", [
+    ({"train_micro_batch_size_per_gpu": "a"}, "ds_config.train_micro_batch_size_per_gpu: must"),
+    ({"train_micro_batch_size_per_gpu": -4}, "ds_config.train_micro_batch_size_per_gpu: must"),
+    ({"gradient_accumulation_steps": 0}, "ds_config.gradient_accumulation_steps: must"),
+    ({"gradient_accumulation_steps": "x"}, "ds_config.gradient_accumulation_steps: must"),
+])
+def test_ds_config_batch_fields_are_checked_before_the_arithmetic(user, field):
+    with pytest.raises(UserError, match=field):
+        build_ds_config(TrainConfig(batch_size=32), 1, "fp32", user)
+
+
 @pytest.mark.parametrize("field, value", [
     ("tokens", 0), ("batch_size", -1), ("lr", 0.0), ("lr", float("nan")), ("warmup_frac", 1.5),
     ("max_seconds", 0), ("precision", "fp16"), ("eval_every", 1.5), ("grad_clip", -1.0),
