@@ -52,6 +52,22 @@ def check_choice(value: Any, field: str, choices: tuple[str, ...]) -> None:
     check(value in choices, field, value, "be one of " + "|".join(choices))
 
 
+def default_heads(num_heads: int | None, d_model: int) -> int:
+    """``num_heads``, or ``max(1, d_model // 64)`` when unset (every family's default)."""
+    return num_heads if num_heads is not None else max(1, d_model // 64)
+
+
+def check_num_heads(num_heads: Any, d_model: int, head_dims_set: bool, unless: str) -> int:
+    """Validate ``num_heads`` (positive or null); unless the head dims are set explicitly, the
+    heads (given or derived) must divide ``d_model``. Returns H."""
+    check_positive_int(num_heads, "num_heads", optional=True)
+    H = default_heads(num_heads, d_model)
+    if not head_dims_set:
+        derived = "" if num_heads is not None else f" (derived: max(1, d_model // 64) = {H})"
+        check(d_model % H == 0, "num_heads", num_heads, f"divide d_model={d_model}{derived} unless {unless}")
+    return H
+
+
 @dataclasses.dataclass(frozen=True)
 class LinearConfig(BlockConfig):
     """Fields shared by every linear family (``None`` = derived from ``d_model``).
@@ -79,12 +95,8 @@ class LinearConfig(BlockConfig):
     mode: str = "chunk"
 
     def validate(self, d_model: int) -> None:
-        check_positive_int(self.num_heads, "num_heads", optional=True)
-        H = self.heads(d_model)
-        if self.head_dim_k is None or self.head_dim_v is None:
-            derived = "" if self.num_heads is not None else f" (derived: max(1, d_model // 64) = {H})"
-            check(d_model % H == 0, "num_heads", self.num_heads,
-                  f"divide d_model={d_model}{derived} unless head_dim_k and head_dim_v are both set")
+        H = check_num_heads(self.num_heads, d_model, self.head_dim_k is not None and self.head_dim_v is not None,
+                            "head_dim_k and head_dim_v are both set")
         check_positive_int(self.head_dim_k, "head_dim_k", optional=True)
         check_positive_int(self.head_dim_v, "head_dim_v", optional=True)
         check(is_number(self.expand_v) and self.expand_v > 0, "expand_v", self.expand_v, "be a positive number")
@@ -102,7 +114,7 @@ class LinearConfig(BlockConfig):
         check_bool(self.output_norm, "output_norm")
 
     def heads(self, d_model: int) -> int:
-        return self.num_heads if self.num_heads is not None else max(1, d_model // 64)
+        return default_heads(self.num_heads, d_model)
 
     def dims(self, d_model: int) -> tuple[int, int, int]:
         """``(H, Kin, V)``: heads, query/key dim per head, value dim per head (after expand_v)."""

@@ -16,7 +16,8 @@ from torch import nn
 
 from .base import Block, BlockConfig, State, check
 from .common import OutputGate, dtype_bytes, rotary
-from .linear_family import check_bool, check_choice, check_positive_int, is_int, is_number
+from .linear_family import (check_bool, check_choice, check_num_heads, check_positive_int, default_heads,
+                            is_int, is_number)
 from .ops import softmax as softmax_op
 from .registry import register
 
@@ -43,12 +44,7 @@ class SoftmaxConfig(BlockConfig):
     mode: str = "chunk"
 
     def validate(self, d_model: int) -> None:
-        check_positive_int(self.num_heads, "num_heads", optional=True)
-        H = self.heads(d_model)
-        if self.head_dim is None:
-            derived = "" if self.num_heads is not None else f" (derived: max(1, d_model // 64) = {H})"
-            check(d_model % H == 0, "num_heads", self.num_heads,
-                  f"divide d_model={d_model}{derived} unless head_dim is set")
+        H = check_num_heads(self.num_heads, d_model, self.head_dim is not None, "head_dim is set")
         check_positive_int(self.num_kv_heads, "num_kv_heads", optional=True)
         check(self.num_kv_heads is None or H % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
               f"divide num_heads={H}")
@@ -62,7 +58,7 @@ class SoftmaxConfig(BlockConfig):
         check_choice(self.mode, "mode", ("chunk", "recurrent"))
 
     def heads(self, d_model: int) -> int:
-        return self.num_heads if self.num_heads is not None else max(1, d_model // 64)
+        return default_heads(self.num_heads, d_model)
 
 
 @register("softmax")
