@@ -206,6 +206,19 @@ def leaked_rows(train_keys: np.ndarray, test_keys: np.ndarray) -> np.ndarray:
     return out
 
 
+def redraw_leaked(train_keys: np.ndarray, test: tuple[np.ndarray, np.ndarray], key_len: int,
+                  draw: Any, tries: int) -> bool:
+    """Redraw, in place, the test examples whose first ``key_len`` input tokens repeat a training
+    example's or an earlier test example's (see :func:`leaked_rows`), with ``draw(n) -> (inputs,
+    targets)``, up to ``tries`` rounds. True when no leaked example is left."""
+    for _ in range(tries):
+        bad = leaked_rows(train_keys, test[0][:, :key_len])
+        if not bad.any():
+            return True
+        test[0][bad], test[1][bad] = draw(int(bad.sum()))
+    return False
+
+
 def sample_without_replacement(rng: np.random.Generator, rows: int, population: int, k: int) -> np.ndarray:
     """``[rows, k]`` int64: per row, ``k`` distinct values of ``range(population)`` in random order,
     each ordered k-subset equally likely (what ``rng.choice(population, k, replace=False)`` draws

@@ -37,7 +37,7 @@ from archsearch.tasks.base import (
     Batch,
     Task,
     array_batches,
-    leaked_rows,
+    redraw_leaked,
     require,
     score_token_predictions,
 )
@@ -80,18 +80,12 @@ class MADTask(Task):
             train = self.generate(p.num_train_examples, np.random.default_rng([p.data_seed, 0]), True)
             test_rng = np.random.default_rng([p.data_seed, 1])
             test = self.generate(p.num_test_examples, test_rng, False)
-            for _ in range(self.max_redraws if self.check_leakage else 0):
-                bad = leaked_rows(train[0], test[0])
-                if not bad.any():
-                    break
-                redraw = self.generate(int(bad.sum()), test_rng, False)
-                test[0][bad], test[1][bad] = redraw
-            else:
-                if self.check_leakage:
-                    raise UserError(
-                        f"{self.name}.num_test_examples: cannot draw {p.num_test_examples} test sequences "
-                        "absent from the training set; raise vocab_size or seq_len, or lower num_train_examples"
-                    )
+            if self.check_leakage and not redraw_leaked(
+                    train[0], test, test[0].shape[1], lambda n: self.generate(n, test_rng, False), self.max_redraws):
+                raise UserError(
+                    f"{self.name}.num_test_examples: cannot draw {p.num_test_examples} test sequences "
+                    "absent from the training set; raise vocab_size or seq_len, or lower num_train_examples"
+                )
             # int32 storage halves memory; batches are int64.
             self._data = {k: (x.astype(np.int32), y.astype(np.int32)) for k, (x, y) in (("train", train), ("test", test))}
         return self._data

@@ -30,7 +30,7 @@ from archsearch.tasks.base import (
     Batch,
     Task,
     array_batches,
-    leaked_rows,
+    redraw_leaked,
     require,
     sample_without_replacement,
     score_token_predictions,
@@ -130,13 +130,8 @@ class MQAR(Task):
         test_rng = np.random.default_rng([p.data_seed, 1])
         test = generate(p, p.num_test_examples, test_rng)
         # No leakage: a test example must not repeat a training (or earlier test) key-value sequence.
-        for _ in range(self.max_redraws):
-            bad = leaked_rows(train[0][:, :context], test[0][:, :context])
-            if not bad.any():
-                break
-            redraw = generate(p, int(bad.sum()), test_rng)
-            test[0][bad], test[1][bad] = redraw
-        else:
+        if not redraw_leaked(train[0][:, :context], test, context, lambda n: generate(p, n, test_rng),
+                             self.max_redraws):
             raise UserError(
                 f"mqar.num_test_examples: cannot draw {p.num_test_examples} test examples whose key-value "
                 f"sequences are absent from the {p.num_train_examples} training examples; raise vocab_size "

@@ -197,3 +197,10 @@ def test_registry():
     for name in tasks.names():
         cls = tasks.get(name)
         assert cls.metrics and set(cls.metrics.values()) <= {"maximize", "minimize"}
+
+
+def test_a_test_set_that_cannot_avoid_the_training_set_is_a_user_error():
+    # vocab 4, length 4: so few sequences exist that 200 training examples hold every one.
+    task = tasks.build("mad_compression", vocab_size=4, seq_len=4, num_train_examples=200, num_test_examples=10)
+    with pytest.raises(UserError, match="mad_compression.num_test_examples: cannot draw 10 test sequences"):
+        task.data

@@ -168,3 +168,10 @@ def test_zoology_defaults():
     t = tasks.build("mqar")
     assert t.params == dict(vocab_size=8192, seq_len=64, num_kv_pairs=8, power_a=0.01, random_non_queries=True,
                             num_train_examples=100_000, num_test_examples=3_000, data_seed=0)
+
+
+def test_a_test_set_that_cannot_avoid_the_training_set_is_a_user_error():
+    # vocab 6, one pair: only 2 keys x 3 values exist, so 100 training examples hold them all.
+    task = tasks.build("mqar", vocab_size=6, seq_len=4, num_kv_pairs=1, num_train_examples=100, num_test_examples=10)
+    with pytest.raises(UserError, match="mqar.num_test_examples: cannot draw 10 test examples"):
+        task.data
