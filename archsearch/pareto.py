@@ -254,7 +254,8 @@ def write_html(study: optuna.Study, path: str | Path) -> Path:
 
 # ---- export --------------------------------------------------------------------------------
 def export_front(study: optuna.Study, out_dir: str | Path) -> list[Path]:
-    """Per front member ``out_dir/trial_NNNNN/`` with ``spec.json`` (an ArchSpec), ``metrics.json``
+    """Per front architecture (trials that reused its result are listed, not repeated)
+    ``out_dir/trial_NNNNN/`` with ``spec.json`` (an ArchSpec), ``metrics.json``
     (objective values, spec facts, trial records) and ``config.json`` (the trial config it was
     trained with) -- ready for ``archsearch trial spec.json --config config.json --out DIR``
     or a longer run (raise ``train.tokens``). Also ``front.json``, the index."""
@@ -262,7 +263,7 @@ def export_front(study: optuna.Study, out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     names = metric_names(study)
     index, dirs = [], []
-    for t in front(study):
+    for t, repeats in unique_by_spec(front(study)):  # one directory per architecture
         d = out / f"trial_{t.number:05d}"
         d.mkdir(exist_ok=True)
         (d / "spec.json").write_text(json.dumps(t.user_attrs.get(SPEC, {}), indent=2, sort_keys=True))
@@ -275,8 +276,8 @@ def export_front(study: optuna.Study, out_dir: str | Path) -> list[Path]:
         cfg = _trial_config(t)
         if cfg is not None:
             (d / "config.json").write_text(json.dumps(cfg, indent=2))
-        index.append({"trial": t.number, "dir": d.name, "stack": t.user_attrs.get(STACK),
-                      "values": dict(zip(names, t.values))})
+        index.append({"trial": t.number, "same_spec_trials": [r.number for r in repeats], "dir": d.name,
+                      "stack": t.user_attrs.get(STACK), "values": dict(zip(names, t.values))})
         dirs.append(d)
     (out / "front.json").write_text(json.dumps({"study": study.study_name, "metrics": names,
                                                 "directions": [d.name.lower() for d in study.directions],

@@ -18,7 +18,7 @@ def run(args) -> int:
 
     study = load(args)
     dirs = pareto.export_front(study, args.dir)
-    print(f"exported {len(dirs)} front member(s) of {study.study_name} to {args.dir} (index: {args.dir / 'front.json'})")
+    print(f"exported {len(dirs)} front architecture(s) of {study.study_name} to {args.dir} (index: {args.dir / 'front.json'})")
     for d in dirs:
         cfg = d / "config.json"
         run = f"archsearch trial {d / 'spec.json'} --config {cfg} --out {d / 'run'}"

@@ -62,7 +62,8 @@ def test_export_writes_runnable_members(root, capsys, tmp_path):
     assert rc == 0
     study = st.load_study("tiny", None, root)
     index = json.loads((tmp_path / "ex" / "front.json").read_text())
-    assert sorted(m["trial"] for m in index["front"]) == sorted(t.number for t in study.best_trials)
+    exported = [n for m in index["front"] for n in [m["trial"], *m["same_spec_trials"]]]
+    assert sorted(exported) == sorted(t.number for t in study.best_trials)
     from archsearch.trial import TrialConfig
 
     for m in index["front"]:
