@@ -311,7 +311,7 @@ class StudyRunner:
         try:
             spec = suggest(self.space, trial).validate()
             facts = obj.static_facts(self.space, spec)
-        except (UserError, ConfigError) as exc:  # the space allows a combination the blocks reject
+        except (UserError, ConfigError, ValueError) as exc:  # a combination the blocks reject
             self._tell_fail(trial, "failed", f"invalid spec: {exc}")
             self._failure(trial.number, f"invalid spec: {exc}")
             return None
@@ -422,8 +422,8 @@ class StudyRunner:
             self._log(f"trial {run.trial.number}: {run.spec.stack_string()} infeasible ({reason or 'oom'})")
             self._release(run, "infeasible")
             return True
-        self._tell_fail(run.trial, "failed", reason, {RECORDS: run.records + ([rec] if rec else []),
-                                                     "log": str(run.proc.log_path)})
+        records = run.records + ([rec] if rec is not None and rec not in run.records else [])
+        self._tell_fail(run.trial, "failed", reason, {RECORDS: records, "log": str(run.proc.log_path)})
         self._failure(run.trial.number, f"{reason} (log: {run.proc.log_path})")
         self._release(run, "failed")
         return True
