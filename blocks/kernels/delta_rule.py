@@ -610,7 +610,7 @@ def fwd_h(k, w, u, gc, h0, output_final_state):
     _fwd_h_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, gc, h, vn, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
         USE_G=gc is not None, USE_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=_prec(k),
-        num_warps=_warps(4), num_stages=1 if _INTERPRET else 2)
+        num_warps=_warps(8 if BV > 32 else 4), num_stages=1 if _INTERPRET else 2)  # BV=64 at 4 warps spills
     return h, vn, ht
 
 
