@@ -178,12 +178,8 @@ def check_pieces(case: Case, device: str = "cpu") -> None:
     y_ref, s_ref = block(x)
     sizes = _pieces(case, SEQ_LEN)
     y, s = _run(block, x, sizes)
-    where = f"{case.id} pieces {sizes}"
-    assert_close(f"{where} output", y, y_ref, tol)
-    assert_states_close(where, s, s_ref, tol)
-    g_ref, g = _grads(block, x, y_ref, w), _grads(block, x, y, w)
-    for key in g_ref:
-        assert_close(f"{where} grad {key}", g[key], g_ref[key], tol)
+    _assert_runs_agree(f"{case.id} pieces {sizes}", tol, (y, s, _grads(block, x, y, w)),
+                       (y_ref, s_ref, _grads(block, x, y_ref, w)))
 
 
 def check_decode(case: Case, device: str = "cpu") -> None:
@@ -217,12 +213,17 @@ def check_recurrent(case: Case, device: str = "cpu") -> None:
     sizes = [SEQ_LEN - 6, 5, 1]
     y_c, s_c = _run(chunked, x, sizes)
     y_r, s_r = _run(ref, x, sizes)
-    where = f"{case.id} recurrent vs chunk"
-    assert_close(f"{where} output", y_c, y_r, tol)
-    assert_states_close(where, s_c, s_r, tol)
-    g_c, g_r = _grads(chunked, x, y_c, w), _grads(ref, x, y_r, w)
-    for key in g_r:
-        assert_close(f"{where} grad {key}", g_c[key], g_r[key], tol)
+    _assert_runs_agree(f"{case.id} recurrent vs chunk", tol, (y_c, s_c, _grads(chunked, x, y_c, w)),
+                       (y_r, s_r, _grads(ref, x, y_r, w)))
+
+
+def _assert_runs_agree(where: str, tol: float, run: tuple, ref: tuple) -> None:
+    """``run`` and ``ref`` are ``(output, final state, grads)``: all three must agree within ``tol``."""
+    (y, s, g), (y_ref, s_ref, g_ref) = run, ref
+    assert_close(f"{where} output", y, y_ref, tol)
+    assert_states_close(where, s, s_ref, tol)
+    for key in g_ref:
+        assert_close(f"{where} grad {key}", g[key], g_ref[key], tol)
 
 
 def check_state_bytes(case: Case, device: str = "cpu") -> None:
