@@ -1,0 +1,130 @@
+"""Compile the alternative gla / delta-rule chunk kernels for a GPU architecture WITHOUT a GPU and
+print each kernel's registers, spill stack and shared memory.
+
+    python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk]
+
+Triton lowers to PTX and Triton's bundled ptxas assembles it for ``sm_<arch>``; ``cuobjdump
+-res-usage`` (also bundled) reads the resources. A compile error here is one the GPU would hit,
+and a large STACK (bytes of local memory per thread: register spills) is the first thing to fix
+when a kernel is slow; both are checkable on a laptop. The launch configurations below mirror the
+host code of ``blocks/kernels/delta_rule.py`` and ``gla_subchunk.py`` for the benchmark's problem
+(16 heads of dim 128, long sequences: walks at BV=32). Exits 1 if any kernel fails to compile.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for blocks
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from blocks.kernels import delta_rule as d  # noqa: E402
+from blocks.kernels import gla_subchunk as g  # noqa: E402
+
+ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv")
+
+
+def arg_types(act: str) -> dict[str, str]:
+    """Triton signature types by argument name: activations and chunk states in ``act``,
+    everything else float32, sizes int32."""
+    types = {n: f"*{act}" for n in ACTIVATIONS}
+    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dv2", "dw", "dG", "dG_in",
+              "dk_in", "du", "dbeta", "dg", "dq_i", "dk_i", "dg_i"):
+        types[n] = "*fp32"
+    types.update(T="i32", NT="i32", B="i32", scale="fp32")
+    return types
+
+
+def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
+    """(name, kernel, constexprs, num_warps, num_stages) as the host code launches them."""
+    prec = "tf32" if act == "bf16" else "ieee"
+    p2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
+    BK, BV = p2(K), p2(V)
+    C = dict(H=H, K=K, V=V, BT=64)
+    s = 2 if act == "bf16" else 1
+    for use_g in (True, False):
+        tag = "gated_delta" if use_g else "delta"
+        yield (f"{tag}.wy_fwd", d._wy_fwd_kernel, dict(C, BC=16, BK=BK, BV=min(64, BV), USE_G=use_g, DOT_PREC=prec), 4, 1)
+        yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
+                                                     DOT_PREC=prec), 4, 2)
+        yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec), 8, s)
+        yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
+                                                                   DOT_PREC=prec), 8, s)
+        yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_DHT=True,
+                                                       STORE_DH0=True, DOT_PREC=prec), 8, 2)
+        yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g,
+                                                             DOT_PREC=prec), 8, 1)
+        yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
+                                                       USE_G=use_g, DOT_PREC=prec), 8, 1)
+    yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), 4, 2)
+    yield ("gla.fwd_h", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_H0=True, STORE_HT=True,
+                                              DOT_PREC=prec), 4, 2)
+    yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, DOT_PREC=prec), 8, 3)
+    yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec), 8, s)
+    yield ("gla.bwd_dh", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_DHT=True, STORE_DH0=True,
+                                                DOT_PREC=prec), 4, 2)
+    yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec), 8, s)
+    yield ("gla.bwd_inter", g._bwd_inter_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec), 8, s)
+    yield ("gla.bwd_intra", g._bwd_intra_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, DOT_PREC=prec), 8, 3)
+
+
+def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int):
+    names = fn.arg_names
+    sig = {n: ("constexpr" if n in constexprs else types[n]) for n in names}
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def resources(kernel) -> dict[str, str]:
+    """``{"REG": .., "STACK": .., "SHARED": ..}`` from ``cuobjdump -res-usage`` of the cubin."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    fields = {}
+    for line in out.splitlines():
+        if "REG:" in line:
+            for item in line.replace(",", " ").split():
+                if ":" in item:
+                    key, _, val = item.partition(":")
+                    fields[key] = val
+    return fields
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, default=90, help="compute capability without the dot (90 = H100/H200)")
+    ap.add_argument("--dtype", choices=("bf16", "fp32", "both"), default="bf16")
+    ap.add_argument("--kernels", default="", help="comma-separated name fragments to keep (default all)")
+    opts = ap.parse_args()
+    keep = [k for k in opts.kernels.split(",") if k]
+    dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
+    failures = 0
+    print(f"| kernel | dtype | warps | regs | stack (B/thread) | shared (B) | compile s |\n|---|---|---|---|---|---|---|")
+    for act, (name, fn, cx, warps, stages) in ((a, j) for a in dtypes for j in jobs(a)):
+        if keep and not any(k in name for k in keep):
+            continue
+        t0 = time.time()
+        try:
+            kernel = compile_one(fn, arg_types(act), cx, warps, stages, opts.arch)
+            res = resources(kernel)
+            print(f"| {name} | {act} | {warps} | {res.get('REG')} | {res.get('STACK')} | {kernel.metadata.shared} | "
+                  f"{time.time() - t0:.0f} |", flush=True)
+        except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
+            failures += 1
+            print(f"| {name} | {act} | {warps} | FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:150]} |||",
+                  flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
