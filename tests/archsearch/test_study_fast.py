@@ -60,3 +60,17 @@ def test_space_changes_lists_paths():
     b = search_spaces.Space.from_dict(tiny(budget={"tokens": 7})).to_dict()
     changes = st.space_changes(a, b)
     assert "budget.tokens: 384 -> 7" in changes
+
+
+@pytest.mark.parametrize("name,options", [("tpe", {"n_startup_trials": 3}), ("nsga2", {"population_size": 4}),
+                                          ("gp", {}), ("random", {}), ("grid", {})])
+def test_every_sampler_runs_an_infeasible_only_study(tmp_path, name, options):
+    import optuna
+
+    space = search_spaces.Space.from_dict(tiny(constraints={"max_params": 1}, study={"trials": 2, "seed": 3},
+                                               sampler={"name": name, "options": options}))
+    sampler = st.make_sampler(space)
+    assert type(sampler).__name__.lower().startswith(
+        {"tpe": "tpe", "nsga2": "nsgaii", "gp": "gp", "random": "random", "grid": "_asktellgrid"}[name])
+    st.run_study(space, root=tmp_path, slots=plan_slots([], 1, 1), progress=False)
+    assert len(st.load_study("tiny", None, tmp_path).get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 2
