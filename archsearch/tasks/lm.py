@@ -211,22 +211,19 @@ class LanguageModeling(Task):
             self._data = self._prepare()
         return self._data
 
-    def _stream(self, docs: list[str]) -> tuple[np.ndarray, list[int]]:
-        """``EOS d1 EOS d2 ... dn EOS`` as int64, and each document's token count."""
-        eos = self.tokenizer.eos_id
-        parts = [np.array([eos], dtype=np.int64)]
-        lengths = []
+    def _stream(self, docs: list[str]) -> np.ndarray:
+        """``EOS d1 EOS d2 ... dn EOS`` as int64."""
+        eos = np.array([self.tokenizer.eos_id], dtype=np.int64)
+        parts = [eos]
         for start in range(0, len(docs), 512):
             for ids in self.tokenizer.encode_batch(docs[start : start + 512]):
-                parts.append(ids)
-                parts.append(np.array([eos], dtype=np.int64))
-                lengths.append(len(ids))
-        return np.concatenate(parts), lengths
+                parts += [ids, eos]
+        return np.concatenate(parts)
 
     def _prepare(self) -> dict[str, Any]:
         p = self.p
         train_docs, val_docs, source = _load_docs(p)
-        train, _ = self._stream(train_docs)
+        train = self._stream(train_docs)
         n_windows = (len(train) - 1) // p.seq_len
         if n_windows < 1:
             raise UserError(f"lm.seq_len: the training text has {len(train)} tokens, fewer than one window of "
@@ -241,7 +238,7 @@ class LanguageModeling(Task):
                 kept.append(doc)
                 total += n
             val_docs = kept
-        val, _ = self._stream(val_docs)
+        val = self._stream(val_docs)
         return {
             "train": np.ascontiguousarray(windows),
             "val": val,
