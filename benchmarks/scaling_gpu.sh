@@ -21,7 +21,7 @@
 #   TRIALS         trials per layout (default 2*G)
 #   LAYOUTS        GPUs per layout to run, e.g. "1,2" (default 1,2,4,8 up to G)
 #   TOKENS         training tokens per run of a search trial (400000; each trial is two runs, LM and MQAR)
-#   SINGLE_TOKENS  training tokens of S1/SG (2000000)
+#   SINGLE_TOKENS  training tokens of S1/SG (1000000)
 #   PHASE_S        wall-clock cap per layout (default: what fits TOTAL_S, at most 150)
 #   RUN_S          wall-clock cap per single run (90)
 #   TOTAL_S        the whole script's budget (570); a step that would end past it is shortened or skipped
@@ -71,7 +71,7 @@ else
   fi
   UNIT=GPU
   TOKENS=${TOKENS:-400000}
-  SINGLE_TOKENS=${SINGLE_TOKENS:-2000000}
+  SINGLE_TOKENS=${SINGLE_TOKENS:-1000000}
   TOTAL_S=${TOTAL_S:-570}
   RUN_S=${RUN_S:-90}
   PHASE_S_MAX=150
@@ -290,11 +290,17 @@ for k in layouts:
     studies[k] = (st, complete)
     res["layouts"][k] = {
         "slots": k, "wall_s": wall, "span_to_last_trained_s": span, "complete": len(complete),
-        "trained_ok": len(trained), "failed": sum(t.state == TrialState.FAIL for t in trials),
+        "trained_ok": len(trained),
+        # cut off by the phase's cap (the driver records them "interrupted") vs real failures
+        "cut_by_cap": sum(t.state == TrialState.FAIL and t.user_attrs.get("status") == "interrupted" for t in trials),
+        "failed": sum(t.state == TrialState.FAIL and t.user_attrs.get("status") != "interrupted" for t in trials),
         "fail_reasons": sorted({t.user_attrs.get("reason", "") for t in trials if t.state == TrialState.FAIL}),
         "trained_trials_per_hour": 3600.0 * len(trained) / span if trained and span > 0 else 0.0,
         "trial_seconds": [(t.datetime_complete - t.datetime_start).total_seconds() for t in trained],
         "completed_stacks": [t.user_attrs.get("stack") for t in complete],
+        # per trial number: the same candidate's objective values in every layout (measured
+        # throughput also depends on what else ran on the host at the time)
+        "values_by_trial": {t.number: t.values for t in complete},
     }
 
 # Efficiency against linear: tph_k / (k * tph_1).
@@ -339,16 +345,17 @@ lines = [f"## Search scaling, {G} {unit}s{' (SMOKE_CPU: gloo/CPU stand-ins, tiny
          f"{n_trials} trials per layout, one {unit} per trial, random sampler seed 0; trials/hour over the span to "
          "the last trained trial; hypervolume against one reference point"
          + (f" {[round(x, 6) for x in res['hypervolume']['reference_point']]} ({', '.join(res['hypervolume']['metrics'] or [])})"
-            f" after the first {res['hypervolume']['n_common']} completed trials of each layout" if studies and res['hypervolume']['reference_point'] else ""),
+            f" after the first {res['hypervolume']['n_common']} completed trials of each layout"
+            if studies and res['hypervolume']['reference_point'] else " (none: no feasible completed trial)"),
          "",
-         f"| layout | completed | trained | failed | span s | trials/hour | efficiency vs linear | HV @ n common | HV all |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         f"| layout | completed | trained | cut by cap | failed | span s | trials/hour | efficiency vs linear | HV @ n common | HV all |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
 for k in layouts:
     r = res["layouts"].get(k, {})
     if not r or "error" in r:
-        lines.append(f"| {k} x 1 {unit} | error: {r.get('error', 'did not run')} |||||||| ")
+        lines.append(f"| {k} x 1 {unit} | error: {r.get('error', 'did not run')} ||||||||| ")
         continue
-    lines.append(f"| {k} x 1 {unit} | {r['complete']} | {r['trained_ok']} | {r['failed']} | {r['span_to_last_trained_s']:.0f} | "
+    lines.append(f"| {k} x 1 {unit} | {r['complete']} | {r['trained_ok']} | {r['cut_by_cap']} | {r['failed']} | {r['span_to_last_trained_s']:.0f} | "
                  f"{r['trained_trials_per_hour']:.1f} | {f(r['efficiency_vs_linear'], '.2f')} | "
                  f"{f(r.get('hypervolume_at_n_common'), '.4g')} | {f(r.get('hypervolume_all_complete'), '.4g')} |")
 for s in res["skipped"]:
@@ -368,6 +375,9 @@ if res["single"]:
     if s1 and sg and s1.get("tokens_per_s") and sg.get("tokens_per_s"):
         sp = sg["tokens_per_s"] / s1["tokens_per_s"]
         res["single_speedup"] = sp
+        if s1.get("tokens") != sg.get("tokens"):
+            lines.append(f"\nS1 and SG trained different token counts ({s1.get('tokens')} vs {sg.get('tokens')}: "
+                         "the training time limit); their final losses are not comparable")
         lines.append(f"\ntokens/s speed-up on {len(sg['gpus'])} {unit}s: {sp:.2f}x ({sp / len(sg['gpus']):.2f} of linear)")
 lines.append(f"\ntotal {res['total_wall_s']:.0f} s; JSON: scaling.json")
 md = "\n".join(lines) + "\n"
