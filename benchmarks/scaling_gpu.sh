@@ -27,6 +27,8 @@
 #   TOTAL_S        the whole script's budget (570); a step that would end past it is shortened or skipped
 #   SINGLE=0       skip S1/SG
 #   REPORT_ONLY=1  only redo the report from what an earlier run left in $OUT
+#   MERGE="D1 D2"  also report the layouts (and S1/SG if $OUT has none) of earlier runs' $OUT dirs,
+#                  e.g. LAYOUTS=8,4 in one command and LAYOUTS=2,1 SINGLE=0 in another (same TRIALS)
 # SMOKE_CPU=1 runs the same script on a CPU box: G = 2 CPU slots, gloo process groups standing in for
 # GPUs, tiny models, 32k contexts cut to 256.
 set -uo pipefail
@@ -53,10 +55,11 @@ export PYTHONUNBUFFERED=1
 SMOKE_CPU=${SMOKE_CPU:-0}
 REPORT_ONLY=${REPORT_ONLY:-0}
 if [ "$REPORT_ONLY" = 1 ]; then  # G, TRIALS and the smoke flag as the earlier run recorded them
-  G=$(sed -n 's/^G=\([0-9]*\) .*/\1/p' "$OUT/settings.txt")
-  TRIALS=$(sed -n 's/.* trials=\([0-9]*\) .*/\1/p' "$OUT/settings.txt")
-  SMOKE_CPU=$(sed -n 's/.* smoke=\([01]\).*/\1/p' "$OUT/settings.txt")
-  [ -n "$G" ] && [ -n "$TRIALS" ] || { echo "REPORT_ONLY: no settings.txt from an earlier run in $OUT" >&2; exit 1; }
+  SET=$(for d in "$OUT" ${MERGE:-}; do [ -f "$d/settings.txt" ] && echo "$d/settings.txt" && break; done)
+  [ -n "$SET" ] || { echo "REPORT_ONLY: no settings.txt from an earlier run in $OUT ${MERGE:-}" >&2; exit 1; }
+  G=$(sed -n 's/^G=\([0-9]*\) .*/\1/p' "$SET")
+  TRIALS=$(sed -n 's/.* trials=\([0-9]*\) .*/\1/p' "$SET")
+  SMOKE_CPU=$(sed -n 's/.* smoke=\([01]\).*/\1/p' "$SET")
 elif [ "$SMOKE_CPU" = 1 ]; then
   G=2 UNIT="CPU slot"
   TOKENS=${TOKENS:-2048}
@@ -225,7 +228,10 @@ run_phase() {  # $1 k: k slots of 1 GPU (smoke: k single-process CPU slots); $2 
 
 RESERVE_END=30  # the report
 RESERVE_SG=0; [ "$N_SINGLE" = 2 ] && RESERVE_SG=$RUN_S
-[ "$SMOKE_CPU" = 1 ] && GLIST1=none GLISTG=none || { GLIST1=0; GLISTG=$(seq -s, 0 $(( G - 1 ))); }
+# SG uses the largest power of two <= G GPUs: the global batch (64) must split evenly over the ranks.
+GS=1; while [ $(( GS * 2 )) -le "$G" ]; do GS=$(( GS * 2 )); done
+[ "$GS" -lt "$G" ] && echo "sG: on $GS of the $G GPUs (the global batch splits over a power of two)" | tee -a "$OUT/skipped.txt"
+[ "$SMOKE_CPU" = 1 ] && GLIST1=none GLISTG=none || { GLIST1=0; GLISTG=$(seq -s, 0 $(( GS - 1 ))); }
 : > "$OUT/phases.txt"
 
 # S1 first: it also compiles the chosen spec's kernels into the Triton cache.
@@ -244,17 +250,17 @@ for k in "${RUN_LAYOUTS[@]}"; do
 done
 if [ "$N_SINGLE" = 2 ]; then
   cap=$(cap_for "$RUN_S" "$RESERVE_END")
-  if [ "$cap" -gt 0 ]; then single_run "sG_${G}gpu" "$GLISTG" "$G" zero2_bf16 "$cap"
-  else echo "sG_${G}gpu: skipped, no time left" | tee -a "$OUT/skipped.txt"; fi
+  if [ "$cap" -gt 0 ]; then single_run "sG_${GS}gpu" "$GLISTG" "$GS" zero2_bf16 "$cap"
+  else echo "sG_${GS}gpu: skipped, no time left" | tee -a "$OUT/skipped.txt"; fi
 elif [ "$SINGLE" = 1 ]; then
   echo "sG: skipped, one GPU only" | tee -a "$OUT/skipped.txt"
 fi
 
 fi  # REPORT_ONLY
 
-# The layouts that started (a .start file each); skipped ones are listed from skipped.txt.
-LAYOUTS_RUN=$(ls "$OUT" | sed -n 's/^layout_\([0-9]*\)x1\.start$/\1/p')
-$PY - "$OUT" "$T_START" "$G" "$TRIALS" "$SMOKE_CPU" $LAYOUTS_RUN <<'EOF'
+# The report covers the layouts that started here (a .start file each) and, with MERGE="DIR ...",
+# those of earlier runs' $OUT directories (same TRIALS and space) that this one lacks.
+$PY - "$OUT" "$T_START" "$G" "$TRIALS" "$SMOKE_CPU" ${MERGE:-} <<'EOF'
 import glob, json, os, sys, time
 import optuna
 from optuna.storages import JournalStorage
@@ -263,24 +269,31 @@ from optuna.trial import TrialState
 from archsearch.pareto import hypervolume, reference_point
 
 out, t_start, G, n_trials, smoke = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
-layouts = sorted(int(k) for k in sys.argv[6:])
+dirs = [out] + sys.argv[6:]
+where = {}  # layout k -> the directory whose run of it is reported (this run's first)
+for d in dirs:
+    for p in glob.glob(f"{d}/layout_*x1.start"):
+        where.setdefault(int(os.path.basename(p)[len("layout_"):-len("x1.start")]), d)
+layouts = sorted(where)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 rd = lambda p: open(p).read().strip() if os.path.exists(p) else ""
 res = {"gpus": rd(f"{out}/gpus.txt").splitlines(), "G": G, "smoke_cpu": smoke, "trials_per_layout": n_trials,
-       "settings": rd(f"{out}/settings.txt"), "skipped": rd(f"{out}/skipped.txt").splitlines(),
+       "settings": {d: rd(f"{d}/settings.txt") for d in dirs},
+       "skipped": [line for d in dirs for line in rd(f"{d}/skipped.txt").splitlines()
+                   if not any(line.startswith(f"layout {k}x1:") for k in layouts)],
        "layouts": {}, "single": {}}
 
 studies = {}
 for k in layouts:
-    name = f"layout_{k}x1"
+    name, d = f"layout_{k}x1", where[k]
     try:
-        st = optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(f"{out}/{name}.journal")))
+        st = optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(f"{d}/{name}.journal")))
         trials = st.get_trials()
     except Exception as exc:  # the phase never created its study
         res["layouts"][k] = {"error": str(exc)}
         continue
-    wall = float(rd(f"{out}/{name}.wall") or 0)
-    start = float(rd(f"{out}/{name}.start") or 0)
+    wall = float(rd(f"{d}/{name}.wall") or 0)
+    start = float(rd(f"{d}/{name}.start") or 0)
     complete = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.datetime_complete)
     trained = [t for t in complete if t.user_attrs.get("status") == "ok" and "reused_from" not in t.user_attrs]
     # Rate over the time until the last trained trial completed: a phase cut by its cap does not
@@ -289,7 +302,7 @@ for k in layouts:
     span = (last - start) if last else wall
     studies[k] = (st, complete)
     res["layouts"][k] = {
-        "slots": k, "wall_s": wall, "span_to_last_trained_s": span, "complete": len(complete),
+        "slots": k, "out_dir": d, "wall_s": wall, "span_to_last_trained_s": span, "complete": len(complete),
         "trained_ok": len(trained),
         # cut off by the phase's cap (the driver records them "interrupted") vs real failures
         "cut_by_cap": sum(t.state == TrialState.FAIL and t.user_attrs.get("status") == "interrupted" for t in trials),
@@ -331,11 +344,13 @@ if studies:
         r["hypervolume_all_complete"] = hypervolume(sub_study(directions, complete), ref) if ref else 0.0
         r["trials_at_n_common"] = [t.number for t in complete[:n_common]]
 
-for p in sorted(glob.glob(f"{out}/single/*.json")):
+# S1/SG come from the first directory that has a single-run spec (both runs of one spec).
+sdir = next((d for d in dirs if os.path.exists(f"{d}/single_spec.json")), None)
+res["single_spec"] = json.load(open(f"{sdir}/single_spec.json")) if sdir else None
+for p in sorted(glob.glob(f"{sdir}/single/*.json") if sdir else []):
     tag = os.path.basename(p)[:-5]
     if tag.startswith(("s1_", "sG_")) and "." not in tag:  # not the .config/.record JSONs
         res["single"][tag] = json.load(open(p))
-res["single_spec"] = json.load(open(f"{out}/single_spec.json")) if os.path.exists(f"{out}/single_spec.json") else None
 res["total_wall_s"] = time.time() - t_start
 json.dump(res, open(f"{out}/scaling.json", "w"), indent=2, default=str)
 
@@ -358,6 +373,10 @@ for k in layouts:
     lines.append(f"| {k} x 1 {unit} | {r['complete']} | {r['trained_ok']} | {r['cut_by_cap']} | {r['failed']} | {r['span_to_last_trained_s']:.0f} | "
                  f"{r['trained_trials_per_hour']:.1f} | {f(r['efficiency_vs_linear'], '.2f')} | "
                  f"{f(r.get('hypervolume_at_n_common'), '.4g')} | {f(r.get('hypervolume_all_complete'), '.4g')} |")
+budgets = {d: t.split()[0].split("=")[1] for d, t in res["settings"].items() if " trials=" in t
+           for t in [t.split(" trials=", 1)[1]]}
+if len(set(budgets.values())) > 1:
+    lines.append(f"\nWARNING: the merged runs had different trial budgets: {budgets}")
 for s in res["skipped"]:
     lines.append(f"\n{s}")
 spec = res["single_spec"] or {}
