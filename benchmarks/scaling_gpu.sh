@@ -261,7 +261,7 @@ fi  # REPORT_ONLY
 # The report covers the layouts that started here (a .start file each) and, with MERGE="DIR ...",
 # those of earlier runs' $OUT directories (same TRIALS and space) that this one lacks.
 $PY - "$OUT" "$T_START" "$G" "$TRIALS" "$SMOKE_CPU" ${MERGE:-} <<'EOF'
-import glob, json, os, sys, time
+import glob, json, os, re, sys, time
 import optuna
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
@@ -373,8 +373,7 @@ for k in layouts:
     lines.append(f"| {k} x 1 {unit} | {r['complete']} | {r['trained_ok']} | {r['cut_by_cap']} | {r['failed']} | {r['span_to_last_trained_s']:.0f} | "
                  f"{r['trained_trials_per_hour']:.1f} | {f(r['efficiency_vs_linear'], '.2f')} | "
                  f"{f(r.get('hypervolume_at_n_common'), '.4g')} | {f(r.get('hypervolume_all_complete'), '.4g')} |")
-budgets = {d: t.split()[0].split("=")[1] for d, t in res["settings"].items() if " trials=" in t
-           for t in [t.split(" trials=", 1)[1]]}
+budgets = {d: m.group(1) for d, t in res["settings"].items() for m in [re.search(r" trials=(\d+)", t)] if m}
 if len(set(budgets.values())) > 1:
     lines.append(f"\nWARNING: the merged runs had different trial budgets: {budgets}")
 for s in res["skipped"]:
