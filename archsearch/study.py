@@ -597,4 +597,7 @@ def run_study(space: Space, *, study_name: str | None = None, storage: str | Non
         slots = plan_slots([], 1, 1)
     study = open_study(space, storage, study_name, root)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if n_trials:
+        # `archsearch worker` without --trials joins toward the count the launch asked for.
+        study.set_user_attr("n_trials", int(n_trials))
     return StudyRunner(space, study, slots, n_trials, root, progress, entry, console).run()

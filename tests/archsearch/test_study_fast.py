@@ -23,6 +23,16 @@ def test_all_infeasible_study_starts_no_process(tmp_path):
         assert t.values[1] == t.user_attrs["facts"]["decode_bytes"]["256x1:bfloat16"]
 
 
+def test_launch_trials_override_is_stored_for_workers(tmp_path):
+    """`launch --trials N` records N in the study, so `archsearch worker` without --trials joins
+    toward the same count instead of the space's default."""
+    space = search_spaces.Space.from_dict(tiny(constraints={"max_params": 1}, study={"trials": 3, "seed": 0}))
+    summary = st.run_study(space, root=tmp_path, slots=plan_slots([], 1, 1), progress=False, n_trials=2)
+    assert summary.complete == 2
+    study = st.load_study("tiny", None, tmp_path)
+    assert study.user_attrs["n_trials"] == 2
+
+
 @pytest.mark.parametrize("url,msg", [
     ("redis://localhost", "--storage: must be sqlite:///FILE, postgresql://"),
     ("postgresql://nobody@127.0.0.1:1/none", "--storage postgresql://nobody@127.0.0.1:1/none: cannot open"),
