@@ -10,8 +10,8 @@ from blocks import contract
 
 CASES = contract.cases()
 IDS = [c.id for c in CASES]
-# Blocks with a `mode` field (every linear family) have a reference path to compare against;
-# softmax has one path only.
+# Cases whose block has a `mode` field (a reference path to compare against); every linear
+# family must have one.
 MODE_CASES = [c for c in CASES if contract.has_mode(c)]
 
 
@@ -35,7 +35,7 @@ def test_recurrent_equals_chunk(case):
 
 
 def test_every_linear_family_has_a_reference_mode():
-    assert {c.name for c in MODE_CASES} == set(blocks.names()) - {"softmax"}
+    assert set(blocks.names()) - {"softmax"} <= {c.name for c in MODE_CASES}
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
