@@ -184,12 +184,14 @@ class ArchSpec:
 
     # --- identity -------------------------------------------------------------------------------
     def canonical_dict(self) -> dict[str, Any]:
-        """The dict the hash is taken of: every layer's config with its block's defaults filled in
-        (so ``{}`` and ``{"num_heads": <default>}`` are the same architecture) and integral floats
-        written as ints (so ``3.0`` and ``3`` agree). Blocks whose config does not validate are
-        hashed as written."""
+        """The dict the hash is taken of: every layer's config resolved by its block at this
+        ``d_model`` (``Config.resolved``: defaults filled in and fields derived from ``d_model``
+        replaced by their values, so ``{}``, ``{"conv_size": 0}`` and ``{"num_heads": 1}`` are the
+        same gla at d_model 64) and integral floats written as ints (so ``3.0`` and ``3`` agree).
+        A config that does not validate at ``d_model`` gets only its defaults filled in; one the
+        block's ``Config`` rejects (unknown block or field) is hashed as written."""
         d = self.to_dict()
-        d["layers"] = [_canonical_layer(layer) for layer in self.layers]
+        d["layers"] = [_canonical_layer(layer, self.d_model) for layer in self.layers]
         return _canonical_numbers(d)
 
     @property
@@ -289,15 +291,22 @@ def _check_int(value: Any, field: str, minimum: int) -> None:
         raise UserError(f"{field}: must be >= {minimum}, got {value!r}")
 
 
-def _canonical_layer(layer: LayerSpec) -> dict[str, Any]:
+def _canonical_layer(layer: LayerSpec, d_model: Any) -> dict[str, Any]:
     raw = layer.to_dict()
     try:
         import blocks
 
         cfg = blocks.get(layer.block).Config.from_kwargs(**dict(layer.config))
-        raw["config"] = _thaw(_freeze(cfg.to_dict(), "config"))
-    except Exception:  # unregistered block or invalid config: hash what was written
-        pass
+    except Exception:  # unregistered block or a field the Config rejects: hash what was written
+        return raw
+    from blocks.base import ConfigError
+
+    try:
+        cfg.validate(d_model)
+        config = cfg.resolved(d_model)
+    except (ConfigError, TypeError, ValueError):  # not buildable at this d_model: nothing to derive
+        config = cfg.to_dict()
+    raw["config"] = _thaw(_freeze(config, "config"))
     return raw
 
 

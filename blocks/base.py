@@ -53,6 +53,15 @@ class BlockConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def resolved(self, d_model: int) -> dict[str, Any]:
+        """``to_dict()`` with every field that is derived when unset (``None`` = from ``d_model``)
+        replaced by the value the block built at ``d_model`` uses, so two configs that build the
+        same network resolve to the same dict (the spec hash is taken of this). Building from the
+        result gives the same parameters, state and outputs; resolving it again changes nothing.
+        Meant for a config that validates at ``d_model``. No derived fields here; configs that
+        have some override this."""
+        return self.to_dict()
+
 
 class Block(nn.Module):
     """Base class of every registered token mixer.

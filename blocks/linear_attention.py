@@ -73,6 +73,14 @@ class LinearAttnConfig(LinearConfig):
             K = min(16, K)
         return H, K, V
 
+    def resolved(self, d_model: int) -> dict[str, Any]:
+        """``LinearConfig.resolved`` (which takes the taylor ``head_dim_k`` from ``dims``) plus
+        ``output_norm`` as ``norm_on`` derives it and ``num_features`` as the block passes it to
+        its feature map (``num_features or head_dim_k``; unused by maps other than performer and
+        hedgehog)."""
+        out = super().resolved(d_model)
+        return {**out, "output_norm": self.norm_on, "num_features": self.num_features or out["head_dim_k"]}
+
 
 @register("linear_attn")
 class LinearAttention(LinearBlock):

@@ -123,6 +123,13 @@ class LinearConfig(BlockConfig):
         V = int((self.head_dim_v if self.head_dim_v is not None else d_model // H) * self.expand_v)
         return H, K, V
 
+    def resolved(self, d_model: int) -> dict[str, Any]:
+        """``num_heads``, ``head_dim_k``, ``head_dim_v`` as ``dims`` derives them; ``expand_v``
+        is folded into ``head_dim_v`` (the block only uses ``head_dim_v * expand_v``, as V) and
+        resolves to 1, so ``{head_dim_v: 8, expand_v: 2}`` and ``{head_dim_v: 16}`` agree."""
+        H, K, V = self.dims(d_model)
+        return {**super().resolved(d_model), "num_heads": H, "head_dim_k": K, "head_dim_v": V, "expand_v": 1}
+
 
 class LinearBlock(Block):
     """Base of the linear-state families (see the module docstring for the data flow and state).

@@ -60,6 +60,13 @@ class SoftmaxConfig(BlockConfig):
     def heads(self, d_model: int) -> int:
         return default_heads(self.num_heads, d_model)
 
+    def resolved(self, d_model: int) -> dict[str, Any]:
+        """``num_heads``, ``num_kv_heads`` and ``head_dim`` as ``SoftmaxAttention.__init__`` derives
+        them (tests/blocks/test_resolved_config.py checks the two agree)."""
+        H = self.heads(d_model)
+        return {**super().resolved(d_model), "num_heads": H, "num_kv_heads": self.num_kv_heads or H,
+                "head_dim": self.head_dim or d_model // H}
+
 
 @register("softmax")
 class SoftmaxAttention(Block):

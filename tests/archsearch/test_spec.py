@@ -94,6 +94,44 @@ def test_hash_fills_block_defaults_and_separates_different_architectures():
     assert len({s.hash for s in different}) == len(different)
 
 
+def _one_layer(block, config, d_model=64):
+    return ArchSpec(vocab_size=64, d_model=d_model, layers=(LayerSpec(block, config),))
+
+
+def test_hash_resolves_fields_derived_from_d_model():
+    """Configs that build the same network at this d_model hash the same (the study trains a hash
+    once); the JSON written keeps the config as given."""
+    same = [
+        ("gla", {}, {"num_heads": 1}),  # default heads max(1, 64 // 64)
+        ("gla", {}, {"num_heads": 1, "head_dim_k": 64, "head_dim_v": 64}),
+        ("gla", {"head_dim_v": 16, "expand_v": 2}, {"head_dim_v": 32}),
+        ("softmax", {}, {"num_heads": 1, "num_kv_heads": 1, "head_dim": 64}),
+        ("linear_attn", {"normalization": "output_norm"}, {"normalization": "output_norm", "output_norm": True}),
+    ]
+    for block, a, b in same:
+        sa, sb = _one_layer(block, a), _one_layer(block, b)
+        assert sa != sb and sa.hash == sb.hash, (block, a, b)
+        assert sa.to_dict()["layers"][0]["config"] == a  # serialised as written, not resolved
+        assert ArchSpec.from_json(sa.to_json()) == sa
+    different = [
+        _one_layer("gla", {}),
+        _one_layer("gla", {"num_heads": 2}),
+        _one_layer("gla", {"head_dim_k": 32}),
+        _one_layer("gla", {}, d_model=128),  # derived heads 2 there: a different net anyway
+        _one_layer("softmax", {"num_heads": 2}),
+        _one_layer("softmax", {"num_heads": 2, "num_kv_heads": 1}),
+        _one_layer("linear_attn", {}),
+        _one_layer("linear_attn", {"output_norm": True}),
+    ]
+    assert len({s.hash for s in different}) == len(different)
+
+
+def test_hash_of_a_config_invalid_at_d_model_is_still_defined():
+    bad = _one_layer("gla", {"num_heads": 3})  # does not divide 64: nothing to derive
+    assert bad.hash == _one_layer("gla", {"num_heads": 3, "conv_size": 0}).hash  # defaults still filled
+    assert bad.hash != _one_layer("gla", {"num_heads": 1}).hash
+
+
 def test_validate_accepts_good_spec():
     assert make().validate() is not None
 
