@@ -31,7 +31,13 @@ def load(ref: str | Path) -> Space:
                             f"{', '.join(builtin_names())}")
     if path.is_dir():
         raise UserError(f"{path}: is a directory, expected a space YAML file")
-    return load_text(path.read_text(), source=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return load_text(text, source=str(path))
 
 
 def load_text(text: str, source: str = "<string>") -> Space:

@@ -131,6 +131,13 @@ def test_bad_yaml_is_one_line(tmp_path):
         search_spaces.load(tmp_path / "missing.yaml")
 
 
+def test_unreadable_space_file_is_one_line(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(UserError, match=r"s.yaml: not UTF-8 text: "):
+        search_spaces.load(f)
+
+
 def test_cli_prints_one_line_per_error_and_exits_2(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(with_(model__depth=0, budget__tokens=0, sampler={"name": "cmaes"})))
