@@ -147,7 +147,7 @@ def _range(d: dict) -> Domain:
         step is None or (isinstance(step, int) and not isinstance(step, bool))
     )
     if is_int:
-        return IntRange(low, high, step or 1, bool(d.get("log", False)))
+        return IntRange(low, high, 1 if step is None else step, bool(d.get("log", False)))
     return FloatRange(float(low), float(high), None if step is None else float(step), bool(d.get("log", False)))
 
 
