@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import warnings
 from typing import Any, Callable
 
 from archsearch.errors import UserError
@@ -408,11 +409,38 @@ def _sampler(p: _Parser, d: Any) -> Sampler:
         params = inspect.signature(sampler_class(s.name).__init__).parameters
         reserved = {"self", "seed", "search_space", "constraints_func"}
         allowed = sorted(set(params) - reserved)
-        for k in s.options:
+        n_errors = len(p.errors)
+        for k, v in s.options.items():
             if k not in allowed:
                 why = "is set from study.seed" if k == "seed" else f"not an argument of the {s.name} sampler; allowed: {', '.join(allowed)}"
                 p.err(f"{path}.options.{k}", why)
+            else:
+                why = _option_type_error(v, params[k].default)
+                if why:
+                    p.err(f"{path}.options.{k}", f"{why}, got {v!r}")
+        if len(p.errors) == n_errors and s.name != "grid":  # grid's search space comes from the model
+            # Optuna reads most option values only at the first ask(), deep inside a study: build
+            # the sampler now so that its own checks (population_size >= 2, ...) are user errors.
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    sampler_class(s.name)(**s.options)
+            except (TypeError, ValueError) as exc:
+                p.err(f"{path}.options", f"the {s.name} sampler refuses them: {exc}")
     return s
+
+
+def _option_type_error(value: Any, default: Any) -> str | None:
+    """The type a sampler option must have, read from its default (None: no default to go by)."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else f"must be true or false (like the default {default})"
+    if isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else f"must be an integer (like the default {default})"
+    if isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else f"must be a number (like the default {default})"
+    return None
 
 
 def _study(p: _Parser, d: Any) -> StudySettings:

@@ -95,6 +95,13 @@ CASES = [
     (dict(budget__warmup_frac=1.0), "budget.warmup_frac: must be in [0, 1), got 1.0"),
     (dict(sampler={"name": "cmaes"}), "sampler.name: must be one of tpe, nsga2, gp, random, grid, got 'cmaes'"),
     (dict(sampler={"name": "tpe", "options": {"n_startup": 3}}), "sampler.options.n_startup: not an argument of the tpe sampler"),
+    # option values reach Optuna only at the first ask(): checked here, or launch dies with a TypeError
+    (dict(sampler={"name": "tpe", "options": {"n_startup_trials": "x"}}),
+     "sampler.options.n_startup_trials: must be an integer (like the default 10), got 'x'"),
+    (dict(sampler={"name": "tpe", "options": {"constant_liar": "off"}}),
+     "sampler.options.constant_liar: must be true or false (like the default True), got 'off'"),
+    (dict(sampler={"name": "nsga2", "options": {"population_size": -1}}),
+     "sampler.options: the nsga2 sampler refuses them: `population_size` must be greater than or equal to 2."),
     (dict(sampler={"name": "grid"}, model__state_expansion={"low": 1.0, "high": 2.0}),
      "sampler.name: grid needs every searched setting to be finite"),
     (dict(study={"trials": 0}), "study.trials: must be an integer >= 1, got 0"),
