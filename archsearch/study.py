@@ -58,7 +58,17 @@ _RESUMABLE = {("study", "trials"), ("study", "name"), ("study", "storage")}
 
 
 # ---- storage -------------------------------------------------------------------------------
+def check_study_name(name: Any, field: str = "study name") -> None:
+    """A study name becomes the directory ``root/NAME``: ``../x`` or ``a/b`` would leave the root."""
+    from search_spaces.validate import name_error
+
+    why = name_error(name)
+    if why:
+        raise UserError(f"{field}: {why}, got {name!r}")
+
+
 def journal_path(study_name: str, root: Path = DEFAULT_ROOT) -> Path:
+    check_study_name(study_name)
     return Path(root) / study_name / JOURNAL_NAME
 
 
@@ -201,6 +211,7 @@ def open_study(space: Space, storage_url: str | None = None, study_name: str | N
                root: Path = DEFAULT_ROOT) -> optuna.Study:
     """Create the study, or load it to resume; a study made from a different space is an error."""
     name = study_name or space.study_name
+    check_study_name(name)
     storage = open_storage(storage_url or space.study.storage, name, root)
     directions = obj.directions(space)
     space_d = json.loads(json.dumps(space.to_dict()))

@@ -108,13 +108,18 @@ def _block_check(names: list[str]) -> Callable[[Any], str | None]:
     return lambda v: None if v in names else f"unknown block; registered blocks: {', '.join(names)}"
 
 
+def name_error(v: Any) -> str | None:
+    """Why ``v`` cannot name a space or study (it becomes a directory under the studies root)."""
+    return None if isinstance(v, str) and _NAME.match(v) else "must be a name of letters, digits, _ . -"
+
+
 def parse_space(d: Any) -> Space:
     p = _Parser()
     top = p.mapping(d, "", {"name", "description", "task", "model", "constraints", "objectives",
                             "budget", "sampler", "study"}, {"name", "task", "model", "objectives"})
     name = top.get("name", "space")
-    if "name" in top and not (isinstance(name, str) and _NAME.match(name)):
-        p.err("name", f"must be a name of letters, digits, _ . -, got {name!r}")
+    if "name" in top and name_error(name):
+        p.err("name", f"{name_error(name)}, got {name!r}")
     description = top.get("description") or ""
     task = _task(p, top.get("task"))
     model = _model(p, top.get("model"))
@@ -449,7 +454,7 @@ def _study(p: _Parser, d: Any) -> StudySettings:
     st = StudySettings(
         trials=p.scalar(d, "trials", path, 20, int_at_least(1)),
         seed=p.scalar(d, "seed", path, 0, int_at_least(0)),
-        name=p.scalar(d, "name", path, None, lambda v: None if isinstance(v, str) and _NAME.match(v) else "must be a name of letters, digits, _ . -", nullable=True),
+        name=p.scalar(d, "name", path, None, name_error, nullable=True),
         storage=p.scalar(d, "storage", path, None, lambda v: None if isinstance(v, str) else "must be a storage URL string", nullable=True),
     )
     return st

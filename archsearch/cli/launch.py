@@ -24,11 +24,13 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import search_spaces
     from archsearch.errors import UserError
-    from archsearch.study import run_study
+    from archsearch.study import check_study_name, run_study
     from launch.cliargs import slots_from_args
 
     if args.trials is not None and args.trials < 1:
         raise UserError(f"--trials: must be >= 1, got {args.trials}")
+    if args.study is not None:
+        check_study_name(args.study, "--study")
     space = search_spaces.load(args.space)
     if args.gpus is None and args.hostfile is None and space.budget.device == "cpu":
         args.gpus = "none"  # a CPU space never takes the GPUs

@@ -32,3 +32,12 @@ def test_launch_rejects_bad_storage_before_training(capsys, tmp_path):
     rc, _, err = run(capsys, "launch", "mqar_tiny", "--storage", "redis://x", "--root", str(tmp_path), "--no-progress")
     assert rc == 2 and "--storage: must be sqlite:///FILE" in err
     assert not (tmp_path / "mqar_tiny").exists()
+
+
+def test_launch_refuses_a_study_name_that_is_a_path(capsys, tmp_path):
+    # the name becomes a directory under --root: "../x" would write the journal outside it
+    rc, _, err = run(capsys, "launch", "mqar_tiny", "--study", "../escaped", "--root", str(tmp_path / "r"),
+                     "--no-progress")
+    assert rc == 2 and err.strip().splitlines() == [
+        "archsearch launch: error: --study: must be a name of letters, digits, _ . -, got '../escaped'"]
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "r").exists()
