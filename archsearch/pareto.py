@@ -21,6 +21,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from archsearch.errors import UserError
 from archsearch.study import FACTS, RECORDS, REUSED_FROM, RUN_DIR, SPEC, SPEC_HASH, STACK, STATUS
 
 
@@ -162,6 +163,18 @@ def _groups(study: optuna.Study) -> tuple[list[FrozenTrial], list[FrozenTrial], 
     return fr, dominated, infeasible
 
 
+def ensure_dir(path: str | Path, what: str) -> Path:
+    """Create the output directory ``path``; one that is a file or cannot be made is a UserError."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{what} {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot create it: {exc.strerror or exc}") from None
+    return path
+
+
 def _pairs(k: int) -> list[tuple[int, int]]:
     return [(i, j) for i in range(k) for j in range(i + 1, k)]
 
@@ -210,7 +223,7 @@ def write_png(study: optuna.Study, path: str | Path) -> Path:
     fig.suptitle(f"{study.study_name}: Pareto front ({len(fr)} trials)")
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(path.parent, "plot directory")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -246,7 +259,7 @@ def write_html(study: optuna.Study, path: str | Path) -> Path:
         figs.append(hv)
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(path.parent, "plot directory")
     path.write_text(f"<html><head><meta charset='utf-8'><title>{study.study_name}</title></head><body>"
                     + "\n".join(parts) + "</body></html>")
     return path
@@ -259,8 +272,7 @@ def export_front(study: optuna.Study, out_dir: str | Path) -> list[Path]:
     (objective values, spec facts, trial records) and ``config.json`` (the trial config it was
     trained with) -- ready for ``archsearch trial spec.json --config config.json --out DIR``
     or a longer run (raise ``train.tokens``). Also ``front.json``, the index."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = ensure_dir(out_dir, "export directory")
     names = metric_names(study)
     index, dirs = [], []
     for t, repeats in unique_by_spec(front(study)):  # one directory per architecture

@@ -64,3 +64,25 @@ def test_format_value():
     assert pareto.format_value("decode_memory@2048x1", 3 * 2**20) == "3.00 MiB"
     assert pareto.format_value("params", 12_345) == "12.3k"
     assert pareto.format_value("mqar.accuracy", 0.123456) == "0.1235"
+
+
+def test_export_into_a_file_is_a_user_error(tmp_path):
+    from archsearch.errors import UserError
+
+    study = make_study([(0.9, 100.0)])
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UserError, match=r"^export directory .*f: exists and is not a directory$"):
+        pareto.export_front(study, tmp_path / "f")
+    with pytest.raises(UserError, match=r"^export directory .*sub: cannot create it: "):
+        pareto.export_front(study, tmp_path / "f" / "sub")
+
+
+def test_plots_into_a_file_are_a_user_error(tmp_path):
+    from archsearch.errors import UserError
+
+    study = make_study([(0.9, 100.0), (0.5, 10.0)])
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UserError, match=r"^plot directory .*f: exists and is not a directory$"):
+        pareto.write_png(study, tmp_path / "f" / "pareto.png")
+    with pytest.raises(UserError, match=r"^plot directory .*f: exists and is not a directory$"):
+        pareto.write_html(study, tmp_path / "f" / "pareto.html")

@@ -81,3 +81,17 @@ def test_dashboard_prints_command(root, capsys):
     assert str(root / "tiny" / "journal.log") in out and "http://127.0.0.1:8123/dashboard/" in out
     rc, _, err = run(capsys, "dashboard", "nope", "--root", str(root), "--print-only")
     assert rc == 2 and "no study 'nope'" in err
+
+
+def test_export_into_a_file_is_one_line(root, capsys, tmp_path):
+    (tmp_path / "f").write_text("x")
+    rc, _, err = run(capsys, "export", "tiny", str(tmp_path / "f"), "--root", str(root))
+    assert rc == 2 and err.strip().splitlines() == [
+        f"archsearch export: error: export directory {tmp_path / 'f'}: exists and is not a directory"]
+
+
+def test_pareto_plots_into_a_file_is_one_line(root, capsys, tmp_path):
+    (tmp_path / "f").write_text("x")
+    rc, _, err = run(capsys, "pareto", "tiny", "--root", str(root), "--out", str(tmp_path / "f"))
+    assert rc == 2 and err.strip().splitlines() == [
+        f"archsearch pareto: error: plot directory {tmp_path / 'f'}: exists and is not a directory"]
