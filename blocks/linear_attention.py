@@ -73,13 +73,16 @@ class LinearAttnConfig(LinearConfig):
             K = min(16, K)
         return H, K, V
 
+    def feature_count(self, head_dim_k: int) -> int:
+        """Random/learned features of the performer and hedgehog maps (default: ``head_dim_k``)."""
+        return self.num_features or head_dim_k
+
     def resolved(self, d_model: int) -> dict[str, Any]:
         """``LinearConfig.resolved`` (which takes the taylor ``head_dim_k`` from ``dims``) plus
         ``output_norm`` as ``norm_on`` derives it and ``num_features`` as the block passes it to
-        its feature map (``num_features or head_dim_k``; unused by maps other than performer and
-        hedgehog)."""
+        its feature map (``feature_count``; unused by maps other than performer and hedgehog)."""
         out = super().resolved(d_model)
-        return {**out, "output_norm": self.norm_on, "num_features": self.num_features or out["head_dim_k"]}
+        return {**out, "output_norm": self.norm_on, "num_features": self.feature_count(out["head_dim_k"])}
 
 
 @register("linear_attn")
@@ -98,7 +101,7 @@ class LinearAttention(LinearBlock):
         super().__init__(d_model, **config)
         c = self.config
         self.feature_map = build_feature_map(c.feature_map, self.num_heads, self.head_dim_k,
-                                             c.num_features or self.head_dim_k, c.performer_redraw)
+                                             c.feature_count(self.head_dim_k), c.performer_redraw)
         self.denominator = c.normalization == "denominator"
 
     @property
@@ -107,7 +110,7 @@ class LinearAttention(LinearBlock):
 
     def state_dims(self) -> tuple[int, int]:
         c = self.config
-        K = feature_dim(c.feature_map, self.head_dim_k, c.num_features or self.head_dim_k)
+        K = feature_dim(c.feature_map, self.head_dim_k, c.feature_count(self.head_dim_k))
         return K, self.head_dim_v + (1 if self.denominator else 0)
 
     def mix_inputs(self, x, q, k, v):

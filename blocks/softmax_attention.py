@@ -60,12 +60,15 @@ class SoftmaxConfig(BlockConfig):
     def heads(self, d_model: int) -> int:
         return default_heads(self.num_heads, d_model)
 
-    def resolved(self, d_model: int) -> dict[str, Any]:
-        """``num_heads``, ``num_kv_heads`` and ``head_dim`` as ``SoftmaxAttention.__init__`` derives
-        them (tests/blocks/test_resolved_config.py checks the two agree)."""
+    def dims(self, d_model: int) -> tuple[int, int, int]:
+        """``(H, Hkv, D)``: query heads, key/value heads and head dim, derived where unset."""
         H = self.heads(d_model)
-        return {**super().resolved(d_model), "num_heads": H, "num_kv_heads": self.num_kv_heads or H,
-                "head_dim": self.head_dim or d_model // H}
+        return H, self.num_kv_heads or H, self.head_dim or d_model // H
+
+    def resolved(self, d_model: int) -> dict[str, Any]:
+        """``num_heads``, ``num_kv_heads`` and ``head_dim`` as the block uses them (``dims``)."""
+        H, Hkv, D = self.dims(d_model)
+        return {**super().resolved(d_model), "num_heads": H, "num_kv_heads": Hkv, "head_dim": D}
 
 
 @register("softmax")
@@ -82,10 +85,7 @@ class SoftmaxAttention(Block):
     def __init__(self, d_model: int, **config) -> None:
         super().__init__(d_model, **config)
         c = self.config
-        self.num_heads = c.heads(d_model)
-        self.num_kv_heads = c.num_kv_heads or self.num_heads
-        self.head_dim = c.head_dim or d_model // self.num_heads
-        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = H, Hkv, D = c.dims(d_model)
         self.q_proj = nn.Linear(d_model, H * D, bias=False)
         self.k_proj = nn.Linear(d_model, Hkv * D, bias=False)
         self.v_proj = nn.Linear(d_model, Hkv * D, bias=False)
