@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Callable
 
-from .domains import Chooser, Domain, Fixed
+from .domains import Chooser, Domain, Fixed, FloatRange, IntRange
 from .schema import Pattern, PerLayer, Space
 
 ENUMERATE_LIMIT = 20_000  # above this many parameter combinations `size` does not enumerate
@@ -155,23 +155,26 @@ class _Replay:
         self.path, self.used, self.sizes = path, [], []
         self.continuous = False
 
-    def _pick(self, options: list[Any]) -> Any:
+    def _pick(self, n: int, option: Callable[[int], Any]) -> Any:
+        # options by index, never as a list: a range may have 10**11 values
         i = self.path[len(self.used)] if len(self.used) < len(self.path) else 0
         self.used.append(i)
-        self.sizes.append(len(options))
-        return options[i]
+        self.sizes.append(n)
+        return option(i)
 
     def suggest_categorical(self, name, choices):
-        return self._pick(list(choices))
+        choices = list(choices)
+        return self._pick(len(choices), choices.__getitem__)
 
     def suggest_int(self, name, low, high, step=1, log=False):
-        return self._pick(list(range(low, high + 1, step)))
+        values = range(low, high + 1, step)
+        return self._pick(len(values), values.__getitem__)
 
     def suggest_float(self, name, low, high, step=None, log=False):
         if step is None:
             self.continuous = True
-            return self._pick([low])
-        return self._pick([low + i * step for i in range(int(round((high - low) / step)) + 1)])
+            return self._pick(1, lambda i: low)
+        return self._pick(int(round((high - low) / step)) + 1, lambda i: low + i * step)
 
 
 def _domains(space: Space) -> list[Domain]:
@@ -196,20 +199,35 @@ def combinations(space: Space) -> int | float:
     for d in _domains(space):
         if d is not m.depth:
             rest *= d.size()
-    if not math.isfinite(rest):
+    if isinstance(rest, float) and math.isinf(rest):
         return math.inf
     if isinstance(m.stack, PerLayer):
-        return sum(rest * len(m.stack.blocks) ** depth for depth in m.depth.values())
+        return rest * _sum_of_powers(len(m.stack.blocks), m.depth)
     return rest * m.depth.size()
+
+
+def _sum_of_powers(k: int, depth: Domain) -> int:
+    """sum of k**d over the depths: a geometric series for a range (summing a range of 10**5 big
+    powers one by one took half a minute)."""
+    if isinstance(depth, IntRange) and k > 1:
+        n = depth.size()
+        return k ** depth.low * (k ** (depth.step * n) - 1) // (k ** depth.step - 1)
+    return sum(k ** d for d in depth.values())
+
+
+def _count(n: int) -> str:
+    """A count for people: exact up to 18 digits, then its order of magnitude (str() of an int
+    over 4300 digits raises ValueError)."""
+    return f"{n:,}" if n < 10**18 else f"about 10^{int(math.log10(n))}"
 
 
 def size(space: Space, limit: int = ENUMERATE_LIMIT) -> tuple[str, int | None]:
     """``(text, count)``: the number of distinct architectures (by spec hash), or why it is not counted."""
     total = combinations(space)
-    if not math.isfinite(total):
+    if isinstance(total, float) and math.isinf(total):  # not math.isfinite: total may exceed any float
         return "continuous (a float range has no step)", None
     if total > limit:
-        return f"up to {int(total):,} parameter combinations (more than {limit:,}: distinct architectures not enumerated)", None
+        return f"up to {_count(int(total))} parameter combinations (more than {limit:,}: distinct architectures not enumerated)", None
     seen = set()
     path: list[int] = []
     while True:
@@ -258,7 +276,8 @@ def block_field_errors(space: Space) -> list[str]:
                                 {f: _first(dom) for f, dom in m.blocks.get(b, {}).items()})
         trials = [(f"model.blocks.{b}", dict(cfg0))]
         for f, dom in m.blocks.get(b, {}).items():
-            vals = dom.values() if math.isfinite(dom.size()) else [dom.low, dom.high]
+            # ends only for continuous or very long ranges (listing 10**11 values does not end)
+            vals = dom.values() if dom.size() <= ENUMERATE_LIMIT else [dom.low, dom.high]
             for i, v in enumerate(vals):
                 where = f"model.blocks.{b}.{f}" + (f"[{i}]" if len(vals) > 1 else "")
                 trials.append((where, {**cfg0, f: v}))
@@ -272,4 +291,6 @@ def block_field_errors(space: Space) -> list[str]:
 
 
 def _first(dom: Domain | None) -> Any:
-    return None if dom is None else (dom.values()[0] if math.isfinite(dom.size()) else dom.low)
+    if dom is None:
+        return None
+    return dom.low if isinstance(dom, (IntRange, FloatRange)) else dom.values()[0]

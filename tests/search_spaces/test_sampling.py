@@ -105,6 +105,19 @@ def test_size_counts_distinct_architectures():
     assert search_spaces.size(big)[1] is None and "not enumerated" in search_spaces.size(big)[0]
 
 
+def test_huge_ranges_are_counted_not_listed():
+    # a typo'd bound (depth up to 100000, d_model up to 1e11) once died with OverflowError in
+    # size() and MemoryError in validate (every value of the range was put in a list)
+    deep = api_space(depth=IntRange(1, 100_000)).validate()
+    assert combinations(deep) == (2 ** 100_001 - 2)  # sum of 2**d for d in 1..100000
+    text, n = search_spaces.size(deep)
+    assert n is None and text.startswith("up to about 10^30103 parameter combinations")
+    wide = api_space(d_model=IntRange(32, 10**11, step=32)).validate()
+    assert search_spaces.example(wide).d_model == 32
+    assert "not enumerated" in search_spaces.size(wide)[0]
+    assert combinations(api_space(depth=Choice([2, 3])).validate()) == 4 + 8  # a choice list: summed
+
+
 def test_spec_dict_is_deterministic_for_same_params():
     space = api_space().validate()
     fixed = optuna.trial.FixedTrial({"depth": 2, "layer_0": "softmax", "layer_1": "linear_attn"})
