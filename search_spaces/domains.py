@@ -179,6 +179,11 @@ def parse_domain(value: Any, path: str, errors: list[str], check_value=None) -> 
             for k in bad:
                 errors.append(f"{path}.{k}: must be a number, got {value[k]!r}")
             return None
+        inf = [k for k in ("low", "high", "step") if isinstance(value.get(k), float) and not math.isfinite(value[k])]
+        if inf:
+            for k in inf:
+                errors.append(f"{path}.{k}: must be a finite number, got {value[k]!r}")
+            return None
         if "log" in value and not isinstance(value["log"], bool):
             errors.append(f"{path}.log: must be true or false, got {value['log']!r}")
             return None

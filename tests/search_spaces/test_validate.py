@@ -61,6 +61,8 @@ CASES = [
     (dict(model__num_heads=[2, 2]), "model.num_heads: choices must be distinct, got [2, 2]"),
     (dict(model__d_model={"low": 1, "hi": 2}), "model.d_model: a range needs keys low and high"),
     (dict(model__d_model={"low": 32, "high": 64, "step": 0}), "model.d_model.step: must be > 0, got 0"),
+    (dict(model__state_expansion={"low": 1.0, "high": float("inf"), "step": 0.5}),
+     "model.state_expansion.high: must be a finite number, got inf"),
     (dict(model__mlp_expansion=-1), "model.mlp_expansion: must be a number >= 0, got -1"),
     (dict(model__short_conv="yes"), "model.short_conv: must be true or false, got 'yes'"),
     (dict(model__conv_size=9), "model.conv_size: must be an integer in 2..4, got 9"),
