@@ -131,6 +131,11 @@ def vocab_size(space: Space) -> int:
     """The model vocabulary: ``model.vocab_size`` or the largest vocabulary of the tasks it trains on."""
     if space.model.vocab_size is not None:
         return space.model.vocab_size
+    return task_vocab_size(space)
+
+
+def task_vocab_size(space: Space) -> int:
+    """The largest vocabulary among the tasks a candidate trains on (the space's and quality objectives')."""
     from archsearch import tasks
 
     sizes = [tasks.build(space.task.name, **space.task.params).vocab_size]

@@ -461,9 +461,14 @@ def _study(p: _Parser, d: Any) -> StudySettings:
 
 
 def _check_combinations(p: _Parser, space: Space) -> None:
-    """Checks that need the whole space: grid needs finite domains; every block field value builds."""
-    from .sampling import block_field_errors, finite
+    """Checks that need the whole space: the vocabulary fits the tasks; grid needs finite domains;
+    every block field value builds."""
+    from .sampling import block_field_errors, finite, task_vocab_size
 
+    if space.model.vocab_size is not None and space.model.vocab_size < task_vocab_size(space):
+        # every trial would fail on it (the trial refuses a spec smaller than its task's vocabulary)
+        p.err("model.vocab_size", f"must be >= the tasks' vocabulary ({task_vocab_size(space)}), "
+              f"got {space.model.vocab_size}")
     if space.sampler.name == "grid" and not finite(space):
         p.err("sampler.name", "grid needs every searched setting to be finite (lists or ranges with a step), "
               "got a continuous range")

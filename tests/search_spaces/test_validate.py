@@ -92,6 +92,7 @@ CASES = [
     (dict(constraints={"max_decode_memory": {"bytes": "lots", "context": 10}}),
      "constraints.max_decode_memory.bytes: must be a positive byte count"),
     (dict(constraints={"max_decode_memory": {"bytes": "1MiB"}}), "constraints.max_decode_memory.context: is required"),
+    (dict(model__vocab_size=5), "model.vocab_size: must be >= the tasks' vocabulary (64), got 5"),
     (dict(budget__tokens=0), "budget.tokens: must be an integer >= 1, got 0"),
     (dict(budget__precision="fp16"), "budget.precision: must be one of auto, fp32, bf16, got 'fp16'"),
     (dict(budget__warmup_frac=1.0), "budget.warmup_frac: must be in [0, 1), got 1.0"),
