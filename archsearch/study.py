@@ -89,10 +89,13 @@ def open_storage(url: str | None, study_name: str, root: Path = DEFAULT_ROOT, cr
             path.parent.mkdir(parents=True, exist_ok=True)
         elif not path.parent.is_dir():
             raise UserError(f"--storage {url}: cannot open the journal file: directory {path.parent} does not exist")
+        _check_journal_file(path)
         try:
             return JournalStorage(JournalFileBackend(str(path)))
         except OSError as exc:
             raise UserError(f"--storage {path}: cannot open the journal file: {exc.strerror or exc}") from None
+        except (ValueError, KeyError) as exc:  # a later line is not a journal entry (JSONDecodeError, no op_code)
+            raise UserError(f"--storage {path}: not an Optuna journal file ({type(exc).__name__}: {exc})") from None
     if url.split("://", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "postgres", "mysql"):
         from launch.reaper import make_heartbeat_storage
 
@@ -106,6 +109,21 @@ def open_storage(url: str | None, study_name: str, root: Path = DEFAULT_ROOT, cr
             raise UserError(f"--storage {url}: cannot open: {first}") from None
     raise UserError(f"--storage: must be sqlite:///FILE, postgresql://..., mysql://... or a journal "
                     f"file path ending .log or .journal, got {url!r}")
+
+
+def _check_journal_file(path: Path) -> None:
+    """Refuse an existing non-empty file whose first line is not an Optuna journal entry before
+    Optuna appends to it (``--storage train.log`` pointing at someone's log)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb") as f:
+        first = f.readline(1 << 16)
+    try:
+        entry = json.loads(first)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        entry = None
+    if not (isinstance(entry, dict) and "op_code" in entry):
+        raise UserError(f"--storage {path}: not an Optuna journal file (its first line is not a journal entry)")
 
 
 def list_local_studies(root: Path = DEFAULT_ROOT) -> list[str]:

@@ -44,6 +44,18 @@ def test_bad_storage_is_one_line(url, msg):
     assert msg in str(exc.value) and "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("text", ["a training log\nnot a journal\n", '{"op_code": 0, "study_name": "s"}\nbroken\n{}\n'])
+def test_a_file_that_is_not_a_journal_is_refused_untouched(tmp_path, text):
+    # launch --storage train.log on someone's log once appended Optuna entries to it, then died
+    # with a JSONDecodeError traceback
+    f = tmp_path / "train.log"
+    f.write_text(text)
+    with pytest.raises(UserError) as exc:
+        st.open_storage(str(f), "s")
+    assert str(exc.value).startswith(f"--storage {f}: not an Optuna journal file") and "\n" not in str(exc.value)
+    assert f.read_text() == text
+
+
 def test_missing_study_names_the_known_ones(tmp_path):
     space = search_spaces.Space.from_dict(tiny(constraints={"max_params": 1}, study={"trials": 1, "seed": 0}))
     st.run_study(space, root=tmp_path, slots=plan_slots([], 1, 1), progress=False)
