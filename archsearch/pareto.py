@@ -39,6 +39,9 @@ def feasible(t: FrozenTrial) -> bool:
 
 def front(study: optuna.Study) -> list[FrozenTrial]:
     """``study.best_trials`` sorted by the first objective, best first."""
+    if len(study.directions) < 2:  # best_trials would be the single best; the plots refuse it
+        raise UserError(f"study {study.study_name!r} has {len(study.directions)} objective: a Pareto front "
+                        "needs 2 or more (is it an archsearch study?)")
     s = _sign(study.directions[0])
     return sorted(study.best_trials, key=lambda t: (s * t.values[0], t.number))
 
@@ -272,10 +275,11 @@ def export_front(study: optuna.Study, out_dir: str | Path) -> list[Path]:
     (objective values, spec facts, trial records) and ``config.json`` (the trial config it was
     trained with) -- ready for ``archsearch trial spec.json --config config.json --out DIR``
     or a longer run (raise ``train.tokens``). Also ``front.json``, the index."""
+    members = unique_by_spec(front(study))  # one directory per architecture
     out = ensure_dir(out_dir, "export directory")
     names = metric_names(study)
     index, dirs = [], []
-    for t, repeats in unique_by_spec(front(study)):  # one directory per architecture
+    for t, repeats in members:
         d = out / f"trial_{t.number:05d}"
         d.mkdir(exist_ok=True)
         (d / "spec.json").write_text(json.dumps(t.user_attrs.get(SPEC, {}), indent=2, sort_keys=True))

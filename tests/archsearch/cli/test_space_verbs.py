@@ -41,3 +41,23 @@ def test_launch_refuses_a_study_name_that_is_a_path(capsys, tmp_path):
     assert rc == 2 and err.strip().splitlines() == [
         "archsearch launch: error: --study: must be a name of letters, digits, _ . -, got '../escaped'"]
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "r").exists()
+
+
+def test_pareto_of_a_single_objective_study_is_one_line(capsys, tmp_path):
+    # a study made outside archsearch (one objective) once died in plot_hypervolume_history
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    (tmp_path / "single").mkdir()
+    study = optuna.create_study(study_name="single",
+                                storage=JournalStorage(JournalFileBackend(str(tmp_path / "single" / "journal.log"))))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    capsys.readouterr()
+    for verb in ("pareto", "export"):
+        argv = [verb, "single"] + ([str(tmp_path / "out")] if verb == "export" else []) + ["--root", str(tmp_path)]
+        rc, _, err = run(capsys, *argv)
+        assert rc == 2 and err.strip().splitlines() == [
+            f"archsearch {verb}: error: study 'single' has 1 objective: a Pareto front needs 2 or more "
+            "(is it an archsearch study?)"]
+    assert not (tmp_path / "out").exists()
