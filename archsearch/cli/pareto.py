@@ -16,13 +16,13 @@ def add_arguments(p) -> None:
 def report(study, out_dir: Path, console) -> None:
     from archsearch import pareto
 
+    ref = pareto.reference_point(study)
+    if ref is None:  # checked first: the table would be empty
+        console.print("no feasible complete trials yet: no front, no plots")
+        return
     table, legend = pareto.front_table(study)
     console.print(table)
     console.print(legend)
-    ref = pareto.reference_point(study)
-    if ref is None:
-        console.print("no feasible complete trials yet: no front, no plots")
-        return
     names = pareto.metric_names(study)
     console.print(f"hypervolume {pareto.hypervolume(study, ref):.6g} (reference point "
                   + ", ".join(f"{n}={pareto.format_value(n, v)}" for n, v in zip(names, ref)) + ")")

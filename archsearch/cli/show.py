@@ -22,8 +22,10 @@ def run(args) -> int:
 
     study = load(args)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    if not trials:
+        raise UserError(f"TRIAL: study {study.study_name!r} has no trials yet")
     if args.trial not in trials:
-        raise UserError(f"TRIAL: study {study.study_name!r} has no trial {args.trial} (trials 0..{max(trials, default=-1)})")
+        raise UserError(f"TRIAL: study {study.study_name!r} has no trial {args.trial} (trials 0..{max(trials)})")
     t = trials[args.trial]
     from archsearch.cli._common import console
 

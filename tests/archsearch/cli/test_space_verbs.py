@@ -61,3 +61,22 @@ def test_pareto_of_a_single_objective_study_is_one_line(capsys, tmp_path):
             f"archsearch {verb}: error: study 'single' has 1 objective: a Pareto front needs 2 or more "
             "(is it an archsearch study?)"]
     assert not (tmp_path / "out").exists()
+
+
+def _empty_study(tmp_path):
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    (tmp_path / "empty").mkdir()
+    optuna.create_study(study_name="empty", directions=["maximize", "minimize"],
+                        storage=JournalStorage(JournalFileBackend(str(tmp_path / "empty" / "journal.log"))))
+
+
+def test_show_and_pareto_on_a_study_without_trials(capsys, tmp_path):
+    _empty_study(tmp_path)
+    capsys.readouterr()  # optuna's "A new study created" log line
+    rc, _, err = run(capsys, "show", "empty", "0", "--root", str(tmp_path))
+    assert rc == 2 and err.strip() == "archsearch show: error: TRIAL: study 'empty' has no trials yet"
+    rc, out, _ = run(capsys, "pareto", "empty", "--root", str(tmp_path))
+    assert rc == 0 and out.strip() == "no feasible complete trials yet: no front, no plots"  # no empty table
