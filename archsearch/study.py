@@ -280,12 +280,21 @@ class Summary:
     seconds: float
 
 
+def check_slots_fit(space: Space, slots: list) -> None:
+    """A space that trains on CUDA cannot run on CPU slots: every trial would fail ("no CUDA GPU
+    is visible") until the study stops after 5 in a row. Hostfile slots may have GPUs elsewhere."""
+    if space.budget.device == "cuda" and slots and all(s.device == "cpu" and not s.hostfile for s in slots):
+        raise UserError("budget.device: cuda, but every slot is a CPU slot (no GPU visible, or --gpus none); "
+                        "run where GPUs are, or set budget.device to auto or cpu")
+
+
 class StudyRunner:
     """Runs one study's loop in this process over ``slots`` (see the module docstring)."""
 
     def __init__(self, space: Space, study: optuna.Study, slots: list, n_trials: int | None = None,
                  root: Path = DEFAULT_ROOT, progress: bool = True, entry: tuple[str, ...] | None = None,
                  console=None) -> None:
+        check_slots_fit(space, slots)
         self.space, self.study, self.slots = space, study, list(slots)
         self.n_trials = n_trials or space.study.trials
         self.dir = Path(root) / study.study_name
@@ -624,6 +633,7 @@ def run_study(space: Space, *, study_name: str | None = None, storage: str | Non
         from launch.slots import plan_slots
 
         slots = plan_slots([], 1, 1)
+    check_slots_fit(space, slots)  # before the study is created
     study = open_study(space, storage, study_name, root)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if n_trials:

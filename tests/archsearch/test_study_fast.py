@@ -23,6 +23,14 @@ def test_all_infeasible_study_starts_no_process(tmp_path):
         assert t.values[1] == t.user_attrs["facts"]["decode_bytes"]["256x1:bfloat16"]
 
 
+def test_cuda_space_on_cpu_slots_is_refused_before_the_study_exists(tmp_path):
+    # it used to start 5 trials that each failed "no CUDA GPU is visible", then stop
+    space = search_spaces.Space.from_dict(tiny(budget__device="cuda"))
+    with pytest.raises(UserError, match=r"^budget.device: cuda, but every slot is a CPU slot"):
+        st.run_study(space, root=tmp_path, slots=plan_slots([], 1, 1), progress=False)
+    assert not (tmp_path / "tiny").exists()
+
+
 def test_launch_trials_override_is_stored_for_workers(tmp_path):
     """`launch --trials N` records N in the study, so `archsearch worker` without --trials joins
     toward the same count instead of the space's default."""
