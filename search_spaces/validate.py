@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import re
 import warnings
 from typing import Any, Callable
 
 from archsearch.errors import UserError
+from archsearch.spec import MLP_KINDS, NORM_KINDS
 
 from .domains import Choice, Domain, Fixed, FloatRange, IntRange, parse_domain
 from .schema import (
@@ -42,7 +44,8 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite number (.inf and .nan are YAML numbers too)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def int_at_least(lo: int) -> Callable[[Any], str | None]:
@@ -185,8 +188,9 @@ def _model(p: _Parser, d: Any) -> Model:
                             lambda v: None if isinstance(v, bool) else "must be true or false", nullable=True),
         conv_size=p.scalar(d, "conv_size", path, 4, lambda v: None if _is_int(v) and 2 <= v <= 4 else "must be an integer in 2..4"),
         mlp_expansion=p.domain(d, "mlp_expansion", path, 2.0, num_at_least(0)),
-        mlp=p.scalar(d, "mlp", path, "swiglu", lambda v: None if isinstance(v, str) else "must be a string"),
-        norm=p.scalar(d, "norm", path, "rmsnorm", lambda v: None if isinstance(v, str) else "must be a string"),
+        # the spec's own lists: a kind it refuses would fail every trial
+        mlp=p.scalar(d, "mlp", path, "swiglu", one_of(MLP_KINDS)),
+        norm=p.scalar(d, "norm", path, "rmsnorm", one_of(NORM_KINDS)),
         vocab_size=p.scalar(d, "vocab_size", path, None, int_at_least(2), nullable=True),
     )
     if ("per_layer" in d) == ("pattern" in d):

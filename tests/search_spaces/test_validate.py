@@ -65,6 +65,11 @@ CASES = [
      "model.state_expansion.high: must be a finite number, got inf"),
     (dict(model__mlp_expansion=-1), "model.mlp_expansion: must be a number >= 0, got -1"),
     (dict(model__short_conv="yes"), "model.short_conv: must be true or false, got 'yes'"),
+    # these passed validate and then failed every trial ("invalid spec: mlp: ...")
+    (dict(model__mlp="gelu"), "model.mlp: must be one of swiglu, got 'gelu'"),
+    (dict(model__norm="batchnorm"), "model.norm: must be one of rmsnorm, layernorm, got 'batchnorm'"),
+    (dict(model__mlp_expansion=float("inf")), "model.mlp_expansion: must be a number >= 0, got inf"),
+    (dict(budget__lr=float("inf")), "budget.lr: must be a number > 0, got inf"),
     (dict(model__conv_size=9), "model.conv_size: must be an integer in 2..4, got 9"),
     (dict(model__per_layer=...), "model: needs exactly one of per_layer"),
     (dict(model__pattern={"mixer": "gla", "every": 2}), "model: needs exactly one of per_layer"),
