@@ -146,7 +146,7 @@ def parse_space(d: Any) -> Space:
 def _task(p: _Parser, d: Any) -> Task:
     d = p.mapping(d, "task", {"name", "params"}, {"name"})
     name = d.get("name", "")
-    params = d.get("params") or {}
+    params = {} if d.get("params") is None else d["params"]  # [] is an error, not "no params"
     if not isinstance(params, dict):
         p.err("task.params", f"must be a mapping, got {params!r}")
         params = {}
@@ -223,7 +223,7 @@ def _model(p: _Parser, d: Any) -> Model:
         if "placement" in pd and "every" in pd:
             p.err(f"{pp}.placement", "applies to share only; every places softmax at layers k, 2k, ...")
         m.stack = pat
-    bd = d.get("blocks") or {}
+    bd = {} if d.get("blocks") is None else d["blocks"]
     if not isinstance(bd, dict):
         p.err(f"{path}.blocks", f"must be a mapping of block name to field ranges, got {bd!r}")
         bd = {}
@@ -409,7 +409,7 @@ def _sampler(p: _Parser, d: Any) -> Sampler:
     if isinstance(d, str):
         d = {"name": d}
     d = p.mapping(d, path, {"name", "options"})
-    s = Sampler(name=p.scalar(d, "name", path, "tpe", one_of(SAMPLERS)), options=d.get("options") or {})
+    s = Sampler(name=p.scalar(d, "name", path, "tpe", one_of(SAMPLERS)), options={} if d.get("options") is None else d["options"])
     if not isinstance(s.options, dict):
         p.err(f"{path}.options", f"must be a mapping of {s.name} sampler arguments, got {s.options!r}")
         s.options = {}

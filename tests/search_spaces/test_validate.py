@@ -98,6 +98,10 @@ CASES = [
      "constraints.max_decode_memory.bytes: must be a positive byte count"),
     (dict(constraints={"max_decode_memory": {"bytes": "1MiB"}}), "constraints.max_decode_memory.context: is required"),
     (dict(model__vocab_size=5), "model.vocab_size: must be >= the tasks' vocabulary (64), got 5"),
+    # an empty list where a mapping goes was taken for "nothing set"
+    (dict(task__params=[]), "task.params: must be a mapping, got []"),
+    (dict(model__blocks=[]), "model.blocks: must be a mapping of block name to field ranges, got []"),
+    (dict(sampler={"name": "tpe", "options": []}), "sampler.options: must be a mapping of tpe sampler arguments, got []"),
     (dict(budget__tokens=0), "budget.tokens: must be an integer >= 1, got 0"),
     (dict(budget__precision="fp16"), "budget.precision: must be one of auto, fp32, bf16, got 'fp16'"),
     (dict(budget__warmup_frac=1.0), "budget.warmup_frac: must be in [0, 1), got 1.0"),
