@@ -20,8 +20,8 @@ def run(args) -> int:
     except UserError as exc:
         # One line per problem, each naming its YAML path (exit 2 like any user error).
         lines = str(exc).splitlines()
-        for line in lines:
-            print(f"{args.space}: {line}", file=sys.stderr)
+        for line in lines:  # file-level errors (missing, not YAML) already start with the path
+            print(line if line.startswith(f"{args.space}: ") else f"{args.space}: {line}", file=sys.stderr)
         print(f"archsearch validate: {len(lines)} error{'s' * (len(lines) != 1)}", file=sys.stderr)
         return 2
     text, _ = search_spaces.size(space)

@@ -80,3 +80,12 @@ def test_show_and_pareto_on_a_study_without_trials(capsys, tmp_path):
     assert rc == 2 and err.strip() == "archsearch show: error: TRIAL: study 'empty' has no trials yet"
     rc, out, _ = run(capsys, "pareto", "empty", "--root", str(tmp_path))
     assert rc == 0 and out.strip() == "no feasible complete trials yet: no front, no plots"  # no empty table
+
+
+def test_validate_file_errors_name_the_file_once(capsys, tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: [unclosed\n")
+    rc, _, err = run(capsys, "validate", str(f))
+    assert rc == 2 and err.splitlines()[0].startswith(f"{f}: not valid YAML: line ")
+    rc, _, err = run(capsys, "validate", str(tmp_path / "missing.yaml"))
+    assert rc == 2 and err.splitlines()[0].startswith(f"{tmp_path / 'missing.yaml'}: no such file")
