@@ -457,7 +457,8 @@ def _study(p: _Parser, d: Any) -> StudySettings:
     d = p.mapping(d, path, {"trials", "seed", "name", "storage"})
     st = StudySettings(
         trials=p.scalar(d, "trials", path, 20, int_at_least(1)),
-        seed=p.scalar(d, "seed", path, 0, int_at_least(0)),
+        seed=p.scalar(d, "seed", path, 0, lambda v: None if _is_int(v) and 0 <= v < 2**32
+                      else "must be an integer in 0..4294967295"),  # numpy's seed range (the samplers')
         name=p.scalar(d, "name", path, None, name_error, nullable=True),
         storage=p.scalar(d, "storage", path, None, lambda v: None if isinstance(v, str) else "must be a storage URL string", nullable=True),
     )

@@ -37,10 +37,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_slot_arguments(p)
 
 
+SEED_LIMIT = 2**32  # numpy's RandomState, which Optuna's samplers seed, takes 0..2**32 - 1
+
+
 def worker_seed(base: int, host: str | None = None, pid: int | None = None) -> int:
     """A seed distinct per worker: TPE's random start-up trials would repeat across workers otherwise."""
     tag = f"{host or socket.gethostname()}:{pid or os.getpid()}".encode()
-    return base + 1 + zlib.crc32(tag) % 1_000_003
+    return (base + 1 + zlib.crc32(tag) % 1_000_003) % SEED_LIMIT  # numpy seeds stop at 2**32 - 1
 
 
 def _load_with_wait(study_name, storage, root: Path, wait_s: float):
@@ -66,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.trials is not None and args.trials < 1:
         raise UserError(f"--trials: must be >= 1, got {args.trials}")
+    if args.seed is not None and not 0 <= args.seed < SEED_LIMIT:
+        raise UserError(f"--seed: must be an integer in 0..{SEED_LIMIT - 1}, got {args.seed}")
+    if not args.wait >= 0:  # also nan, which would wait forever
+        raise UserError(f"--wait: must be a number of seconds >= 0, got {args.wait}")
     gpus = parse_gpu_list(args.gpus)
     root = Path(args.root)
     study = _load_with_wait(args.study, args.storage, root, args.wait)

@@ -34,6 +34,11 @@ def test_study_without_a_stored_space_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("argv,msg", [
     (["--gpus", "0;1"], "--gpus: must be comma-separated GPU ids"),
     (["--trials", "0"], "--trials: must be >= 1"),
+    # a seed outside numpy's range died in the sampler with a ValueError traceback
+    (["--seed", "-1"], "--seed: must be an integer in 0..4294967295, got -1"),
+    (["--seed", str(2**32)], "--seed: must be an integer in 0..4294967295, got 4294967296"),
+    (["--wait", "-1"], "--wait: must be a number of seconds >= 0, got -1.0"),
+    (["--wait", "nan"], "--wait: must be a number of seconds >= 0, got nan"),
 ])
 def test_bad_flags(tmp_path, capsys, argv, msg):
     rc = main(["worker", "--storage", str(tmp_path / "j.log"), "--study", "x"] + argv)
@@ -43,3 +48,8 @@ def test_bad_flags(tmp_path, capsys, argv, msg):
 def test_worker_seeds_differ_per_host_and_pid():
     seeds = {worker_seed(0, "h1", 10), worker_seed(0, "h1", 11), worker_seed(0, "h2", 10)}
     assert len(seeds) == 3 and worker_seed(0, "h1", 10) == worker_seed(0, "h1", 10)
+
+
+def test_worker_seed_stays_in_numpys_range():
+    top = 2**32 - 1
+    assert all(0 <= worker_seed(top, "h", pid) <= top for pid in range(50))

@@ -117,6 +117,7 @@ CASES = [
     (dict(sampler={"name": "grid"}, model__state_expansion={"low": 1.0, "high": 2.0}),
      "sampler.name: grid needs every searched setting to be finite"),
     (dict(study={"trials": 0}), "study.trials: must be an integer >= 1, got 0"),
+    (dict(study={"seed": 2**32}), "study.seed: must be an integer in 0..4294967295, got 4294967296"),
     (dict(name="bad name!"), "name: must be a name of letters, digits, _ . -, got 'bad name!'"),
     (dict(surprise=1), "surprise: unknown field; known fields:"),
 ]
