@@ -28,21 +28,7 @@ PHASE_S=${PHASE_S:-140}
 RUN_S=${RUN_S:-70}
 PY=${PYTHON:-python3}
 
-# The GPU host has no package index: install the wheels carried in .whl/ (see the project's device
-# README) unless optuna/deepspeed already import.
-if ! $PY -c "import optuna, deepspeed, datasets" >/dev/null 2>&1; then
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
-  else
-    echo "optuna/deepspeed missing and no .whl/ wheelhouse" >&2; exit 1
-  fi
-else
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-fi
-# DeepSpeed's op builder cannot parse the host's "9.0a"; nothing here compiles DeepSpeed ops, but
-# an import-time probe must not fail on it.
-export TORCH_CUDA_ARCH_LIST=9.0
+. benchmarks/gpu_host_env.sh   # wheels from .whl/ on the GPU host, PYTHONPATH, arch list
 export PYTHONUNBUFFERED=1
 
 SMOKE_CPU=${SMOKE_CPU:-0}
@@ -60,28 +46,8 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$OUT/gpu
 
 # The benchmark space: hybrid_lm_small with a short training budget and a random sampler, so
 # phases A and B train the same candidates in the same order.
-$PY - "$OUT" "$TOKENS" "$TRIALS" "$SMOKE_CPU" <<'EOF' || exit 1
-import sys, yaml, search_spaces
-out, tokens, trials, smoke = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
-d = search_spaces.load("hybrid_lm_small").to_dict()
-d["name"] = "hybrid_lm_small_bench"
-d["budget"].update(tokens=tokens, max_seconds=45, measure_repeats=2)
-if smoke:
-    d["model"].update(depth=[2, 4], d_model=[32], num_heads=[2], mlp_expansion=[2.0])
-    d["budget"].update(device="cpu", batch_size=16)
-    d["task"]["params"] = {"seq_len": 64}
-    for o in d["objectives"]:
-        if "context" in o:
-            o["context"] = 256
-        if o.get("task") == "mqar":
-            o["task_params"] = {"vocab_size": 256, "seq_len": 64, "num_kv_pairs": 4}
-    d["constraints"]["max_decode_memory"]["context"] = 256
-d["sampler"] = {"name": "random", "options": {}}
-d["study"].update(trials=trials, seed=0)
-with open(f"{out}/space.yaml", "w") as f:
-    yaml.safe_dump(d, f, sort_keys=False)
-search_spaces.load(f"{out}/space.yaml")  # validates
-EOF
+$PY benchmarks/bench_space.py "$OUT" hybrid_lm_small_bench "$TOKENS" "$TRIALS" \
+  $([ "$SMOKE_CPU" = 1 ] && echo --smoke) || exit 1
 
 # One single-run helper for C and D: run the spec/config of a trained candidate on a slot.
 single_run() {  # $1 tag, $2 gpu list, $3 gpus per trial, $4 ds config name
