@@ -68,15 +68,10 @@ class _SoftmaxCache:
 
     def step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """``x: [B, 1, d_model]`` (normed) at position ``pos`` (0-d long tensor) -> ``[B, 1, d_model]``."""
-        from blocks.common import rotary
-
         blk = self.block
         B = x.shape[0]
         H, Hkv, D = blk.num_heads, blk.num_kv_heads, blk.head_dim
-        theta = blk.config.rope_theta
-        q = rotary(blk.q_proj(x).view(B, 1, H, D), pos, theta)  # [B, 1, H, D]
-        k = rotary(blk.k_proj(x).view(B, 1, Hkv, D), pos, theta)
-        v = blk.v_proj(x).view(B, 1, Hkv, D)
+        q, k, v, g = blk.project(x, pos)  # [B, 1, H, D], [B, 1, Hkv, D] x2, gate [B, 1, H*D] | None
         slot = torch.remainder(pos, self.cap).view(1)
         self.k.index_copy_(1, slot, k)
         self.v.index_copy_(1, slot, v)
@@ -87,7 +82,7 @@ class _SoftmaxCache:
             attn_mask=valid[None, None, None, :], enable_gqa=H != Hkv,
         ).transpose(1, 2).reshape(B, 1, H * D)
         if blk.gate is not None:
-            o = blk.gate(x, o)
+            o = blk.gate(o, g)
         return blk.o_proj(o)
 
 

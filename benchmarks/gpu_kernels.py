@@ -345,36 +345,46 @@ def _profile_step(dec) -> dict:
         return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
 
 
-def kernel_breakdown() -> dict:
-    """Per-kernel times of the simple_gla chunk kernels (fwd + bwd) at 2k and 32k: where the time goes."""
-    from blocks.kernels import scalar_decay as sd
+def kernel_breakdown(families=LINEAR_FAMILIES, lengths=(2048, 32768)) -> dict:
+    """Where a training step's time goes: every family's forward + backward at 2k and 32k under
+    ``torch.profiler``, device time summed per kernel name (ms per step, heaviest first)."""
+    from torch.profiler import ProfilerActivity, profile
 
-    out = {}
-    for T in (2048, 32768):
-        B = TOKENS // T
-        a = train_inputs("simple_gla", B, T)
-        q, k, v, g = (a[n].detach() for n in ("q", "k", "v", "g"))
-        do = torch.randn_like(v)
-        scale = HEAD_DIM ** -0.5
-        h, _ = sd.fwd_h(k, v, g, None, False)
-        dh, _ = sd.bwd_dh(q, do, g, None, False, scale)
-        _, _, _, dA = sd.bwd_dqkv(q, k, v, g, h, do, dh, scale)
-        row = {"fwd_h": cuda_time(lambda: sd.fwd_h(k, v, g, None, False))[0],
-               "fwd_o": cuda_time(lambda: sd.fwd_o(q, k, v, g, h, scale))[0],
-               "bwd_dh": cuda_time(lambda: sd.bwd_dh(q, do, g, None, False, scale))[0],
-               "bwd_dqkv": cuda_time(lambda: sd.bwd_dqkv(q, k, v, g, h, do, dh, scale))[0],
-               "dg_scan": cuda_time(lambda: dA.flip(-1).cumsum(-1).flip(-1).transpose(1, 2).contiguous())[0],
-               "fwd_h_no_g": cuda_time(lambda: sd.fwd_h(k, v, None, None, False))[0]}
-        out[str(T)] = row
-        log(f"simple_gla kernels T={T}: " + " ".join(f"{n}={t * 1e3:.3f}ms" for n, t in row.items()))
-        del a, q, k, v, g, do, h, dh, dA
-        torch.cuda.empty_cache()
+    out: dict = {}
+    for family in families:
+        out[family] = {}
+        for T in lengths:
+            try:
+                args = train_inputs(family, TOKENS // T, T)
+                pos = positional(family, args)
+                mod = op_module(family)
+                run = fwd_bwd(lambda: mod.chunk(*pos)[0], pos)
+                run()
+                torch.cuda.synchronize()
+                reps = 3
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(reps):
+                        run()
+                    torch.cuda.synchronize()
+                total: dict = {}
+                for e in prof.events():
+                    if e.device_type.name == "CUDA":
+                        total[e.name] = total.get(e.name, 0.0) + e.device_time_total / 1e3 / reps
+                top = sorted(total.items(), key=lambda kv: -kv[1])
+                out[family][str(T)] = {"busy_ms": sum(total.values()),
+                                       "kernels_ms": {n[:60]: round(t, 4) for n, t in top[:10]}}
+                log(f"{family} T={T}: busy {sum(total.values()):.3f} ms/step: "
+                    + ", ".join(f"{n[:40]} {t:.3f}" for n, t in top[:6]))
+                del args, pos, run
+            except Exception as exc:
+                out[family][str(T)] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            torch.cuda.empty_cache()
     return out
 
 
 def _mlp_hidden(model) -> int:
     mlp = model.layers[0].mlp
-    return 0 if mlp is None else mlp.w1.out_features
+    return 0 if mlp is None else mlp.hidden
 
 
 @torch.no_grad()
@@ -532,8 +542,12 @@ def _md_model(res: dict) -> list[str]:
                   + "; ".join(f"{n}: {p['kernels']} kernels, {p['busy_us'] / 1e3:.2f} ms busy" for n, p in prof)]
     kb = res.get("kernel_breakdown")
     if isinstance(kb, dict) and "error" not in kb:
-        lines += ["", "simple_gla chunk kernels, ms (fwd_h runs twice per training step: forward and recompute): "
-                  + "; ".join(f"T={T}: " + ", ".join(f"{n} {t * 1e3:.2f}" for n, t in r.items()) for T, r in kb.items())]
+        lines += ["", "## Where a training step goes (fwd + bwd, device ms per step, heaviest kernels)", ""]
+        for fam, rows in kb.items():
+            for T, r in rows.items():
+                if "kernels_ms" in r:
+                    lines.append(f"- {fam} T={T}: {r['busy_ms']:.2f} ms busy; "
+                                 + ", ".join(f"{n} {t:.2f}" for n, t in list(r["kernels_ms"].items())[:6]))
     return lines
 
 

@@ -39,7 +39,7 @@ class RetNet(LinearBlock):
         h = torch.arange(self.num_heads, dtype=torch.float32, device=device)
         return torch.log1p(-torch.pow(2.0, -5.0 - h))
 
-    def mix_inputs(self, x, q, k, v):
+    def mix_inputs(self, x, side, q, k, v):
         B, T = x.shape[:2]
         g = self.log_decay(x.device).expand(B, T, self.num_heads)  # [B, T, H]
         return q, k, v, (g,), None
@@ -56,11 +56,13 @@ class SimpleGLA(LinearBlock):
 
     def __init__(self, d_model: int, **config) -> None:
         super().__init__(d_model, **config)
-        self.dt_proj = nn.Linear(d_model, self.num_heads, bias=False)
         self.A_log, self.dt_bias = mamba2_decay_params(self.num_heads)
 
-    def mix_inputs(self, x, q, k, v):
-        g = mamba2_decay(self.A_log, self.dt_bias, self.dt_proj(x))  # [B, T, H]
+    def side_projections(self) -> dict[str, int]:
+        return {"dt": self.num_heads}
+
+    def mix_inputs(self, x, side, q, k, v):
+        g = mamba2_decay(self.A_log, self.dt_bias, side["dt"])  # [B, T, H]
         return q, k, v, (g,), None
 
 
@@ -82,7 +84,8 @@ class GLAConfig(LinearConfig):
 @register("gla")
 class GLA(LinearBlock):
     """Vector gates over the key dim: ``gk = logsigmoid(W_2 W_1 x + b) / gate_normalizer``,
-    ``gk: [B, T, H, Kin]``; ``W_1: d_model -> gate_low_rank_dim``, ``W_2: -> H*Kin`` with bias."""
+    ``gk: [B, T, H, Kin]``; ``W_1: d_model -> gate_low_rank_dim`` (a side projection: rows of the
+    block's one input matmul), ``W_2 = gk_up: -> H*Kin`` with bias."""
 
     letter = "G"
     Config = GLAConfig
@@ -90,13 +93,14 @@ class GLA(LinearBlock):
 
     def __init__(self, d_model: int, **config) -> None:
         super().__init__(d_model, **config)
-        r = self.config.gate_low_rank_dim
-        self.gk_proj = nn.Sequential(nn.Linear(d_model, r, bias=False),
-                                     nn.Linear(r, self.num_heads * self.head_dim_k, bias=True))
+        self.gk_up = nn.Linear(self.config.gate_low_rank_dim, self.num_heads * self.head_dim_k, bias=True)
 
-    def mix_inputs(self, x, q, k, v):
+    def side_projections(self) -> dict[str, int]:
+        return {"gk_low": self.config.gate_low_rank_dim}
+
+    def mix_inputs(self, x, side, q, k, v):
         B, T = x.shape[:2]
-        gk = F.logsigmoid(self.gk_proj(x).float()) / self.config.gate_normalizer
+        gk = F.logsigmoid(self.gk_up(side["gk_low"]).float()) / self.config.gate_normalizer
         return q, k, v, (gk.view(B, T, self.num_heads, self.head_dim_k),), None
 
     @classmethod

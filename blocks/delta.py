@@ -5,7 +5,8 @@
   ``g = -exp(A_log) * softplus(W_a x + dt_bias)`` (Mamba-2's decay parameterisation)
 
 ``q`` and ``k`` are L2-normalised per head (so ``I - beta k k^T`` is a contraction);
-``beta = sigmoid(W_b x): [B, T, H]``; ``scale = head_dim_k ** -0.5``. Both default to a short
+``beta = sigmoid(W_b x): [B, T, H]`` (``W_a``, ``W_b`` are side projections: rows of the
+block's one input matmul); ``scale = head_dim_k ** -0.5``. Both default to a short
 conv of size 4, output norm and (gated_deltanet) output gate, as in fla.
 State: ``S: [B, H, Kin, V]`` float32 plus conv caches (``blocks.linear_family``).
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch import nn
 
 from .ops import delta_rule as delta_rule_op, gated_delta_rule as gated_delta_rule_op
 from .common import mamba2_decay, mamba2_decay_params
@@ -46,12 +46,11 @@ class DeltaNet(LinearBlock):
     Config = DeltaNetConfig
     op = delta_rule_op
 
-    def __init__(self, d_model: int, **config) -> None:
-        super().__init__(d_model, **config)
-        self.b_proj = nn.Linear(d_model, self.num_heads, bias=False)
+    def side_projections(self) -> dict[str, int]:
+        return {"beta": self.num_heads}
 
-    def mix_inputs(self, x, q, k, v):
-        beta = torch.sigmoid(self.b_proj(x).float())  # [B, T, H]
+    def mix_inputs(self, x, side, q, k, v):
+        beta = torch.sigmoid(side["beta"].float())  # [B, T, H]
         return l2norm(q), l2norm(k), v, (beta,), None
 
 
@@ -65,11 +64,12 @@ class GatedDeltaNet(LinearBlock):
 
     def __init__(self, d_model: int, **config) -> None:
         super().__init__(d_model, **config)
-        self.a_proj = nn.Linear(d_model, self.num_heads, bias=False)
-        self.b_proj = nn.Linear(d_model, self.num_heads, bias=False)
         self.A_log, self.dt_bias = mamba2_decay_params(self.num_heads)
 
-    def mix_inputs(self, x, q, k, v):
-        g = mamba2_decay(self.A_log, self.dt_bias, self.a_proj(x))  # [B, T, H]
-        beta = torch.sigmoid(self.b_proj(x).float())  # [B, T, H]
+    def side_projections(self) -> dict[str, int]:
+        return {"a": self.num_heads, "beta": self.num_heads}
+
+    def mix_inputs(self, x, side, q, k, v):
+        g = mamba2_decay(self.A_log, self.dt_bias, side["a"])  # [B, T, H]
+        beta = torch.sigmoid(side["beta"].float())  # [B, T, H]
         return l2norm(q), l2norm(k), v, (g, beta), None

@@ -113,7 +113,7 @@ class LinearAttention(LinearBlock):
         K = feature_dim(c.feature_map, self.head_dim_k, c.feature_count(self.head_dim_k))
         return K, self.head_dim_v + (1 if self.denominator else 0)
 
-    def mix_inputs(self, x, q, k, v):
+    def mix_inputs(self, x, side, q, k, v):
         self.feature_map.begin_step()
         q, k = self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)  # [B, T, H, K]
         if self.denominator:

@@ -6,12 +6,13 @@ A family subclass says which ``blocks.ops`` module runs the recurrence and turns
 
 Data flow for ``x: [B, T, d_model]``::
 
-    q|k|v: [B, T, H*(2*Kin + V)] = W_qkv x   (one matmul for the three)
+    q|k|v: [B, T, H*(2*Kin + V)], gate: [B, T, H*V], side projections (a family's decay and beta
+        inputs) = one matmul of x (``InputProjection``)
     (conv_size > 0) through a causal depthwise conv + SiLU, its cache in the state
     split into q, k: [B, T, H*Kin] and v: [B, T, H*V]
     q, k: [B, T, H, Kin], v: [B, T, H, V]   -> mix_inputs -> op(q, k, v, *gates) -> o: [B, T, H, Vs]
     mix_outputs(o) -> [B, T, H, V] -> (output_norm) RMSNorm per head -> [B, T, H*V]
-    (output_gate) * silu(W_g x) -> W_o -> y: [B, T, d_model]
+    (output_gate) * silu(gate) -> W_o -> y: [B, T, d_model]
 
 State (dict): ``S: [B, H, Ks, Vs]`` float32 (Ks, Vs: the state dims after the feature map and
 any denominator column), and with ``conv_size = W > 0``: ``conv: [B, W-1, H*(2*Kin + V)]`` (the
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from .base import Block, BlockConfig, State, check
-from .common import HeadNorm, OutputGate, ShortConv, dtype_bytes
+from .common import HeadNorm, InputProjection, OutputGate, ShortConv, dtype_bytes
 
 
 def is_int(x: Any) -> bool:
@@ -147,12 +148,16 @@ class LinearBlock(Block):
         c = self.config
         H, Kin, V = c.dims(d_model)
         self.num_heads, self.head_dim_k, self.head_dim_v = H, Kin, V
-        # q, k and v from one matmul and one conv: fewer kernels per (decode) step than three each.
+        # q, k, v, the output gate and the family's side inputs from one matmul, q|k|v through one
+        # conv: fewer kernels and weight reads per (decode) step than one each.
         self.qkv_sizes = (H * Kin, H * Kin, H * V)
-        self.qkv_proj = nn.Linear(d_model, sum(self.qkv_sizes), bias=False)
+        widths = {"qkv": sum(self.qkv_sizes)}
+        if c.output_gate:
+            widths["gate"] = H * V
+        self.in_proj = InputProjection(d_model, {**widths, **self.side_projections()})
         self.conv = ShortConv(sum(self.qkv_sizes), c.conv_size) if c.conv_size else None
         self.norm = HeadNorm(V) if self.use_output_norm else None
-        self.gate = OutputGate(d_model, H * V, self.gate_act) if c.output_gate else None
+        self.gate = OutputGate(self.gate_act) if c.output_gate else None
         self.o_proj = nn.Linear(H * V, d_model, bias=False)
 
     # ----- what a family customises -------------------------------------------------------
@@ -164,10 +169,17 @@ class LinearBlock(Block):
         """``(Ks, Vs)`` of the recurrent state ``[B, H, Ks, Vs]``."""
         return self.head_dim_k, self.head_dim_v
 
-    def mix_inputs(self, x, q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple, float | None]:
-        """``(q, k, v, gates, scale)`` for the op from ``x: [B, T, d_model]`` and the projected
-        ``q, k: [B, T, H, Kin]``, ``v: [B, T, H, V]``; ``gates`` are the op's extra per-step
-        arguments (``g``, ``gk``, ``beta``), each with the T dim at position 1."""
+    def side_projections(self) -> dict[str, int]:
+        """Extra projections of ``x`` the family needs (name -> width), computed in the same matmul
+        as q|k|v and handed to ``mix_inputs`` as ``side[name]: [B, T, width]``. Called in
+        ``__init__`` after ``num_heads``/``head_dim_k``/``head_dim_v`` are set."""
+        return {}
+
+    def mix_inputs(self, x, side, q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple, float | None]:
+        """``(q, k, v, gates, scale)`` for the op from ``x: [B, T, d_model]``, the side projections
+        ``side: {name: [B, T, width]}`` and the projected ``q, k: [B, T, H, Kin]``,
+        ``v: [B, T, H, V]``; ``gates`` are the op's extra per-step arguments (``g``, ``gk``,
+        ``beta``), each with the T dim at position 1."""
         raise NotImplementedError
 
     def mix_outputs(self, o: torch.Tensor) -> torch.Tensor:
@@ -177,7 +189,7 @@ class LinearBlock(Block):
     # ----- the shared machinery -----------------------------------------------------------
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The raw projections ``W_q x, W_k x: [B, T, H*Kin]``, ``W_v x: [B, T, H*V]`` (no conv)."""
-        return self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        return self.in_proj(x)["qkv"].split(self.qkv_sizes, dim=-1)
 
 
     def forward(self, x: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
@@ -186,20 +198,21 @@ class LinearBlock(Block):
         B, T, _ = x.shape
         H = self.num_heads
         new_state: State = {}
-        qkv = self.qkv_proj(x)  # [B, T, H*(2*Kin + V)]
+        proj = self.in_proj(x)
+        qkv = proj["qkv"]  # [B, T, H*(2*Kin + V)]
         if self.conv is not None:
             qkv, new_state["conv"] = self.conv(qkv, None if state is None else state["conv"])
         q, k, v = qkv.split(self.qkv_sizes, dim=-1)  # [B, T, H*Kin], [B, T, H*Kin], [B, T, H*V]
         q, k = q.view(B, T, H, self.head_dim_k), k.view(B, T, H, self.head_dim_k)
         v = v.view(B, T, H, self.head_dim_v)
-        q, k, v, gates, scale = self.mix_inputs(x, q, k, v)
+        q, k, v, gates, scale = self.mix_inputs(x, proj, q, k, v)
         o, new_state["S"] = self.run_op(q, k, v, gates, scale, None if state is None else state["S"])
         o = self.mix_outputs(o)  # [B, T, H, V]
         if self.norm is not None:
             o = self.norm(o)
         o = o.reshape(B, T, H * self.head_dim_v)
         if self.gate is not None:
-            o = self.gate(x, o)
+            o = self.gate(o, proj["gate"])
         return self.o_proj(o), new_state
 
     def run_op(self, q, k, v, gates, scale, S0):

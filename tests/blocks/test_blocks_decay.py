@@ -51,7 +51,7 @@ def test_simple_gla_is_mamba2_decay():
     x = torch.randn(2, 10, D)
     y, _ = b(x)
     with torch.no_grad():
-        g = -b.A_log.exp() * F.softplus(b.dt_proj(x) + b.dt_bias)  # [B, T, 1]
+        g = -b.A_log.exp() * F.softplus(_side(b, x, "dt") + b.dt_bias)  # [B, T, 1]
         assert (g <= 0).all()
         ref = _decay_parallel(*b.project(x), g[..., 0].cumsum(1))
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
@@ -66,7 +66,7 @@ def test_gla_vector_gates_match_parallel_form():
     x = torch.randn(2, 9, D)
     y, _ = b(x)
     with torch.no_grad():
-        gk = F.logsigmoid(b.gk_proj(x)) / 16.0  # [B, T, K]
+        gk = F.logsigmoid(b.gk_up(_side(b, x, "gk_low"))) / 16.0  # [B, T, K]
         assert (gk <= 0).all()
         G = gk.cumsum(1)
         q, k, v = b.project(x)
@@ -75,7 +75,12 @@ def test_gla_vector_gates_match_parallel_form():
         A = torch.einsum("bic,bjc,bijc->bij", q, k, w).tril() * 8 ** -0.5
         ref = A @ v
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
-    assert b.gk_proj[0].out_features == 16  # low-rank dim
+    assert b.in_proj.widths[-1] == b.gk_up.in_features == 16  # low-rank dim
+
+
+def _side(b, x, name):
+    """``x`` through the rows of ``name`` in the block's one input matmul, written out."""
+    return x @ b.in_proj.weight[b.in_proj.rows(name)].T
 
 
 def _delta_loop(q, k, v, beta, g=None):
@@ -100,10 +105,10 @@ def test_delta_blocks_normalise_qk_and_gate(name):
     with torch.no_grad():
         q, k, v = b.project(x)
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        beta = torch.sigmoid(b.b_proj(x))[..., 0]
+        beta = torch.sigmoid(_side(b, x, "beta"))[..., 0]
         g = None
         if name == "gated_deltanet":
-            g = (-b.A_log.exp() * F.softplus(b.a_proj(x) + b.dt_bias))[..., 0]
+            g = (-b.A_log.exp() * F.softplus(_side(b, x, "a") + b.dt_bias))[..., 0]
         ref = _delta_loop(q, k, v, beta, g)
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
 
@@ -129,7 +134,7 @@ def test_conv_state_is_last_inputs():
     b = blocks.build("retnet", d_model=D, conv_size=4)
     x = torch.randn(1, 6, D)
     _, s = b(x)
-    torch.testing.assert_close(s["conv"], b.qkv_proj(x)[:, -3:])
+    torch.testing.assert_close(s["conv"], _side(b, x, "qkv")[:, -3:])
     _, s2 = b(x[:, :2])  # shorter than the conv: zero-padded on the left
     torch.testing.assert_close(s2["conv"][:, 0], torch.zeros(1, 3 * D))
-    torch.testing.assert_close(s2["conv"][:, 1:], b.qkv_proj(x[:, :2]))
+    torch.testing.assert_close(s2["conv"][:, 1:], _side(b, x[:, :2], "qkv"))

@@ -84,7 +84,7 @@ def test_adversarial_zero_denominator_stays_finite(fm, dtype):
         x = torch.cat([x1, -x1, torch.randn(2, 3, D) * 1e-4], dim=1)
     else:
         with torch.no_grad():
-            Wq = b.qkv_proj.weight[:D]  # the query rows (one head of width D)
+            Wq = b.in_proj.weight[:D]  # the query rows (one head of width D)
             Wq.copy_(-Wq.abs())
         x = torch.rand(2, 5, D)  # positive inputs -> negative queries -> relu(q) = 0
     x = x.to(dtype).requires_grad_(True)
@@ -103,7 +103,7 @@ def test_near_zero_denominators_random_sweep_finite():
     """Scale the keys toward zero so every phi(q).z is ~1e-12: still finite, forward and backward."""
     b = _bare("identity")
     with torch.no_grad():
-        b.qkv_proj.weight[D:2 * D].mul_(1e-12)  # the key rows
+        b.in_proj.weight[D:2 * D].mul_(1e-12)  # the key rows
     x = torch.randn(4, 16, D, requires_grad=True)
     y, _ = b(x)
     y.sum().backward()

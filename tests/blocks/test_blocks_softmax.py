@@ -13,9 +13,10 @@ def _naive(b, x):
     """Dense causal (windowed) attention with RoPE and GQA, written out from the definitions."""
     B, T, _ = x.shape
     H, Hkv, Dh = b.num_heads, b.num_kv_heads, b.head_dim
-    q = rotary(b.q_proj(x).view(B, T, H, Dh), 0, b.config.rope_theta)
-    k = rotary(b.k_proj(x).view(B, T, Hkv, Dh), 0, b.config.rope_theta).repeat_interleave(H // Hkv, 2)
-    v = b.v_proj(x).view(B, T, Hkv, Dh).repeat_interleave(H // Hkv, 2)
+    W = b.in_proj.weight  # rows: q, k, v, (gate)
+    q = rotary((x @ W[b.in_proj.rows("q")].T).view(B, T, H, Dh), 0, b.config.rope_theta)
+    k = rotary((x @ W[b.in_proj.rows("k")].T).view(B, T, Hkv, Dh), 0, b.config.rope_theta).repeat_interleave(H // Hkv, 2)
+    v = (x @ W[b.in_proj.rows("v")].T).view(B, T, Hkv, Dh).repeat_interleave(H // Hkv, 2)
     s = torch.einsum("bihd,bjhd->bhij", q, k) * Dh ** -0.5
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     allowed = j <= i
@@ -24,7 +25,7 @@ def _naive(b, x):
     o = torch.einsum("bhij,bjhd->bihd", s.masked_fill(~allowed, float("-inf")).softmax(-1), v)
     o = o.reshape(B, T, H * Dh)
     if b.gate is not None:
-        o = o * torch.sigmoid(b.gate.proj(x))
+        o = o * torch.sigmoid(x @ W[b.in_proj.rows("gate")].T)
     return b.o_proj(o)
 
 
