@@ -609,6 +609,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="three lengths, fewer contexts")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: train,fla,step,softmax,model,"
                     "kernel_breakdown,model_compiled")
+    ap.add_argument("--families", default=",".join(LINEAR_FAMILIES),
+                    help="linear families of the training and kernel-breakdown sections")
     ap.add_argument("--fla-families", default="linear_attn,delta_rule,simple_gla,gla,gated_delta_rule")
     ap.add_argument("--fla-lengths", default="", help="comma list (default: the benchmark's lengths)")
     ap.add_argument("--mlp-expansion", type=float, default=8 / 3,
@@ -627,6 +629,10 @@ def main(argv=None) -> int:
     global MLP_EXPANSION
     MLP_EXPANSION = a.mlp_expansion
     skip = set(filter(None, a.skip.split(",")))
+    families = tuple(filter(None, a.families.split(",")))
+    unknown = set(families) - set(LINEAR_FAMILIES)
+    if unknown:
+        ap.error(f"--families: unknown {sorted(unknown)}; known: {', '.join(LINEAR_FAMILIES)}")
     lengths = (512, 2048, 8192) if a.quick else LENGTHS
     contexts = (1024, 8192, 131072) if a.quick else CONTEXTS
     import triton
@@ -634,7 +640,7 @@ def main(argv=None) -> int:
     res: dict = {"env": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                          "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(),
                          "python": platform.python_version(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
-                 "lengths": list(lengths), "families": list(LINEAR_FAMILIES),
+                 "lengths": list(lengths), "families": list(families),
                  "kernels": {f: kernels.has_kernel(f, "chunk") for f in LINEAR_FAMILIES}}
 
     def save():
@@ -642,10 +648,10 @@ def main(argv=None) -> int:
 
     sections = [("correctness", correctness),
                 ("ceilings", lambda: ceilings()),
-                ("train", lambda: train_bench(lengths, LINEAR_FAMILIES)),
+                ("train", lambda: train_bench(lengths, families)),
                 ("step", step_bench),
                 ("softmax_decode", lambda: softmax_decode_bench(contexts)),
-                ("kernel_breakdown", kernel_breakdown),
+                ("kernel_breakdown", lambda: kernel_breakdown(families)),
                 ("model_decode", lambda: model_decode_bench(res["ceilings"]["copy_bytes_per_s"])),
                 ("fla", lambda: fla_bench(a.fla_timeout, [int(x) for x in a.fla_lengths.split(",")] if a.fla_lengths
                                           else lengths, a.fla_families)),

@@ -1,4 +1,4 @@
-"""Compile the alternative gla / delta-rule chunk kernels for a GPU architecture WITHOUT a GPU and
+"""Compile the gla / delta-rule chunk kernels for a GPU architecture WITHOUT a GPU and
 print each kernel's registers, spill stack and shared memory.
 
     python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk]
@@ -7,7 +7,7 @@ Triton lowers to PTX and Triton's bundled ptxas assembles it for ``sm_<arch>``; 
 -res-usage`` (also bundled) reads the resources. A compile error here is one the GPU would hit,
 and a large STACK (bytes of local memory per thread: register spills) is the first thing to fix
 when a kernel is slow; both are checkable on a laptop. The launch configurations below mirror the
-host code of ``blocks/kernels/delta_rule.py`` and ``gla_subchunk.py`` for the benchmark's problem
+host code of ``blocks/kernels/delta.py`` and ``gla.py`` for the benchmark's problem
 (16 heads of dim 128, long sequences: walks at BV=32). Exits 1 if any kernel fails to compile.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from blocks.kernels import delta_rule as d  # noqa: E402
-from blocks.kernels import gla_subchunk as g  # noqa: E402
+from blocks.kernels import delta as d  # noqa: E402
+from blocks.kernels import gla as g  # noqa: E402
 
 ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv")
 
@@ -66,13 +66,15 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), 4, 2)
     yield ("gla.fwd_h", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_H0=True, STORE_HT=True,
                                               DOT_PREC=prec), 4, 2)
-    yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, DOT_PREC=prec), 8, 3)
+    yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
+                                                  DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), 8, 3)
     yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec), 8, s)
     yield ("gla.bwd_dh", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_DHT=True, STORE_DH0=True,
                                                 DOT_PREC=prec), 4, 2)
     yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec), 8, s)
     yield ("gla.bwd_inter", g._bwd_inter_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec), 8, s)
-    yield ("gla.bwd_intra", g._bwd_intra_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, DOT_PREC=prec), 8, 3)
+    yield ("gla.bwd_intra", g._bwd_intra_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.BKD, BK),
+                                                      DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), 4, 3)
 
 
 def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int):

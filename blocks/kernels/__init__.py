@@ -97,24 +97,3 @@ def _load() -> None:
                       "the ops run their PyTorch forms", RuntimeWarning, stacklevel=2)
         _KERNELS.clear()
         return
-    _load_alt()
-
-
-def _load_alt() -> None:
-    """Under ``ARCHSEARCH_ALT_KERNELS=1`` the alternative chunk kernels for ``gla``
-    (``gla_subchunk``) and the delta rules (``delta_rule``) replace the default ones, for A/B runs
-    of the tests and benchmarks. Their failure to load leaves the defaults in place."""
-    import os
-
-    if os.environ.get("ARCHSEARCH_ALT_KERNELS") != "1":
-        return
-    try:
-        from . import delta_rule, gla_subchunk
-
-        delta_rule.register()
-        gla_subchunk.register()
-    except Exception as exc:  # noqa: BLE001 - any import-time error; the default kernels stay
-        import warnings
-
-        warnings.warn(f"blocks.kernels: alternative kernels not loaded ({type(exc).__name__}: {exc})",
-                      RuntimeWarning, stacklevel=3)

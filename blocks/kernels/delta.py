@@ -1,21 +1,32 @@
 """Triton chunk kernels, forward and backward, for the delta rules: ``delta_rule`` and
-``gated_delta_rule`` (a scalar log decay ``g`` per head and step).
+``gated_delta_rule`` (scalar decay ``g: [B, T, H]``, log space).
 
-    S_t = exp(g_t) S_{t-1};  S_t += beta_t k_t (v_t - S_t^T k_t)^T;  o_t = scale * S_t^T q_t
+    S'_t = exp(g_t) S_{t-1}                                  S: [K, V] per (batch, head), float32 carry
+    S_t  = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T
+    o_t  = scale * S_t^T q_t
 
-Chunked (the WY form of DeltaNet, as fla computes it): inside a chunk with inclusive log-decay
-prefix sums ``G`` (``Gam = exp(G)``) and start state ``S0``,
+The WY/UT representation (flash-linear-attention's decomposition, written for this project). In a
+chunk of ``BT`` positions with chunk-local inclusive log-decay prefix sums ``G`` and start state ``S``:
 
-    A    = strict_lower(diag(beta) K K^T * exp(G_i - G_j));   T = (I + A)^-1
-    W    = T diag(beta Gam) K          U = T diag(beta) V          U~ = U - W S0   (new values)
-    o    = scale * ((Q * Gam) S0 + (lower(Q K^T) * exp(G_i - G_j)) U~)
-    S_C  = Gam_C S0 + (K * Gam_C / Gam)^T U~
+    A    = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)     [BT, BT]
+    Tm   = (I + A)^-1                                        unit lower triangular
+    w    = Tm (beta exp(G) * k)    u = Tm (beta * v)         [BT, K], [BT, V]  (independent of S)
+    U    = u - w S                                           the values actually written
+    o    = scale (exp(G) * q) S + scale (q k^T * exp(G_i - G_j) [j <= i]) U
+    S_C  = exp(G_C) S + (k * exp(G_C - G))^T U
 
-``T`` comes from forward substitution, row by row (stable, unlike a power series). Kernels: a
-parallel prep (``A``, ``T``, ``W``, ``U`` per chunk), a sequential walk over chunks inside one kernel
-(``U~`` and the chunk states), and the scalar-decay output kernel on ``U~``. The backward mirrors
-it: a parallel ``dU~`` from the outputs, a reverse walk for the state gradients and ``dU~``, and
-one parallel kernel for ``dq, dk, dv, dbeta, dg`` through ``T`` (``dA = -T^T dT T^T``).
+Kernels: ``_wy_fwd`` (per chunk, parallel) builds ``Tm`` from 16x16 diagonal blocks (forward
+substitution in registers) merged with 16x16 dots, and ``w, u``; ``_fwd_h`` walks the chunks of a
+(batch, head, V slice) in order *inside the kernel*, storing every chunk-start state and ``U``;
+``_fwd_o`` computes every chunk's output in parallel. The backward mirrors it: the chunk states are
+recomputed (not kept between forward and backward), a reverse walk ``_bwd_dh`` carries the state
+gradient and produces ``dU``; ``_bwd_dqkwg`` gives ``dq`` and the parts of ``dk, dw, dG`` through
+``o`` and the state; ``_wy_bwd`` back-propagates through ``Tm`` (``dA = -Tm^T dTm Tm^T``) into
+``dk, dv, dbeta`` and turns the chunk-local ``dG`` into ``dg`` by a reverse cumsum.
+
+Every exponent is <= 0 (pairs ``j > i`` masked to -inf before ``exp``; padded rows past ``T`` take
+the last valid ``G``), so strong decay underflows instead of overflowing. Padding loads
+``k = v = beta = 0``, which leaves the state unchanged.
 """
 from __future__ import annotations
 
@@ -28,75 +39,241 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import register_kernel
-from .scalar_decay import BT, _fwd_o_kernel, _pow2, _prec, _stages, _state_dtype
 
+BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
+BC = 16  # diagonal block of the triangular inverse
+MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K runs the PyTorch form
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-MAX_K = 128  # full key rows live in registers (the walk needs all of K for W S)
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(n))
 
 
 def _warps(n: int) -> int:
     return 1 if _INTERPRET else n
 
 
+def _stages(x: torch.Tensor) -> int:
+    return 1 if _INTERPRET or x.dtype == torch.float32 else 2
+
+
+def _prec(x: torch.Tensor) -> str:
+    # float32 inputs: full-precision dots (the PyTorch forms do not use TF32); bf16/fp16 inputs
+    # already carry ~3 significant digits, TF32 on the float32 intermediates costs nothing there.
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+# --- shared device helpers -------------------------------------------------------------------
 @triton.jit
-def _chunk_system(k, beta, g, i_b, i_h, o_t, m_t, T, H: tl.constexpr, K: tl.constexpr,
-                  BT: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One chunk's ``(k [BT, BK], beta [BT], G [BT], KK = k k^T, A, Tm = (I + A)^-1)`` (float32)."""
+def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
+    """Chunk-local cumulative log decay of chunk ``i_t``: ``([BT] with padded rows = the last
+    valid value, that last value)``."""
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    g_last = tl.load(gc + (i_b * T + last) * H + i_h).to(tl.float32)
+    b_g = tl.load(gc + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32)
+    return tl.where(m_t, b_g, g_last), g_last
+
+
+@triton.jit
+def _inv_unit_lower(b_A, BC: tl.constexpr):
+    """``(I + A)^-1`` for a strictly lower ``[BC, BC]`` block ``A`` by forward substitution:
+    with ``X = (I + A)^-1 - I``, row ``i`` is ``X_i = -A_i - sum_j A_ij X_j``."""
+    o = tl.arange(0, BC)
+    X = tl.zeros([BC, BC], dtype=tl.float32)
+    for i in range(1, BC):
+        n_i = -tl.sum(tl.where(o[:, None] == i, b_A, 0.), 0)  # -A[i, :], indexed by j
+        x_i = n_i + tl.sum(n_i[:, None] * X, 0)
+        X = tl.where(o[:, None] == i, x_i[None, :], X)
+    return X + (o[:, None] == o[None, :]).to(tl.float32)
+
+
+@triton.jit
+def _a_block(k, beta, gc, i_b, i_h, i_t, T, ri: tl.constexpr, cj: tl.constexpr,
+             H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+             USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Block (ri, cj) of ``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)``, ``[BC, BC]`` float32."""
+    o_i = i_t * BT + ri * BC + tl.arange(0, BC)
+    o_j = i_t * BT + cj * BC + tl.arange(0, BC)
+    m_i = o_i < T
+    m_j = o_j < T
     o_k = tl.arange(0, BK)
-    b_k = tl.load(k + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :],
-                  mask=m_t[:, None] & (o_k[None, :] < K), other=0.)
-    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32)
-    if USE_G:
-        b_G = tl.cumsum(tl.load(g + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32), axis=0)
+    m_k = o_k < K
+    b_ki = tl.load(k + ((i_b * T + o_i[:, None]) * H + i_h) * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0.)
+    b_kj = tl.load(k + ((i_b * T + o_j[None, :]) * H + i_h) * K + o_k[:, None], mask=m_k[:, None] & m_j[None, :], other=0.)
+    b_A = tl.dot(b_ki, b_kj, input_precision=DOT_PREC).to(tl.float32)
+    b_b = tl.load(beta + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.).to(tl.float32)
+    b_A = b_A * b_b[:, None]
+    if ri == cj:
+        m_A = o_i[:, None] > o_j[None, :]
     else:
-        b_G = tl.zeros([BT], dtype=tl.float32)
-    b_KK = tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
-    o_i = tl.arange(0, BT)
-    m_strict = o_i[:, None] > o_i[None, :]
-    b_A = tl.where(m_strict, b_beta[:, None] * b_KK * tl.exp(tl.where(m_strict, b_G[:, None] - b_G[None, :], 0.)), 0.)
-    # forward substitution: row i of T is e_i - sum_{j<i} A_ij T_j
-    b_T = tl.zeros([BT, BT], dtype=tl.float32)
-    for i in range(BT):
-        a_i = tl.sum(tl.where(o_i[:, None] == i, b_A, 0.), axis=0)  # [BT] over j
-        t_i = tl.where(o_i == i, 1., 0.) - tl.sum(a_i[:, None] * b_T, axis=0)
-        b_T = tl.where(o_i[:, None] == i, t_i[None, :], b_T)
-    return b_k, b_beta, b_G, b_KK, b_A, b_T
+        m_A = (o_i[:, None] >= 0) & (o_j[None, :] >= 0)
+    if USE_G:
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        g_last = tl.load(gc + (i_b * T + last) * H + i_h)
+        g_i = tl.where(m_i, tl.load(gc + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.), g_last)
+        g_j = tl.where(m_j, tl.load(gc + (i_b * T + o_j) * H + i_h, mask=m_j, other=0.), g_last)
+        b_A = b_A * tl.exp(tl.where(m_A, g_i[:, None] - g_j[None, :], float("-inf")))
+    return tl.where(m_A, b_A, 0.)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _delta_prep_kernel(k, v, beta, g, w, u, T, NT,
-                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H): W = T diag(beta exp(G)) K, U = T diag(beta) V for one chunk."""
+@triton.jit
+def _store_block(Ai, blk, i_b, i_h, i_t, T, ri: tl.constexpr, cj: tl.constexpr,
+                 H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    o_i = i_t * BT + ri * BC + tl.arange(0, BC)
+    o_c = cj * BC + tl.arange(0, BC)
+    tl.store(Ai + ((i_b * T + o_i[:, None]) * H + i_h) * BT + o_c[None, :], blk, mask=(o_i < T)[:, None])
+
+
+@triton.jit
+def _load_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr, BD: tl.constexpr):
+    """Rows ``row0 .. row0+BR`` and columns ``col0 .. col0+BD`` of ``x: [B, T, H, D]``, zero-padded."""
+    o_r = row0 + tl.arange(0, BR)
+    o_d = col0 + tl.arange(0, BD)
+    # int64 only in the scalar base; per-element offsets in int32 (wrappers check T*H*D < 2^31):
+    # 64-bit address tensors for [64, 128] tiles cost registers the dots need
+    base = x + (i_b * T * H + i_h) * D
+    return tl.load(base + o_r[:, None] * (H * D) + o_d[None, :],
+                   mask=(o_r < T)[:, None] & (o_d < D)[None, :], other=0.)
+
+
+@triton.jit
+def _store_rows(x, val, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr, BD: tl.constexpr):
+    o_r = row0 + tl.arange(0, BR)
+    o_d = col0 + tl.arange(0, BD)
+    base = x + (i_b * T * H + i_h) * D
+    tl.store(base + o_r[:, None] * (H * D) + o_d[None, :], val.to(x.dtype.element_ty),
+             mask=(o_r < T)[:, None] & (o_d < D)[None, :])
+
+
+@triton.jit
+def _load_cols(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BD: tl.constexpr, BR: tl.constexpr):
+    """``x[b, row0:row0+BR, h, col0:col0+BD]`` transposed, ``[BD, BR]``, zero-padded."""
+    o_r = row0 + tl.arange(0, BR)
+    o_d = col0 + tl.arange(0, BD)
+    base = x + (i_b * T * H + i_h) * D
+    return tl.load(base + o_r[None, :] * (H * D) + o_d[:, None], mask=(o_r < T)[None, :] & (o_d < D)[:, None], other=0.)
+
+
+@triton.jit
+def _sub_scale(beta, gc, i_b, i_h, i_t, T, ri: tl.constexpr, H: tl.constexpr, BT: tl.constexpr,
+               BC: tl.constexpr, USE_G: tl.constexpr):
+    """``(beta, beta * exp(G))`` of sub-block ``ri``, ``[BC]`` each."""
+    o_i = i_t * BT + ri * BC + tl.arange(0, BC)
+    m_i = o_i < T
+    b_b = tl.load(beta + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.).to(tl.float32)
+    if USE_G:
+        b_g = tl.load(gc + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.)
+        return b_b, b_b * tl.exp(b_g)
+    return b_b, b_b
+
+
+# --- kernels ---------------------------------------------------------------------------------
+@triton.jit
+def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
+    """Grid (NT, B*H): chunk-local inclusive cumsum of ``g: [B, T, H]`` into float32 ``gc``."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    b_k, b_beta, b_G, b_KK, b_A, b_T = _chunk_system(k, beta, g, i_b, i_h, o_t, m_t, T, H, K, BT, BK,
-                                                     USE_G, DOT_PREC)
-    o_k = tl.arange(0, BK)
-    b_kb = b_k.to(tl.float32) * (b_beta * tl.exp(b_G))[:, None]
-    tl.store(w + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :],
-             tl.dot(b_T, b_kb, input_precision=DOT_PREC).to(w.dtype.element_ty),
-             mask=m_t[:, None] & (o_k[None, :] < K))
+    b_g = tl.load(g + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32)
+    tl.store(gc + (i_b * T + o_t) * H + i_h, tl.cumsum(b_g, axis=0), mask=m_t)
+
+
+@triton.jit
+def _wy_fwd_kernel(k, v, beta, gc, Ai, w, u, T,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` ([B, T, H, BT] float32, row i of the chunk's
+    inverse), ``w = Ai (beta exp(G) k)``, ``u = Ai (beta v)``.
+
+    Block inverse: ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for block rows ``i > j``."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    T00 = _inv_unit_lower(_a_block(k, beta, gc, i_b, i_h, i_t, T, 0, 0, H, K, BT, BC, BK, USE_G, DOT_PREC), BC)
+    T11 = _inv_unit_lower(_a_block(k, beta, gc, i_b, i_h, i_t, T, 1, 1, H, K, BT, BC, BK, USE_G, DOT_PREC), BC)
+    T22 = _inv_unit_lower(_a_block(k, beta, gc, i_b, i_h, i_t, T, 2, 2, H, K, BT, BC, BK, USE_G, DOT_PREC), BC)
+    T33 = _inv_unit_lower(_a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 3, H, K, BT, BC, BK, USE_G, DOT_PREC), BC)
+    A10 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 1, 0, H, K, BT, BC, BK, USE_G, DOT_PREC)
+    A20 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 2, 0, H, K, BT, BC, BK, USE_G, DOT_PREC)
+    A21 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 2, 1, H, K, BT, BC, BK, USE_G, DOT_PREC)
+    A30 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 0, H, K, BT, BC, BK, USE_G, DOT_PREC)
+    A31 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 1, H, K, BT, BC, BK, USE_G, DOT_PREC)
+    A32 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 2, H, K, BT, BC, BK, USE_G, DOT_PREC)
+    # the inverse is float32 math whatever the inputs: full-precision dots (16x16, cheap)
+    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision="ieee"), input_precision="ieee")
+    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision="ieee"), input_precision="ieee")
+    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision="ieee"), input_precision="ieee")
+    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision="ieee") + tl.dot(A21, T10, input_precision="ieee"), input_precision="ieee")
+    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision="ieee") + tl.dot(A32, T21, input_precision="ieee"), input_precision="ieee")
+    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision="ieee") + tl.dot(A31, T10, input_precision="ieee")
+                  + tl.dot(A32, T20, input_precision="ieee"), input_precision="ieee")
+    Z = tl.zeros([BC, BC], dtype=tl.float32)
+    _store_block(Ai, T00, i_b, i_h, i_t, T, 0, 0, H, BT, BC)
+    _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
+    _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 2, H, BT, BC)
+    _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 3, H, BT, BC)
+    _store_block(Ai, T10, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
+    _store_block(Ai, T11, i_b, i_h, i_t, T, 1, 1, H, BT, BC)
+    _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 2, H, BT, BC)
+    _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 3, H, BT, BC)
+    _store_block(Ai, T20, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
+    _store_block(Ai, T21, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
+    _store_block(Ai, T22, i_b, i_h, i_t, T, 2, 2, H, BT, BC)
+    _store_block(Ai, Z, i_b, i_h, i_t, T, 2, 3, H, BT, BC)
+    _store_block(Ai, T30, i_b, i_h, i_t, T, 3, 0, H, BT, BC)
+    _store_block(Ai, T31, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
+    _store_block(Ai, T32, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
+    _store_block(Ai, T33, i_b, i_h, i_t, T, 3, 3, H, BT, BC)
+
+    # w = Ai X_w, u = Ai X_u, block row by block row (X_j: the scaled rows of sub-block j).
+    r0 = i_t * BT
+    b0, e0 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 0, H, BT, BC, USE_G)
+    b1, e1 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 1, H, BT, BC, USE_G)
+    b2, e2 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 2, H, BT, BC, USE_G)
+    b3, e3 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 3, H, BT, BC, USE_G)
+    X0 = _load_rows(k, i_b, i_h, r0, T, H, K, 0, BC, BK).to(tl.float32) * e0[:, None]
+    X1 = _load_rows(k, i_b, i_h, r0 + BC, T, H, K, 0, BC, BK).to(tl.float32) * e1[:, None]
+    X2 = _load_rows(k, i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK).to(tl.float32) * e2[:, None]
+    X3 = _load_rows(k, i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK).to(tl.float32) * e3[:, None]
+    _store_rows(w, tl.dot(T00, X0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, K, 0, BC, BK)
+    _store_rows(w, tl.dot(T10, X0, input_precision=DOT_PREC) + tl.dot(T11, X1, input_precision=DOT_PREC),
+                i_b, i_h, r0 + BC, T, H, K, 0, BC, BK)
+    _store_rows(w, tl.dot(T20, X0, input_precision=DOT_PREC) + tl.dot(T21, X1, input_precision=DOT_PREC)
+                + tl.dot(T22, X2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK)
+    _store_rows(w, tl.dot(T30, X0, input_precision=DOT_PREC) + tl.dot(T31, X1, input_precision=DOT_PREC)
+                + tl.dot(T32, X2, input_precision=DOT_PREC) + tl.dot(T33, X3, input_precision=DOT_PREC),
+                i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK)
     for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v[None, :] < V)
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_v = tl.load(v + p_v, mask=m_tv, other=0.).to(tl.float32) * b_beta[:, None]
-        tl.store(u + p_v, tl.dot(b_T, b_v, input_precision=DOT_PREC).to(u.dtype.element_ty), mask=m_tv)
+        c0 = i_v * BV
+        Y0 = _load_rows(v, i_b, i_h, r0, T, H, V, c0, BC, BV).to(tl.float32) * b0[:, None]
+        Y1 = _load_rows(v, i_b, i_h, r0 + BC, T, H, V, c0, BC, BV).to(tl.float32) * b1[:, None]
+        Y2 = _load_rows(v, i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV).to(tl.float32) * b2[:, None]
+        Y3 = _load_rows(v, i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV).to(tl.float32) * b3[:, None]
+        _store_rows(u, tl.dot(T00, Y0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, c0, BC, BV)
+        _store_rows(u, tl.dot(T10, Y0, input_precision=DOT_PREC) + tl.dot(T11, Y1, input_precision=DOT_PREC),
+                    i_b, i_h, r0 + BC, T, H, V, c0, BC, BV)
+        _store_rows(u, tl.dot(T20, Y0, input_precision=DOT_PREC) + tl.dot(T21, Y1, input_precision=DOT_PREC)
+                    + tl.dot(T22, Y2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV)
+        _store_rows(u, tl.dot(T30, Y0, input_precision=DOT_PREC) + tl.dot(T31, Y1, input_precision=DOT_PREC)
+                    + tl.dot(T32, Y2, input_precision=DOT_PREC) + tl.dot(T33, Y3, input_precision=DOT_PREC),
+                    i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _delta_walk_kernel(w, u, k, g, h, vn, h0, ht, T, NT,
-                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                       DOT_PREC: tl.constexpr):
-    """Grid (V/BV, B*H), BK >= K: h[b, t, h] = state before chunk t; vn = U~ = U - W S0."""
+@triton.jit
+def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (V/BV, B*H), BK >= K: walk the chunks in order; ``h[b, t, h]`` = state before chunk t,
+    ``vn = u - w h`` (the values written, U)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -109,71 +286,100 @@ def _delta_walk_kernel(w, u, k, g, h, vn, h0, ht, T, NT,
     p_kv = o_k[:, None] * V + o_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.).to(tl.float32)
+        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_t in range(NT):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
-        m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        p_tv = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_w = tl.load(w + p_tk, mask=m_tk, other=0.)
-        b_u = tl.load(u + p_tv, mask=m_tv, other=0.).to(tl.float32)
-        b_k = tl.load(k + p_tk, mask=m_tk, other=0.)
-        b_vn = (b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)).to(b_k.dtype)
-        tl.store(vn + p_tv, b_vn.to(vn.dtype.element_ty), mask=m_tv)
+        b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
+        b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
+        _store_rows(vn, b_vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         if USE_G:
-            b_g = tl.load(g + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32)
-            b_G = tl.cumsum(b_g, axis=0)
-            g_last = tl.sum(b_g, axis=0)
+            b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
             b_h *= tl.exp(g_last)
-            b_k = (b_k * tl.exp(g_last - b_G)[:, None]).to(b_vn.dtype)
-        b_h += tl.dot(tl.trans(b_k), b_vn, input_precision=DOT_PREC)
+            b_vn = b_vn * tl.exp(g_last - b_g)[:, None]
+        b_h += tl.dot(b_kT, b_vn.to(b_kT.dtype), input_precision=DOT_PREC)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _delta_dvo_kernel(q, k, g, do, dvo, scale, T,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), BK >= K: dU~ from the outputs, scale * (lower(Q K^T) * exp(G_i - G_j))^T dO."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+@triton.jit
+def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (V/BV, NT, B*H): ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)``."""
+    i_v = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    o_k = tl.arange(0, BK)
-    m_tk = m_t[:, None] & (o_k[None, :] < K)
-    p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    b_q = tl.load(q + p_tk, mask=m_tk, other=0.)
-    b_k = tl.load(k + p_tk, mask=m_tk, other=0.)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BK, BT)
+        b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_o += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=DOT_PREC)
+        b_A += tl.dot(b_q, b_kT, input_precision=DOT_PREC)
+    o_i = tl.arange(0, BT)
+    m_A = o_i[:, None] >= o_i[None, :]
+    if USE_G:
+        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+        b_o = b_o * tl.exp(b_g)[:, None]
+        b_A = b_A * tl.exp(tl.where(m_A, b_g[:, None] - b_g[None, :], float("-inf")))
+    b_A = tl.where(m_A, b_A, 0.)
+    b_vn = _load_rows(vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+    b_o = (b_o + tl.dot(b_A.to(b_vn.dtype), b_vn, input_precision=DOT_PREC)) * scale
+    _store_rows(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+
+
+@triton.jit
+def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T,
+                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                         USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (V/BV, NT, B*H): ``dU`` through the intra-chunk output, ``P^T do`` with
+    ``P = scale mask(q k^T) * exp(G_i - G_j)``; float32."""
+    i_v = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    b_At = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i]
+    for i_k in range(tl.cdiv(K, BK)):
+        b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_At += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
     o_i = tl.arange(0, BT)
     m_ji = o_i[None, :] >= o_i[:, None]
-    b_At = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)  # [j, i]
     if USE_G:
-        b_G = tl.cumsum(tl.load(g + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32), axis=0)
-        b_At = b_At * tl.exp(tl.where(m_ji, b_G[None, :] - b_G[:, None], float("-inf")))
-    b_At = tl.where(m_ji, b_At * scale, 0.).to(b_q.dtype)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v[None, :] < V)
-        p_tv = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_do = tl.load(do + p_tv, mask=m_tv, other=0.)
-        tl.store(dvo + p_tv, tl.dot(b_At, b_do, input_precision=DOT_PREC), mask=m_tv)
+        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+        b_At = b_At * tl.exp(tl.where(m_ji, b_g[None, :] - b_g[:, None], float("-inf")))
+    b_At = tl.where(m_ji, b_At * scale, 0.)
+    b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+    b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
+    _store_rows(dv, b_dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _delta_bwd_walk_kernel(q, k, w, g, do, dvo, dh, dvn, dht, dh0, scale, T, NT,
-                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                           DOT_PREC: tl.constexpr):
-    """Grid (V/BV, B*H), BK >= K, reverse walk: dh[b, t, h] = dLoss/d(state after chunk t),
-    dvn = dU~ = dU~_o + (K * Gam_C/Gam) dS_C; dS0 = Gam_C dS_C + scale (Q Gam)^T dO - W^T dU~."""
+@triton.jit
+def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+                   DOT_PREC: tl.constexpr):
+    """Grid (V/BV, B*H), BK >= K: reverse walk. ``dh[b, t, h]`` = dLoss/d(state after chunk t);
+    ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -186,222 +392,328 @@ def _delta_bwd_walk_kernel(q, k, w, g, do, dvo, dh, dvn, dht, dh0, scale, T, NT,
     p_kv = o_k[:, None] * V + o_v[None, :]
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
-        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.).to(tl.float32)
+        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
-        m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        p_tv = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_k = tl.load(k + p_tk, mask=m_tk, other=0.)
-        b_q = tl.load(q + p_tk, mask=m_tk, other=0.)
-        b_w = tl.load(w + p_tk, mask=m_tk, other=0.)
-        b_do = tl.load(do + p_tv, mask=m_tv, other=0.)
+        # the chunk-position factors scale the [BT, BV] operands and results, not the [BT, K]
+        # tiles: fewer float32 temporaries live in registers
+        b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
+        b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
+        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         if USE_G:
-            b_g = tl.load(g + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32)
-            b_G = tl.cumsum(b_g, axis=0)
-            g_last = tl.sum(b_g, axis=0)
-            b_k = (b_k * tl.exp(g_last - b_G)[:, None]).to(b_q.dtype)
-            b_q = (b_q * (scale * tl.exp(b_G))[:, None]).to(b_do.dtype)
-        else:
-            b_q = (b_q * scale).to(b_do.dtype)
-        b_dvn = tl.load(dvo + p_tv, mask=m_tv, other=0.) + tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)
-        tl.store(dvn + p_tv, b_dvn, mask=m_tv)
-        if USE_G:
+            b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+            b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
+            b_do = b_do * (scale * tl.exp(b_g))[:, None]
             b_dh *= tl.exp(g_last)
-        b_dh += tl.dot(tl.trans(b_q), b_do, input_precision=DOT_PREC)
-        b_dh -= tl.dot(tl.trans(b_w), b_dvn.to(b_w.dtype), input_precision=DOT_PREC)
+        else:
+            b_do = b_do * scale
+        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV) + b_kdh
+        _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
+        b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
+        b_dh += tl.dot(b_qT, b_do.to(b_qT.dtype), input_precision=DOT_PREC)
+        b_dh -= tl.dot(b_wT, b_dv2.to(b_wT.dtype), input_precision=DOT_PREC)
     if STORE_DH0:
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _delta_bwd_main_kernel(q, k, v, beta, g, h, dh, vn, dvn, do, dq, dk, dv, dbeta, dg, scale, T, NT,
-                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), BK >= K: dq, dk, dv, dbeta and (gated) dg of one chunk."""
+@triton.jit
+def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
+    and ``dw = -dv2 h^T`` that come through the output and the state (float32); this slice's share
+    of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
+    over key channels). Splitting K keeps the float32 accumulators at [BT, 64] each."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dP = tl.zeros([BT, BT], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_vk = (o_v < V)[:, None] & m_k[None, :]
+        b_vn = _load_rows(vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_dv2 = _load_rows(dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
+        b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
+        b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
+        b_dk += tl.dot(b_vn, b_dhT.to(b_vn.dtype), input_precision=DOT_PREC)
+        b_dw += tl.dot(b_dv2.to(b_hT.dtype), b_hT, input_precision=DOT_PREC)
+        b_dP += tl.dot(b_do, tl.trans(b_vn.to(b_do.dtype)), input_precision=DOT_PREC)
+        if USE_G:
+            b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)
+    o_i = tl.arange(0, BT)
+    m_ij = o_i[:, None] >= o_i[None, :]
+    if USE_G:
+        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+        b_dq = b_dq * (scale * tl.exp(b_g))[:, None]
+        b_dk = b_dk * tl.exp(g_last - b_g)[:, None]
+        b_ds = tl.where(m_ij, b_dP * scale * tl.exp(tl.where(m_ij, b_g[:, None] - b_g[None, :], float("-inf"))), 0.)
+        # Terms whose exponent is G_x - G_x (the diagonal of the pairwise decay, the last key's
+        # exp(G_C - G_C)) carry no gradient: they are left out rather than added and subtracted,
+        # since that +x - x would swamp the tiny true gradient of a strong decay in rounding.
+        b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+        b_M = tl.where(o_i[:, None] > o_i[None, :], b_ds * b_qk, 0.)
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        b_kdk = tl.where(o_t < last, tl.sum(b_k.to(tl.float32) * b_dk, 1), 0.)
+        b_dg = tl.sum(b_q.to(tl.float32) * b_dq, 1) - b_kdk + tl.sum(b_M, 1) - tl.sum(b_M, 0)
+        b_dg += tl.where(o_t == last, tl.sum(b_kdk, 0) + tl.sum(b_hdh, 0) * tl.exp(g_last), 0.)
+        tl.store(dG + ((i_k * B + i_b) * T + o_t) * H + i_h, b_dg, mask=m_t)
+    else:
+        b_dq = b_dq * scale
+        b_ds = tl.where(m_ij, b_dP * scale, 0.)
+    b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
+    b_dk += tl.dot(tl.trans(b_ds).to(b_q.dtype), b_q, input_precision=DOT_PREC)
+    _store_rows(dq, b_dq, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    _store_rows(dk, b_dk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    _store_rows(dw, -b_dw, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+
+
+@triton.jit
+def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
+                   USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
+    the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
+    ``NK_G`` key-slice shares are summed here).
+
+    Two passes over key slices of ``BK`` keep the live float32 tiles at [BT, BT] / [BT, BK]:
+    the first sums ``dAi = dw X_w^T + du X_u^T`` and ``k k^T``, the second (after
+    ``dA = -Ai^T dAi Ai^T``) writes ``dk`` slice by slice."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    m_tk = m_t[:, None] & m_k[None, :]
-    p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    b_k, b_beta, b_G, b_KK, b_A, b_T = _chunk_system(k, beta, g, i_b, i_h, o_t, m_t, T, H, K, BT, BK,
-                                                     USE_G, DOT_PREC)
-    b_kf = b_k.to(tl.float32)
-    b_q = tl.load(q + p_tk, mask=m_tk, other=0.)
-    b_gam = tl.exp(b_G)
-    o_i = tl.arange(0, BT)
-    g_last = tl.sum(tl.where(o_i == BT - 1, b_G, 0.), axis=0)  # padded g = 0: G at BT-1 is the chunk's
-    b_kd = tl.exp(g_last - b_G)  # Gam_C / Gam_j
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)   # do S0^T
-    b_dkS = tl.zeros([BT, BK], dtype=tl.float32)  # U~ dS_C^T
-    b_dW = tl.zeros([BT, BK], dtype=tl.float32)   # -dU~ S0^T
-    b_ds = tl.zeros([BT, BT], dtype=tl.float32)   # do_i . U~_j
-    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dbeta = tl.zeros([BT], dtype=tl.float32)
-    b_hdh = tl.zeros([BK, BV], dtype=tl.float32)  # sum over V blocks of S0 * dS_C, reduced at the end
-    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_tv = m_t[:, None] & m_v[None, :]
-        p_tv = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_do = tl.load(do + p_tv, mask=m_tv, other=0.)
-        b_vn = tl.load(vn + p_tv, mask=m_tv, other=0.)
-        b_dvn = tl.load(dvn + p_tv, mask=m_tv, other=0.)  # float32
-        b_v = tl.load(v + p_tv, mask=m_tv, other=0.).to(tl.float32)
-        m_kv = m_k[:, None] & m_v[None, :]
-        b_h = tl.load(h + p_h + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)  # [BK, BV]
-        b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-        b_dq += tl.dot(b_do, tl.trans(b_h).to(b_do.dtype), input_precision=DOT_PREC)
-        b_dkS += tl.dot(b_vn, tl.trans(b_dh).to(b_vn.dtype), input_precision=DOT_PREC)
-        b_dW -= tl.dot(b_dvn, tl.trans(b_h).to(tl.float32), input_precision=DOT_PREC)
-        b_ds += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
-        b_vb = b_v * b_beta[:, None]
-        b_dT += tl.dot(b_dvn, tl.trans(b_vb), input_precision=DOT_PREC)
-        b_Tdu = tl.dot(tl.trans(b_T), b_dvn, input_precision=DOT_PREC)  # d(beta v) = T^T dU
-        tl.store(dv + p_tv, (b_Tdu * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
-        b_dbeta += tl.sum(b_Tdu * b_v, axis=1)
-        b_hdh += b_h.to(tl.float32) * b_dh.to(tl.float32)
-    m_ij = o_i[:, None] >= o_i[None, :]
-    b_e = tl.exp(tl.where(m_ij, b_G[:, None] - b_G[None, :], float("-inf")))  # 0 above the diagonal
-    b_ds = b_ds * b_e * scale
-    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
-    b_dq_inter = b_dq * (scale * b_gam)[:, None]
-    b_dq = b_dq_inter + tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
-    b_dkS = b_dkS * b_kd[:, None]
-    b_dk = b_dkS + tl.dot(tl.trans(b_ds).to(b_q.dtype), b_q, input_precision=DOT_PREC)
-    # W = T diag(beta Gam) K
-    b_kbg = b_kf * (b_beta * b_gam)[:, None]
-    b_dT += tl.dot(b_dW, tl.trans(b_kbg), input_precision=DOT_PREC)
-    b_TdW = tl.dot(tl.trans(b_T), b_dW, input_precision=DOT_PREC)  # d(beta Gam k)
-    b_dk += b_TdW * (b_beta * b_gam)[:, None]
-    b_kTdW = tl.sum(b_TdW * b_kf, axis=1)
-    b_dbeta += b_kTdW * b_gam
-    # T = (I + A)^-1  =>  dA = -T^T dT T^T on the strict lower triangle
-    m_strict = o_i[:, None] > o_i[None, :]
-    b_dA = -tl.dot(tl.trans(b_T), tl.dot(b_dT, tl.trans(b_T), input_precision=DOT_PREC), input_precision=DOT_PREC)
-    b_dA = tl.where(m_strict, b_dA, 0.)
-    # A_ij = beta_i (k_i . k_j) exp(G_i - G_j)
-    b_dAe = b_dA * tl.where(m_strict, tl.exp(tl.where(m_strict, b_G[:, None] - b_G[None, :], 0.)), 0.)
-    b_dbeta += tl.sum(b_dAe * b_KK, axis=1)
-    b_dAb = b_dAe * b_beta[:, None]
-    b_dk += tl.dot(b_dAb, b_kf, input_precision=DOT_PREC) + tl.dot(tl.trans(b_dAb), b_kf, input_precision=DOT_PREC)
-    tl.store(dq + p_tk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    tl.store(dk + p_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
-    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_dbeta, mask=m_t)
+    r0 = i_t * BT
+    b_T = _load_rows(Ai, i_b, i_h, r0, T, H, BT, 0, BT, BT)  # [BT, BT] float32
+    b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32)
     if USE_G:
-        b_dAA = b_dA * b_A
-        b_P = b_ds * b_qk  # intra-output pair terms, [i, j]
-        b_dG = (tl.sum(b_dq_inter * b_q.to(tl.float32), axis=1)     # o inter: Gam_i
-                + tl.sum(b_P, axis=1) - tl.sum(b_P, axis=0)          # o intra: Gam_i / Gam_j
-                - tl.sum(b_dkS * b_kf, axis=1)                       # S_C: Gam_C / Gam_j
-                + b_kTdW * b_beta * b_gam                            # W: Gam_i
-                + tl.sum(b_dAA, axis=1) - tl.sum(b_dAA, axis=0))     # A: Gam_i / Gam_j
-        # G_C (the chunk's last position, padding included) scales the whole S_C
-        c_last = tl.exp(g_last) * tl.sum(tl.sum(b_hdh, axis=1), axis=0) + tl.sum(tl.sum(b_dkS * b_kf, axis=1), axis=0)
-        b_dG += tl.where(o_i == BT - 1, c_last, 0.)
-        b_dg = tl.cumsum(b_dG, axis=0, reverse=True)  # G_i = sum_{s<=i} g_s within the chunk
-        tl.store(dg + (i_b * T + o_t) * H + i_h, b_dg, mask=m_t)
+        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+        b_be = b_b * tl.exp(b_g)
+    else:
+        b_be = b_b
+    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)  # float32
+        b_dT += tl.dot(b_dW, tl.trans(b_kf * b_be[:, None]), input_precision=DOT_PREC)
+        b_kk += tl.dot(b_kf, tl.trans(b_kf), input_precision=DOT_PREC)
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_vf = _load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_du = _load_rows(du, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+        b_dXu = tl.dot(tl.trans(b_T), b_du, input_precision=DOT_PREC)
+        b_dT += tl.dot(b_du, tl.trans(b_vf * b_b[:, None]), input_precision=DOT_PREC)
+        b_db += tl.sum(b_vf * b_dXu, 1)
+        _store_rows(dv, b_dXu * b_b[:, None], i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+    # dA = -Ai^T dAi Ai^T on the strictly lower part (A's support), times exp(G_i - G_j)
+    o_i = tl.arange(0, BT)
+    m_s = o_i[:, None] > o_i[None, :]
+    b_dA = -tl.dot(tl.trans(b_T), tl.dot(b_dT, tl.trans(b_T), input_precision=DOT_PREC), input_precision=DOT_PREC)
+    if USE_G:
+        b_dA = b_dA * tl.exp(tl.where(m_s, b_g[:, None] - b_g[None, :], float("-inf")))
+    b_dA = tl.where(m_s, b_dA, 0.)
+    b_dAb = b_dA * b_b[:, None]
+    b_db += tl.sum(b_dA * b_kk, 1)
+    b_kdXw = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+        b_dXw = tl.dot(tl.trans(b_T), b_dW, input_precision=DOT_PREC)
+        b_kdXw += tl.sum(b_kf * b_dXw, 1)
+        b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK) + b_dXw * b_be[:, None] \
+            + tl.dot(b_dAb, b_kf, input_precision=DOT_PREC) + tl.dot(tl.trans(b_dAb), b_kf, input_precision=DOT_PREC)
+        _store_rows(dk, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+    if USE_G:
+        b_db += b_kdXw * tl.exp(b_g)
+    else:
+        b_db += b_kdXw
+    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
+    if USE_G:
+        b_M = b_dAb * b_kk  # dA * A
+        b_dG = b_kdXw * b_be + tl.sum(b_M, 1) - tl.sum(b_M, 0)
+        for i_s in range(NK_G):
+            b_dG += tl.load(dG_in + ((i_s * B + i_b) * T + o_t) * H + i_h, mask=m_t, other=0.)
+        b_dG = tl.where(m_t, b_dG, 0.)
+        # dg_s = sum_{t >= s in the chunk} dG_t
+        b_rev = tl.sum(b_dG, 0) - tl.cumsum(b_dG, axis=0) + b_dG
+        tl.store(dg + (i_b * T + o_t) * H + i_h, b_rev.to(dg.dtype.element_ty), mask=m_t)
 
 
-class ChunkDelta(torch.autograd.Function):
-    """``(q, k, v [B,T,H,*], beta [B,T,H], g [B,T,H] | None, scale, h0, final)`` -> ``(o, final_state)``."""
+# --- host side -------------------------------------------------------------------------------
+def _state_dtype(x: torch.Tensor) -> torch.dtype:
+    # Chunk-start states are stored in the activation dtype (half the traffic in bf16, as fla);
+    # the carried state is float32 in registers and in the initial/final states.
+    return torch.float32 if x.dtype == torch.float32 else x.dtype
+
+
+def _walk_bv(x: torch.Tensor, B: int, H: int, V: int) -> int:
+    """V block of the sequential walks: a [K, BV] float32 state lives in registers; fewer (B, H)
+    pairs (long T) want narrower blocks so more SMs take part."""
+    BV = min(64, _pow2(V))
+    if x.is_cuda and BV > 32:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        if B * H * triton.cdiv(V, BV) < 4 * sms:
+            BV = 32
+    return BV
+
+
+def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:
+    B, T, H = g.shape
+    gc = torch.empty(B, T, H, dtype=torch.float32, device=g.device)
+    _cumsum_kernel[(triton.cdiv(T, BT), B * H)](g, gc, T, H=H, BT=BT, num_warps=_warps(1))
+    return gc
+
+
+def wy_fwd(k, v, beta, gc):
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    Ai = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
+    w = torch.empty_like(k)
+    u = torch.empty_like(v)
+    _wy_fwd_kernel[(triton.cdiv(T, BT), B * H)](
+        k, v, beta, gc, Ai, w, u, T, H=H, K=K, V=V, BT=BT, BC=BC, BK=_pow2(K), BV=min(64, _pow2(V)),
+        USE_G=gc is not None, DOT_PREC=_prec(k), num_warps=_warps(4), num_stages=1)
+    return Ai, w, u
+
+
+def fwd_h(k, w, u, gc, h0, output_final_state):
+    B, T, H, K = k.shape
+    V = u.shape[-1]
+    NT = triton.cdiv(T, BT)
+    BV = _walk_bv(k, B, H, V)
+    h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
+    vn = torch.empty_like(u)
+    ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    _fwd_h_kernel[(triton.cdiv(V, BV), B * H)](
+        k, w, u, gc, h, vn, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
+        USE_G=gc is not None, USE_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=_prec(k),
+        num_warps=_warps(8 if BV > 32 else 4), num_stages=1 if _INTERPRET else 2)  # BV=64 at 4 warps spills
+    return h, vn, ht
+
+
+def fwd_o(q, k, vn, gc, h, scale):
+    B, T, H, K = q.shape
+    V = vn.shape[-1]
+    NT = triton.cdiv(T, BT)
+    BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
+    o = torch.empty_like(vn)
+    _fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+        q, k, vn, gc, h, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_G=gc is not None, DOT_PREC=_prec(q), num_warps=_warps(8), num_stages=_stages(q))
+    return o
+
+
+def bwd(q, k, v, beta, gc, h0, do, dht, scale, need_dh0):
+    """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, BT)
+    use_g = gc is not None
+    prec = _prec(q)
+    Ai, w, u = wy_fwd(k, v, beta, gc)
+    h, vn, _ = fwd_h(k, w, u, gc, h0, False)
+    BKf = _pow2(K)
+    BVo = min(128, _pow2(V))
+    dv_loc = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
+    _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
+        q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
+        USE_G=use_g, DOT_PREC=prec, num_warps=_warps(8), num_stages=_stages(q))
+    BV = _walk_bv(q, B, H, V)
+    dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
+    dv2 = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
+    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
+    _bwd_dh_kernel[(triton.cdiv(V, BV), B * H)](
+        q, k, w, gc, do, dv_loc, dv2, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf, BV=BV,
+        USE_G=use_g, USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec,
+        num_warps=_warps(8), num_stages=1 if _INTERPRET else 2)
+    del dv_loc
+    dq = torch.empty_like(q)
+    dk_p = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    dw = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    # block sizes and warps from sm_90 AOT compiles (cuobjdump -res-usage): the smallest register
+    # spills among the variants tried, e.g. dq/dk/dw at 8 warps, BV=32: 96 B of stack per thread
+    BKs = min(64, BKf)
+    NK = triton.cdiv(K, BKs)
+    dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
+    _bwd_dqkwg_kernel[(NK, NT, B * H)](
+        q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,
+        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, num_warps=_warps(8), num_stages=1)
+    del h, dh, vn
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+    dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
+    _wy_bwd_kernel[(NT, B * H)](
+        k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT,
+        BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, DOT_PREC=prec, num_warps=_warps(8),
+        num_stages=1)
+    return dq, dk, dv, dbeta, dg, dh0
+
+
+class ChunkDeltaRule(torch.autograd.Function):
+    """``(q, k, v [B,T,H,*], g [B,T,H] | None, beta [B,T,H], scale, h0 [B,H,K,V] | None, final)``
+    -> ``(o [B,T,H,V], final_state [B,H,K,V] float32 | None)``. Requires ``K <= MAX_K``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, g, scale, h0, output_final_state):
-        o, ht, _, _, _ = _forward(q, k, v, beta, g, scale, h0, output_final_state)
-        ctx.save_for_backward(q, k, v, beta, g, h0)
+    def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state):
+        gc = chunk_cumsum(g) if g is not None else None
+        _, w, u = wy_fwd(k, v, beta, gc)
+        h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
+        o = fwd_o(q, k, vn, gc, h, scale)
+        # w, u, the chunk states and U are recomputed in backward (a [B, T/64, H, K, V] tensor
+        # per layer is too much to keep); only the inputs and the small gc stay.
+        ctx.save_for_backward(q, k, v, g, beta, gc, h0)
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, beta, g, h0 = ctx.saved_tensors
-        scale = ctx.scale
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        NT = triton.cdiv(T, BT)
-        BK = _pow2(K)
+        q, k, v, g, beta, gc, h0 = ctx.saved_tensors
         do = do.contiguous()
-        dht = dht.contiguous() if dht is not None else None
-        _, _, h, vn, w = _forward(q, k, v, beta, g, scale, h0, False, need_o=False)
-        prec, stages = _prec(q), _stages(q)
-        BV = min(64, _pow2(V))
-        dvo = torch.empty(B, T, H, V, device=q.device, dtype=torch.float32)
-        _delta_dvo_kernel[(NT, B * H)](q, k, g, do, dvo, scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                                       USE_G=g is not None, DOT_PREC=prec, num_warps=_warps(4), num_stages=stages)
-        BVw = min(32, _pow2(V))
-        dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
-        dvn = torch.empty_like(dvo)
+        if dht is not None:
+            dht = dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[6]
-        dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
-        _delta_bwd_walk_kernel[(triton.cdiv(V, BVw), B * H)](
-            q, k, w, g, do, dvo, dh, dvn, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVw,
-            USE_G=g is not None, USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec,
-            num_warps=_warps(4), num_stages=stages)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dbeta = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
-        dg = torch.empty(B, T, H, device=q.device, dtype=torch.float32) if g is not None else None
-        _delta_bwd_main_kernel[(NT, B * H)](
-            q, k, v, beta, g, h, dh, vn, dvn, do, dq, dk, dv, dbeta, dg, scale, T, NT, H=H, K=K, V=V,
-            BT=BT, BK=BK, BV=min(32, _pow2(V)), USE_G=g is not None, DOT_PREC=prec, num_warps=_warps(8),
-            num_stages=1)
-        if dg is not None:
-            dg = dg.to(g.dtype)
-        return dq, dk, dv, dbeta.to(beta.dtype), dg, None, dh0, None
+        dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, h0, do, dht, ctx.scale, need_dh0)
+        dg = dg.to(g.dtype) if dg is not None else None
+        return dq, dk, dv, dg, dbeta.to(beta.dtype), None, dh0, None
 
 
-def _forward(q, k, v, beta, g, scale, h0, output_final_state, need_o=True):
-    """-> (o | None, final state | None, chunk states h, new values U~, W)."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    NT = triton.cdiv(T, BT)
-    BK = _pow2(K)
-    prec, stages = _prec(q), _stages(q)
-    w = torch.empty_like(k)
-    u = torch.empty_like(v)
-    BV = min(64, _pow2(V))
-    _delta_prep_kernel[(NT, B * H)](k, v, beta, g, w, u, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                                    USE_G=g is not None, DOT_PREC=prec, num_warps=_warps(4), num_stages=stages)
-    h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
-    vn = torch.empty_like(v)
-    ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    BVw = min(32, _pow2(V))
-    _delta_walk_kernel[(triton.cdiv(V, BVw), B * H)](
-        w, u, k, g, h, vn, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVw, USE_G=g is not None,
-        USE_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=prec, num_warps=_warps(4),
-        num_stages=stages)
-    o = None
-    if need_o:
-        o = torch.empty_like(v)
-        BKo, BVo = min(64, BK), min(128, _pow2(V))
-        _fwd_o_kernel[(triton.cdiv(V, BVo), NT, B * H)](
-            q, k, vn, g, h, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKo, BV=BVo, USE_G=g is not None,
-            DOT_PREC=prec, num_warps=_warps(8), num_stages=stages)
-    return o, ht, h, vn, w
-
-
-def chunk_delta(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
-    """Shapes as ``blocks.ops.gated_delta_rule.chunk``; ``g=None`` is the ungated delta rule.
-    Key dims above ``MAX_K`` are not split (the delta rule mixes all key channels): ValueError."""
+def chunk_delta(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
+    """Triton ``gated_delta_rule.chunk`` (``g=None``: ``delta_rule.chunk``). Shapes as the ops;
+    head dims ``K > MAX_K`` run the PyTorch form (the delta rule does not split over keys), as do
+    sequences of 2^31 elements or more per (batch, head-row), beyond the kernels' int32 offsets."""
     check_qkv(q, k, v)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    check_gate("beta", beta, (B, T, H))
     if g is not None:
         check_gate("g", g, (B, T, H))
-    if K > MAX_K:
-        raise ValueError(f"k: the Triton delta-rule kernel handles head_dim_k <= {MAX_K}, got {K}")
+    check_gate("beta", beta, (B, T, H))
+    if K > MAX_K or T * H * max(K, V, BT) >= 2 ** 31:  # (per-sequence offsets are int32 in the kernels)
+        from blocks.ops.gated_delta_rule import chunk_delta as torch_chunk_delta
+
+        return torch_chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
     scale = K ** -0.5 if scale is None else float(scale)
     if initial_state is not None:
         if tuple(initial_state.shape) != (B, H, K, V):
@@ -410,25 +722,19 @@ def chunk_delta(q, k, v, beta, g=None, scale=None, initial_state=None, output_fi
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     if g is not None:
         g = g.contiguous()
-    return ChunkDelta.apply(q, k, v, beta, g, scale, initial_state, output_final_state)
+    return ChunkDeltaRule.apply(q, k, v, g, beta, scale, initial_state, output_final_state)
 
 
 @register_kernel("delta_rule", "chunk")
-@torch.compiler.disable
+@torch.compiler.disable  # torch.compile graphs break here and run the kernels as they are
 def delta_rule_chunk(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
-    """Triton ``blocks.ops.delta_rule.chunk`` (head_dim_k <= 128; larger runs the PyTorch form)."""
-    if q.shape[-1] > MAX_K:
-        from blocks.ops.gated_delta_rule import chunk_delta as torch_chunk_delta
-        return torch_chunk_delta(q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size)
-    return chunk_delta(q, k, v, beta, None, scale, initial_state, output_final_state)
+    """Triton ``blocks.ops.delta_rule.chunk``."""
+    return chunk_delta(q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size)
 
 
 @register_kernel("gated_delta_rule", "chunk")
 @torch.compiler.disable
 def gated_delta_rule_chunk(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            chunk_size=64):
-    """Triton ``blocks.ops.gated_delta_rule.chunk`` (head_dim_k <= 128; larger runs the PyTorch form)."""
-    if q.shape[-1] > MAX_K:
-        from blocks.ops.gated_delta_rule import chunk_delta as torch_chunk_delta
-        return torch_chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
-    return chunk_delta(q, k, v, beta, g, scale, initial_state, output_final_state)
+    """Triton ``blocks.ops.gated_delta_rule.chunk``."""
+    return chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)

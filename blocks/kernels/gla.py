@@ -1,17 +1,31 @@
 """Triton chunk kernels, forward and backward, for gated linear attention with a decay per key
-channel (``gla``): ``S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
+channel (``gla``), with fla's secondary chunking of the intra-chunk scores.
 
-Same plan as ``scalar_decay`` (a sequential walk over chunks inside one kernel for the chunk
-states, parallel kernels for everything else), with one difference inside a chunk: the pair
-decay ``exp(G_ic - G_jc)`` depends on the channel, so the intra-chunk scores
-``A_ij = sum_c q_ic k_jc exp(G_ic - G_jc)`` are not a matmul. They are computed exactly, as
-``[BT, BT, BC]`` blocks over channel slices, with ``j > i`` masked to -inf before ``exp``: no
-exponent is ever positive, so no decay strength overflows (fla factors off-diagonal sub-blocks
-through a reference point instead; that is faster but needs sub-chunk bookkeeping).
+    S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T       S: [K, V] per (batch, head), float32 carry
+    o_t = scale * S_t^T q_t
 
-Backward: ``dq, dk, dv`` from the chunk states and their gradients (a reverse walk), the intra
-parts from the same ``[BT, BT, BC]`` blocks, and ``dgk`` from the per-channel identity
-``dG_tc = q_tc dq_tc - k_tc dk_tc`` (reverse cumsum over t, plus ``sum_v dS_T * S_T``).
+Shapes: ``q, k, gk: [B, T, H, K]``, ``v: [B, T, H, V]``, state ``[B, H, K, V]`` float32.
+
+A chunk of ``BT = 64`` positions is cut into four sub-chunks of ``BC = 16``. With chunk-local
+inclusive prefix sums ``G`` (per channel), the intra-chunk score ``A_ij = sum_c q_ic k_jc
+exp(G_ic - G_jc)`` is
+
+* for query sub-chunk ``a`` after key sub-chunk ``b``: a matmul through the reference row
+  ``n`` = the first row of ``a``, ``(q_a * exp(G_a - G_n)) (k_b * exp(G_n - G_b))^T``; ``G`` does
+  not increase, so both exponents are <= 0 and no decay strength overflows;
+* on the four diagonal 16x16 blocks: exact, all pairs at once as ``[16, 16, 32]`` tiles over key
+  slices, pairs ``j > i`` masked to -inf before ``exp``.
+
+So the exponentials per chunk are ``4 * 16 * 16 * K`` on the diagonal plus ``O(64 K)`` elsewhere,
+a quarter of the ``64 * 64 * K`` that exact pairwise scores over the whole chunk take; the rest is
+tensor-core matmuls. The chunk states come from one sequential walk over the chunks inside a
+kernel (``_fwd_h``), recomputed in the backward; a reverse walk gives their gradients.
+
+Gate gradient: chunk-local, term by term (through ``exp(G) q`` for the state read, ``exp(G_C - G) k``
+and ``exp(G_C)`` for the state write, and the strictly lower pairs of the scores), then a reverse
+cumsum inside the chunk. Terms whose exponent is ``G_x - G_x`` carry no gradient and are left out
+instead of being added and subtracted, so a tiny true gradient (strong decay) is not lost in
+float32 rounding of ``+x - x``.
 """
 from __future__ import annotations
 
@@ -24,22 +38,100 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import register_kernel
-from .scalar_decay import BT, MAX_K, _pow2, _prec, _stages, _state_dtype, _walk_blocks
 
+BT = 64  # chunk length inside the kernels
+BC = 16  # sub-chunk (tl.dot's smallest block)
+NC = BT // BC
+BKD = 32  # key slice of the [BC, BC, BKD] diagonal-block tiles (8 KB of float32 per temporary)
+# Diagonal 16x16 blocks factor through their first row while the log decay inside them spans less
+# than this (per key channel): the factors reach exp(SPAN_MAX) ~ 2e17, far below float32's 3e38,
+# and their reciprocals stay normal. Stronger decay takes the exact pairwise path.
+SPAN_MAX = 40.0
+MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is split into slices
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-BC = 4  # channels per exact intra-chunk block: [64, 64, 4] float32 per step keeps registers in bounds
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(n))
 
 
 def _warps(n: int) -> int:
     return 1 if _INTERPRET else n
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _gla_fwd_h_kernel(k, v, gk, h, h0, ht, T, NT,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (K/BK, V/BV, B*H): h[b, t, h] = state before chunk t."""
+def _stages(x: torch.Tensor) -> int:
+    return 1 if _INTERPRET or x.dtype == torch.float32 else 2
+
+
+def _prec(x: torch.Tensor) -> str:
+    # float32 inputs: full-precision dots (the PyTorch forms do not use TF32); bf16/fp16 inputs
+    # already carry ~3 significant digits, TF32 on the float32 intermediates costs nothing there.
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def _state_dtype(x: torch.Tensor) -> torch.dtype:
+    # Chunk-start states are stored in the activation dtype (half the traffic in bf16, as fla).
+    return torch.float32 if x.dtype == torch.float32 else x.dtype
+
+
+# --- device helpers --------------------------------------------------------------------------
+@triton.jit
+def _rows(x, i_b, i_h, r0, T, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BD: tl.constexpr):
+    """``x[b, r0:r0+BR, h, c0:c0+BD]`` of ``x: [B, T, H, D]``, zero past ``T`` and ``D``."""
+    o_r = r0 + tl.arange(0, BR)
+    o_d = c0 + tl.arange(0, BD)
+    # int64 only in the scalar base; per-element offsets in int32 (the wrapper checks T*H*D < 2^31):
+    # 64-bit address tensors for [64, 128] tiles cost registers the dots need
+    base = x + (i_b * T * H + i_h) * D
+    return tl.load(base + o_r[:, None] * (H * D) + o_d[None, :],
+                   mask=(o_r < T)[:, None] & (o_d < D)[None, :], other=0.)
+
+
+@triton.jit
+def _store(x, val, i_b, i_h, r0, T, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BD: tl.constexpr):
+    o_r = r0 + tl.arange(0, BR)
+    o_d = c0 + tl.arange(0, BD)
+    base = x + (i_b * T * H + i_h) * D
+    tl.store(base + o_r[:, None] * (H * D) + o_d[None, :], val.to(x.dtype.element_ty),
+             mask=(o_r < T)[:, None] & (o_d < D)[None, :])
+
+
+@triton.jit
+def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
+    """Row ``min(r, last)`` of the chunk-local cumulative gate ``gc: [B, T, H, K]``, ``[BK]``."""
+    o_k = c0 + tl.arange(0, BK)
+    return tl.load(gc + ((i_b * T + tl.minimum(r, last)) * H + i_h) * K + o_k, mask=o_k < K, other=0.)
+
+
+@triton.jit
+def _g_rows(gc, g_last, i_b, i_h, r0, T, H: tl.constexpr, K: tl.constexpr, c0,
+            BR: tl.constexpr, BK: tl.constexpr):
+    """Rows of ``gc`` with rows past ``T`` set to the chunk's last valid row ``g_last`` (so every
+    exponent formed from them stays <= 0)."""
+    o_r = r0 + tl.arange(0, BR)
+    b_g = _rows(gc, i_b, i_h, r0, T, H, K, c0, BR, BK)
+    return tl.where((o_r < T)[:, None], b_g, g_last[None, :])
+
+
+# --- kernels ---------------------------------------------------------------------------------
+@triton.jit
+def _cumsum_kernel(gk, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Grid (K/BK, NT, B*H): chunk-local inclusive cumsum of ``gk`` into float32 ``gc``."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    b_g = _rows(gk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+    _store(gc, tl.cumsum(b_g, axis=0), i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+
+
+@triton.jit
+def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (K/BK, V/BV, B*H): walk the chunks in order; ``h[b, t, h]`` = state before chunk t."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -47,90 +139,108 @@ def _gla_fwd_h_kernel(k, v, gk, h, h0, ht, T, NT,
     i_h = i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
     p_kv = o_k[:, None] * V + o_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.).to(tl.float32)
+        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_t in range(NT):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
-        o_t = i_t * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        p_kt = ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None]
-        m_kt = m_k[:, None] & m_t[None, :]
-        b_k = tl.load(k + p_kt, mask=m_kt, other=0.)  # [BK, BT]
-        b_g = tl.load(gk + p_kt, mask=m_kt, other=0.).to(tl.float32)
-        b_gc = tl.cumsum(b_g, axis=1)
-        g_last = tl.sum(b_g, axis=1)  # [BK]
-        b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                      mask=m_t[:, None] & m_v[None, :], other=0.)
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_k = _rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_h *= tl.exp(g_last)[:, None]
-        b_k = (b_k * tl.exp(g_last[:, None] - b_gc)).to(b_v.dtype)
-        b_h += tl.dot(b_k, b_v, input_precision=DOT_PREC)
+        b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_v.dtype)
+        b_h += tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PREC)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
 @triton.jit
-def _intra_block(q, k, gk, p_base, o_c, m_t, K: tl.constexpr, BT: tl.constexpr):
-    """Channels ``o_c`` of one chunk: (q, k as float32 [BT, BC], E [BT(i), BT(j), BC] =
-    exp(G_ic - G_jc) for j <= i, else 0)."""
-    p = p_base + o_c[None, :]
-    m = m_t[:, None] & (o_c[None, :] < K)
-    b_q = tl.load(q + p, mask=m, other=0.).to(tl.float32)
-    b_k = tl.load(k + p, mask=m, other=0.).to(tl.float32)
-    b_gc = tl.cumsum(tl.load(gk + p, mask=m, other=0.).to(tl.float32), axis=0)
-    o_i = tl.arange(0, BT)
-    m3 = (o_i[:, None] >= o_i[None, :])[:, :, None]
-    b_e = tl.exp(tl.where(m3, b_gc[:, None, :] - b_gc[None, :, :], float("-inf")))
-    return b_q, b_k, b_e
+def _intra_a_kernel(q, k, gc, A, scale, T,
+                    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                    NC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr,
+                    SPAN_MAX: tl.constexpr):
+    """Grid (NT, B*H), BK >= K: the chunk's scores ``A: [B, T, H, BT]`` float32 (scale included,
+    zero above the diagonal)."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
+    o_c = tl.arange(0, BC)
+    for a in tl.static_range(NC):
+        ra = i_t * BT + a * BC
+        b_q = _rows(q, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
+        b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, 0, BC, BK)
+        b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, 0, BK)
+        b_qs = b_q * tl.exp(b_ga - b_gn[None, :])
+        for b in tl.static_range(NC):
+            if b < a:
+                rb = i_t * BT + b * BC
+                b_kb = _rows(k, i_b, i_h, rb, T, H, K, 0, BC, BK).to(tl.float32)
+                b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, 0, BC, BK)
+                b_ks = b_kb * tl.exp(b_gn[None, :] - b_gb)
+                b_A = tl.dot(b_qs, tl.trans(b_ks), input_precision=DOT_PREC) * scale
+                _store(A, b_A, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+            if b > a:
+                _store(A, tl.zeros([BC, BC], dtype=tl.float32), i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+        # the diagonal block. G falls by at most ``span`` inside it; while exp(span) is far from
+        # float32's range the pairs factor through row n like the blocks above, one tensor-core
+        # dot; else exactly, E[i, j, c] = exp(G_ic - G_jc) for j <= i (-inf before exp above) as
+        # [BC, BC, BKD] tiles over key slices.
+        b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, 0, BK)
+        if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
+            b_ka = _rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32) * tl.exp(b_gn[None, :] - b_ga)
+            b_A = tl.dot(b_qs, tl.trans(b_ka), input_precision=DOT_PREC)
+            b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A, 0.)
+        else:
+            b_A = tl.zeros([BC, BC], dtype=tl.float32)
+            m_ij = (o_c[:, None] >= o_c[None, :])[:, :, None]
+            for i_k in tl.static_range(BK // BKD):
+                d_q = _rows(q, i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD).to(tl.float32)
+                d_k = _rows(k, i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD).to(tl.float32)
+                d_g = _g_rows(gc, _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BKD, BKD),
+                              i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD)
+                d_e = tl.exp(tl.where(m_ij, d_g[:, None, :] - d_g[None, :, :], float("-inf")))
+                b_A += tl.sum(d_q[:, None, :] * d_k[None, :, :] * d_e, axis=2)
+        _store(A, b_A * scale, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _gla_fwd_o_kernel(q, k, v, gk, h, o, scale, T, NT,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
-                      DOT_PREC: tl.constexpr):
-    """Grid (V/BV, NT, B*H): o = scale * ((q * exp(G)) @ h_t + A @ v)."""
+@triton.jit
+def _fwd_o_kernel(q, v, gc, h, A, o, scale, T, NT,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (V/BV, NT, B*H): ``o = scale (q * exp(G)) h + A v``."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < T
     o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    p_base = ((i_b * T + o_t[:, None]) * H + i_h) * K
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        m_tk = m_t[:, None] & m_k[None, :]
-        b_q = tl.load(q + p_base + o_k[None, :], mask=m_tk, other=0.)
-        b_gc = tl.cumsum(tl.load(gk + p_base + o_k[None, :], mask=m_tk, other=0.).to(tl.float32), axis=0)
+        b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
         b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
-                      mask=m_k[:, None] & m_v[None, :], other=0.)
-        b_o += tl.dot((b_q * tl.exp(b_gc)).to(b_h.dtype), b_h, input_precision=DOT_PREC)
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_c in range(tl.cdiv(K, BC)):
-        b_qc, b_kc, b_e = _intra_block(q, k, gk, p_base, i_c * BC + tl.arange(0, BC), m_t, K, BT)
-        b_A += tl.sum(b_qc[:, None, :] * b_kc[None, :, :] * b_e, axis=2)
-    b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                  mask=m_t[:, None] & m_v[None, :], other=0.)
-    b_o = (b_o + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=DOT_PREC)) * scale
-    tl.store(o + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
+                      mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.)
+        b_o += tl.dot((b_q * tl.exp(b_g)).to(b_h.dtype), b_h, input_precision=DOT_PREC)
+    b_A = _rows(A, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
+    b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+    b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+    _store(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _gla_bwd_dh_kernel(q, do, gk, dh, dht, dh0, scale, T, NT,
-                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (K/BK, V/BV, B*H): reverse walk; dh[b, t, h] = dLoss/d(state after chunk t)."""
+@triton.jit
+def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (K/BK, V/BV, B*H): reverse walk; ``dh[b, t, h]`` = dLoss/d(state after chunk t)."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -138,193 +248,302 @@ def _gla_bwd_dh_kernel(q, do, gk, dh, dht, dh0, scale, T, NT,
     i_h = i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
     p_kv = o_k[:, None] * V + o_v[None, :]
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
-        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.).to(tl.float32)
+        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-        o_t = i_t * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        p_kt = ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None]
-        m_kt = m_k[:, None] & m_t[None, :]
-        b_q = tl.load(q + p_kt, mask=m_kt, other=0.)  # [BK, BT]
-        b_g = tl.load(gk + p_kt, mask=m_kt, other=0.).to(tl.float32)
-        b_gc = tl.cumsum(b_g, axis=1)
-        b_do = tl.load(do + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                       mask=m_t[:, None] & m_v[None, :], other=0.)
-        b_dh *= tl.exp(tl.sum(b_g, axis=1))[:, None]
-        b_q = (b_q * tl.exp(b_gc) * scale).to(b_do.dtype)
-        b_dh += tl.dot(b_q, b_do, input_precision=DOT_PREC)
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
+        b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_do = _rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_dh *= tl.exp(g_last)[:, None]
+        b_qd = (b_q * tl.exp(b_g) * scale).to(b_do.dtype)
+        b_dh += tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PREC)
     if STORE_DH0:
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _gla_bwd_intra_kernel(q, k, v, gk, do, dq_i, dk_i, dv_i, scale, T,
-                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                          BT: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H): the intra-chunk parts of dq, dk (float32, by channel slices) and dv."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+@triton.jit
+def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (V/BV, NT, B*H): ``dv = A^T do + (k * exp(G_C - G)) dh`` (final)."""
+    i_v = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < T
-    b_ds = tl.zeros([BT, BT], dtype=tl.float32)  # ds[i, j] = do_i . v_j
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v[None, :] < V)
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_v = tl.load(v + p_v, mask=m_tv, other=0.)
-        b_do = tl.load(do + p_v, mask=m_tv, other=0.)
-        b_ds += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
-    b_ds = b_ds * scale
-    p_base = ((i_b * T + o_t[:, None]) * H + i_h) * K
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_c in range(tl.cdiv(K, BC)):
-        o_c = i_c * BC + tl.arange(0, BC)
-        b_qc, b_kc, b_e = _intra_block(q, k, gk, p_base, o_c, m_t, K, BT)
-        b_A += tl.sum(b_qc[:, None, :] * b_kc[None, :, :] * b_e, axis=2)
-        b_dse = b_ds[:, :, None] * b_e
-        m = m_t[:, None] & (o_c[None, :] < K)
-        tl.store(dq_i + p_base + o_c[None, :], tl.sum(b_dse * b_kc[None, :, :], axis=1), mask=m)
-        tl.store(dk_i + p_base + o_c[None, :], tl.sum(b_dse * b_qc[:, None, :], axis=0), mask=m)
-    b_At = tl.trans(b_A * scale)  # [j, i]
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v[None, :] < V)
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_do = tl.load(do + p_v, mask=m_tv, other=0.)
-        tl.store(dv_i + p_v, tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC), mask=m_tv)
+    r0 = i_t * BT
+    o_v = i_v * BV + tl.arange(0, BV)
+    last = tl.minimum(r0 + BT, T) - 1
+    b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+    b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
+    b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+        b_k = _rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+        b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_k.dtype)
+        b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                       mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.)
+        b_dv += tl.dot(b_kd, b_dh.to(b_kd.dtype), input_precision=DOT_PREC)
+    _store(dv, b_dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _gla_bwd_inter_kernel(q, k, v, gk, h, do, dh, dq_i, dk_i, dv_i, dq, dk, dv, dA, scale, T, NT,
-                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), BK >= K: add the chunk-state parts; dA[b, h, c, t] = q.dq - k.dk per channel."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+@triton.jit
+def _bwd_inter_kernel(q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of the state parts of ``dq, dk`` and of the
+    chunk-local gate gradient (float32); the program of the first slice also writes the score
+    gradient ``dA = scale mask(do v^T)``."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < T
-    o_k = tl.arange(0, BK)
+    r0 = i_t * BT
+    o_t = r0 + tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
-    m_tk = m_t[:, None] & m_k[None, :]
-    p_qk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    b_q = tl.load(q + p_qk, mask=m_tk, other=0.)
-    b_k = tl.load(k + p_qk, mask=m_tk, other=0.)
-    b_g = tl.load(gk + p_qk, mask=m_tk, other=0.).to(tl.float32)
-    b_gc = tl.cumsum(b_g, axis=0)
-    g_last = tl.sum(b_g, axis=0)  # [BK]
-    b_kd = (b_k * tl.exp(g_last[None, :] - b_gc)).to(b_k.dtype)
+    last = tl.minimum(r0 + BT, T) - 1
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
     p_h = ((i_b * NT + i_t) * H + i_h) * K * V
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_tv = m_t[:, None] & m_v[None, :]
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_v = tl.load(v + p_v, mask=m_tv, other=0.)
-        b_do = tl.load(do + p_v, mask=m_tv, other=0.)
-        m_vk = m_v[:, None] & m_k[None, :]
+        m_vk = (o_v < V)[:, None] & m_k[None, :]
+        b_v = _rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+        b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
         b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
         b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
         b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
         b_dk += tl.dot(b_v, b_dhT.to(b_v.dtype), input_precision=DOT_PREC)
-        b_dv = tl.load(dv_i + p_v, mask=m_tv, other=0.) + tl.dot(b_kd, tl.trans(b_dhT).to(b_kd.dtype),
-                                                                  input_precision=DOT_PREC)
-        tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
-    b_dq = b_dq * tl.exp(b_gc) * scale + tl.load(dq_i + p_qk, mask=m_tk, other=0.)
-    b_dk = b_dk * tl.exp(g_last[None, :] - b_gc) + tl.load(dk_i + p_qk, mask=m_tk, other=0.)
-    tl.store(dq + p_qk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    tl.store(dk + p_qk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
-    b_dA = b_dq * b_q.to(tl.float32) - b_dk * b_k.to(tl.float32)  # [BT, BK]
-    tl.store(dA + (i_bh * K + o_k[None, :]) * T + o_t[:, None], b_dA, mask=m_tk)  # [B, H, K, T]
+        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+        b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
+    if i_k == 0:
+        o_i = tl.arange(0, BT)
+        _store(dA, tl.where(o_i[:, None] >= o_i[None, :], b_dA * scale, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+    b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+    b_dq = b_dq * tl.exp(b_g) * scale
+    b_dk = b_dk * tl.exp(g_last[None, :] - b_g)
+    # gate: q . dq through the state read; the state write exp(G_C - G_j) k_j moves gradient from
+    # row j to the last row (j = last has exponent 0: no gradient); exp(G_C) S adds <S, dS'>.
+    b_q = _rows(q, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+    b_k = _rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+    b_kdk = tl.where((o_t < last)[:, None], b_k * b_dk, 0.)
+    b_dg = b_q * b_dq - b_kdk
+    b_dg += tl.where((o_t == last)[:, None], (tl.sum(b_kdk, axis=0) + tl.exp(g_last) * b_hdh)[None, :], 0.)
+    _store(dq_i, b_dq, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+    _store(dk_i, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+    _store(dg_i, b_dg, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
 
 
-def gla_fwd_h(k, v, gk, h0, output_final_state):
+@triton.jit
+def _bwd_intra_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T,
+                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                      NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr):
+    """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` (every quantity here is per key channel
+    once ``dA`` is known): add the intra-chunk parts to ``dq, dk`` (final) and the gate gradient,
+    then ``dg`` = reverse cumsum of the chunk-local gradient, sub-chunks last to first."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    c0 = i_k * BK
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
+    o_c = tl.arange(0, BC)
+    m_ij = (o_c[:, None] > o_c[None, :])[:, :, None]  # strictly below the diagonal: [i, j, 1]
+    carry = tl.zeros([BK], dtype=tl.float32)
+    for a_r in tl.static_range(NC):
+        a = NC - 1 - a_r  # constexpr: sub-chunks last to first
+        ra = i_t * BT + a * BC
+        b_q = _rows(q, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
+        b_k = _rows(k, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
+        b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, c0, BC, BK)
+        # keys in earlier sub-chunks b < a, through the first row n of a
+        b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, c0, BK)
+        b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
+        # queries in later sub-chunks c > a, through the last row m of a
+        b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)
+        b_dks = tl.zeros([BC, BK], dtype=tl.float32)
+        for b in tl.static_range(NC):
+            if b < a:
+                rb = i_t * BT + b * BC
+                b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+                b_kb = _rows(k, i_b, i_h, rb, T, H, K, c0, BC, BK).to(tl.float32)
+                b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, c0, BC, BK)
+                b_dqs += tl.dot(b_dAab, b_kb * tl.exp(b_gn[None, :] - b_gb), input_precision=DOT_PREC)
+            if b > a:
+                rc = i_t * BT + b * BC
+                b_dAca = _rows(dA, i_b, i_h, rc, T, H, BT, a * BC, BC, BC)
+                b_qc = _rows(q, i_b, i_h, rc, T, H, K, c0, BC, BK).to(tl.float32)
+                b_gc = _g_rows(gc, g_last, i_b, i_h, rc, T, H, K, c0, BC, BK)
+                b_dks += tl.dot(tl.trans(b_dAca), b_qc * tl.exp(b_gc - b_gm[None, :]), input_precision=DOT_PREC)
+        b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
+        b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
+        # the diagonal block, strictly below the diagonal: dq_ic += sum_j dA_ij k_jc E_ijc,
+        # dk_jc += sum_i dA_ij q_ic E_ijc, E = exp(G_ic - G_jc); factored through row n (two dots)
+        # while the block's decay span allows, else all pairs at once as [i, j, c] tiles
+        b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
+        if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
+            b_dAm = tl.where(o_c[:, None] > o_c[None, :], b_dAaa, 0.)
+            b_en = tl.exp(b_ga - b_gn[None, :])  # <= 1
+            b_dqs += tl.dot(b_dAm, b_k / b_en, input_precision=DOT_PREC) * b_en
+            b_dks += tl.dot(tl.trans(b_dAm), b_q * b_en, input_precision=DOT_PREC) / b_en
+        else:
+            b_e = tl.exp(tl.where(m_ij, b_ga[:, None, :] - b_ga[None, :, :], float("-inf")))
+            b_de = b_dAaa[:, :, None] * b_e
+            b_dqs += tl.sum(b_de * b_k[None, :, :], axis=1)
+            b_dks += tl.sum(b_de * b_q[:, None, :], axis=0)
+        b_diag = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dAaa, 0.), axis=1)
+        b_dq = _rows(dq_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dqs + b_diag[:, None] * b_k
+        b_dk = _rows(dk_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dks + b_diag[:, None] * b_q
+        _store(dq, b_dq, i_b, i_h, ra, T, H, K, c0, BC, BK)
+        _store(dk, b_dk, i_b, i_h, ra, T, H, K, c0, BC, BK)
+        b_dG = _rows(dg_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_q * b_dqs - b_k * b_dks
+        b_dG = tl.where((ra + o_c < T)[:, None], b_dG, 0.)
+        b_tot = tl.sum(b_dG, axis=0)
+        b_rev = carry[None, :] + b_tot[None, :] - tl.cumsum(b_dG, axis=0) + b_dG
+        carry += b_tot
+        _store(dg, b_rev, i_b, i_h, ra, T, H, K, c0, BC, BK)
+
+
+# --- host side -------------------------------------------------------------------------------
+def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
+    """(BK, BV) of the sequential walks: fewer (B, H) pairs (long T) want narrower blocks so that
+    more SMs take part in the chains of NT dependent steps."""
+    BK, BV = min(64, _pow2(K)), min(64, _pow2(V))
+    if x.is_cuda and BV > 32:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        if B * H * triton.cdiv(K, BK) * triton.cdiv(V, BV) < 4 * sms:
+            BV = 32
+    return BK, BV
+
+
+def chunk_cumsum(gk: torch.Tensor) -> torch.Tensor:
+    B, T, H, K = gk.shape
+    gc = torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device)
+    BK = min(64, _pow2(K))
+    _cumsum_kernel[(triton.cdiv(K, BK), triton.cdiv(T, BT), B * H)](gk, gc, T, H=H, K=K, BT=BT, BK=BK,
+                                                                    num_warps=_warps(4))
+    return gc
+
+
+def fwd_h(k, v, gc, h0, output_final_state):
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
     BK, BV = _walk_blocks(k, B, H, K, V)
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    _gla_fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)](
-        k, v, gk, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None,
-        STORE_HT=output_final_state, DOT_PREC=_prec(k), num_warps=_warps(4), num_stages=_stages(k))
+    _fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)](
+        k, v, gc, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None,
+        STORE_HT=output_final_state, DOT_PREC=_prec(k), num_warps=_warps(4), num_stages=1 if _INTERPRET else 2)
     return h, ht
 
 
-class ChunkGLA(torch.autograd.Function):
-    """``(q, k, v, gk [B,T,H,K], scale, h0, final)`` -> ``(o, final_state)``; requires ``K <= MAX_K``."""
+def intra_a(q, k, gc, scale):
+    B, T, H, K = q.shape
+    A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
+    _intra_a_kernel[(triton.cdiv(T, BT), B * H)](q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC,
+                                                 BK=_pow2(K), BKD=min(_pow2(K), BKD), DOT_PREC=_prec(q),
+                                                 SPAN_MAX=SPAN_MAX, num_warps=_warps(8))
+    return A
+
+
+def fwd_o(q, v, gc, h, A, scale):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, BT)
+    BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
+    o = torch.empty_like(v)
+    _fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+        q, v, gc, h, A, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=_prec(q),
+        num_warps=_warps(8), num_stages=_stages(q))
+    return o
+
+
+def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0):
+    """``(dq, dk, dv, dgk float32, dh0 | None)``."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, BT)
+    prec = _prec(q)
+    h, _ = fwd_h(k, v, gc, h0, False)
+    BKw, BVw = _walk_blocks(q, B, H, K, V)
+    dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
+    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
+    _bwd_dh_kernel[(triton.cdiv(K, BKw), triton.cdiv(V, BVw), B * H)](
+        q, do, gc, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
+        USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, num_warps=_warps(4),
+        num_stages=1 if _INTERPRET else 2)
+    dv = torch.empty_like(v)
+    BVd = min(64, _pow2(V))
+    _bwd_dv_kernel[(triton.cdiv(V, BVd), NT, B * H)](
+        k, gc, A, do, dh, dv, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd, DOT_PREC=prec,
+        num_warps=_warps(8), num_stages=_stages(q))
+    dA = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
+    dq_i = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    dk_i, dg_i = torch.empty_like(dq_i), torch.empty_like(dq_i)
+    BKs = min(64, _pow2(K))
+    _bwd_inter_kernel[(triton.cdiv(K, BKs), NT, B * H)](
+        q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT, H=H, K=K, V=V, BT=BT,
+        BK=BKs, BV=min(64, _pow2(V)), DOT_PREC=prec, num_warps=_warps(8), num_stages=_stages(q))
+    del h, dh
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    BKi = min(BKD, _pow2(K))
+    _bwd_intra_kernel[(triton.cdiv(K, BKi), NT, B * H)](
+        q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
+        DOT_PREC=prec, SPAN_MAX=SPAN_MAX, num_warps=_warps(4))
+    return dq, dk, dv, dg, dh0
+
+
+class ChunkGLASubchunk(torch.autograd.Function):
+    """``(q, k, v, gk [B,T,H,K], scale, h0 [B,H,K,V] | None, final)`` -> ``(o [B,T,H,V],
+    final_state [B,H,K,V] float32 | None)``; requires ``K <= MAX_K``."""
 
     @staticmethod
     def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        NT = triton.cdiv(T, BT)
-        h, ht = gla_fwd_h(k, v, gk, h0, output_final_state)
-        o = torch.empty_like(v)
-        BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
-        _gla_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
-            q, k, v, gk, h, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BC=BC,
-            DOT_PREC=_prec(q), num_warps=_warps(8), num_stages=_stages(q))
-        ctx.save_for_backward(q, k, v, gk, h0, ht)
+        gc = chunk_cumsum(gk)
+        h, ht = fwd_h(k, v, gc, h0, output_final_state)
+        A = intra_a(q, k, gc, scale)
+        o = fwd_o(q, v, gc, h, A, scale)
+        # the chunk states are recomputed in backward ([B, T/64, H, K, V] per layer is too much
+        # to keep); the scores A ([B, T, H, 64] float32) are kept, they cost the exponentials.
+        ctx.save_for_backward(q, k, v, gk, gc, A, h0)
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, gk, h0, ht = ctx.saved_tensors
-        scale = ctx.scale
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        NT = triton.cdiv(T, BT)
+        q, k, v, gk, gc, A, h0 = ctx.saved_tensors
         do = do.contiguous()
-        dht = dht.contiguous() if dht is not None else None
-        h, _ = gla_fwd_h(k, v, gk, h0, False)
-        BKw, BVw = _walk_blocks(q, B, H, K, V)
-        dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
+        if dht is not None:
+            dht = dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[5]
-        dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
-        _gla_bwd_dh_kernel[(triton.cdiv(K, BKw), triton.cdiv(V, BVw), B * H)](
-            q, do, gk, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
-            USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=_prec(q), num_warps=_warps(4),
-            num_stages=_stages(q))
-        dq_i = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
-        dk_i = torch.empty_like(dq_i)
-        dv_i = torch.empty(B, T, H, V, device=q.device, dtype=torch.float32)
-        BV = min(64, _pow2(V))
-        _gla_bwd_intra_kernel[(NT, B * H)](
-            q, k, v, gk, do, dq_i, dk_i, dv_i, scale, T, H=H, K=K, V=V, BT=BT, BV=BV, BC=BC,
-            DOT_PREC=_prec(q), num_warps=_warps(8), num_stages=_stages(q))
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dA = torch.empty(B, H, K, T, device=q.device, dtype=torch.float32)
-        _gla_bwd_inter_kernel[(NT, B * H)](
-            q, k, v, gk, h, do, dh, dq_i, dk_i, dv_i, dq, dk, dv, dA, scale, T, NT, H=H, K=K, V=V,
-            BT=BT, BK=_pow2(K), BV=BV, DOT_PREC=_prec(q), num_warps=_warps(8), num_stages=_stages(q))
-        dgk = None
-        if ctx.needs_input_grad[3]:
-            dgk = dA.flip(-1).cumsum(-1).flip(-1)  # [B, H, K, T]: G_t = sum_{s<=t} gk_s
-            if dht is not None and ht is not None:
-                dgk = dgk + (dht * ht).sum(-1)[..., None]  # the final state depends on G_T
-            dgk = dgk.permute(0, 3, 1, 2).to(gk.dtype).contiguous()
-        return dq, dk, dv, dgk, None, dh0, None
+        dq, dk, dv, dg, dh0 = bwd(q, k, v, gc, A, h0, do, dht, ctx.scale, need_dh0)
+        return dq, dk, dv, dg.to(gk.dtype), None, dh0, None
 
 
 @register_kernel("gla", "chunk")
-@torch.compiler.disable
+@torch.compiler.disable  # torch.compile graphs break here and run the kernels as they are
 def gla_chunk(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
-    """Triton ``blocks.ops.gla.chunk``; head dims above ``MAX_K`` are cut into key slices (the
-    output is a sum over key channels, the state rows are independent)."""
+    """Triton ``blocks.ops.gla.chunk`` (``chunk_size`` is the PyTorch form's; see ``BT``). Head
+    dims above ``MAX_K`` are cut into key slices: the output is a sum over key channels and the
+    state rows are independent."""
     check_qkv(q, k, v)
     check_gate("gk", gk, q.shape)
     B, T, H, K = q.shape
@@ -335,14 +554,20 @@ def gla_chunk(q, k, v, gk, scale=None, initial_state=None, output_final_state=Fa
             raise ValueError(f"initial_state: must have shape {(B, H, K, V)}, got {tuple(initial_state.shape)}")
         initial_state = initial_state.float().contiguous()
     q, k, v, gk = q.contiguous(), k.contiguous(), v.contiguous(), gk.contiguous()
+    if T * H * max(K, V, BT) >= 2 ** 31:  # per-sequence offsets are int32 in the kernels
+        from blocks.ops.gla import chunk as torch_chunk
+        from . import disabled
+
+        with disabled():
+            return torch_chunk(q, k, v, gk, scale, initial_state, output_final_state, chunk_size)
     if K <= MAX_K:
-        return ChunkGLA.apply(q, k, v, gk, scale, initial_state, output_final_state)
+        return ChunkGLASubchunk.apply(q, k, v, gk, scale, initial_state, output_final_state)
     o, states = None, []
     for s in range(0, K, MAX_K):
         sl = slice(s, min(K, s + MAX_K))
         h0 = None if initial_state is None else initial_state[:, :, sl].contiguous()
-        o_s, ht_s = ChunkGLA.apply(q[..., sl].contiguous(), k[..., sl].contiguous(), v,
-                                   gk[..., sl].contiguous(), scale, h0, output_final_state)
+        o_s, ht_s = ChunkGLASubchunk.apply(q[..., sl].contiguous(), k[..., sl].contiguous(), v,
+                                           gk[..., sl].contiguous(), scale, h0, output_final_state)
         o = o_s if o is None else o + o_s
         states.append(ht_s)
     return o, (torch.cat(states, dim=2) if output_final_state else None)

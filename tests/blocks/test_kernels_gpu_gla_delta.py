@@ -1,9 +1,9 @@
-"""Triton chunk kernels for ``gla`` and the delta rules against the reference recurrences, forward
-and backward: the alternative kernels (``blocks.kernels.gla_subchunk``, ``blocks.kernels.delta_rule``,
-called directly) and whichever kernels ``blocks.kernels`` has registered for those ops.
+"""Triton chunk kernels for ``gla`` and the delta rules (``blocks.kernels.gla``,
+``blocks.kernels.delta``) against the reference, forward and backward, called directly; the ops
+dispatch to them on CUDA.
 
 * GPU tests need CUDA and Triton and skip cleanly without them.
-* Interpreter tests run the alternative kernels on CPU tensors through Triton's interpreter. They
+* Interpreter tests run the kernels on CPU tensors through Triton's interpreter. They
   run only when ``triton`` is importable AND ``TRITON_INTERPRET=1`` was set before the test process
   started (Triton reads it when the kernels are defined, at import, so a test cannot switch it on),
   and skip otherwise. They check float32 only: the interpreter's ``tl.dot`` multiplies bfloat16
@@ -12,8 +12,8 @@ called directly) and whichever kernels ``blocks.kernels`` has registered for tho
 
 Inputs are seeded draws (made on the CPU, so every device sees the same values) at lengths that are
 and are not multiples of the kernels' chunk (64), with an initial state or none, and random, very
-strong (``g = -30``: every step forgets ~all) or no decay. The reference is the op's ``recurrent``
-loop in float32 on the same values (bf16 inputs upcast).
+strong (``g = -30``: every step forgets ~all) or no decay. The reference is the op's PyTorch chunk
+form in float64 on the same values (``_reference``).
 """
 from __future__ import annotations
 
@@ -40,18 +40,35 @@ interpreter = pytest.mark.skipif(
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 
 FAMILIES = ("gla", "delta_rule", "gated_delta_rule")
-REFERENCE = {"gla": gla_ops.recurrent, "delta_rule": delta_ops.recurrent, "gated_delta_rule": gated_ops.recurrent}
+_CHUNK = {"gla": gla_ops.chunk, "delta_rule": delta_ops.chunk, "gated_delta_rule": gated_ops.chunk}
 
 
-def alt_kernel(family: str):
-    """The alternative kernel for ``family`` (imported lazily: the modules need triton)."""
+def _reference(family):
+    """The op's PyTorch chunk form in float64 (kernels off): it agrees with the ``recurrent`` loop
+    to float32 rounding (~1e-6 at T=1000, random/strong/no decay; ``tests/blocks/test_ops.py`` ties
+    the forms together on CPU) and runs 10-25x faster than the loop's thousands of small steps."""
+    def run(*args, initial_state=None, output_final_state=False):
+        from blocks import kernels
+
+        with kernels.disabled():
+            return _CHUNK[family](*(a.double() for a in args),
+                                  initial_state=None if initial_state is None else initial_state.double(),
+                                  output_final_state=output_final_state)
+    return run
+
+
+REFERENCE = {f: _reference(f) for f in _CHUNK}
+
+
+def chunk_kernel(family: str):
+    """The Triton chunk kernel for ``family`` (imported lazily: the modules need triton)."""
     if family == "gla":
-        from blocks.kernels import gla_subchunk
+        from blocks.kernels import gla
 
-        return gla_subchunk.gla_chunk
-    from blocks.kernels import delta_rule
+        return gla.gla_chunk
+    from blocks.kernels import delta
 
-    return delta_rule.delta_rule_chunk if family == "delta_rule" else delta_rule.gated_delta_rule_chunk
+    return delta.delta_rule_chunk if family == "delta_rule" else delta.gated_delta_rule_chunk
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -96,7 +113,7 @@ def run_case(kernel, family, shape, dtype, decay, with_h0, device, seed=0):
     for out, fn in ((got, kernel), (ref, REFERENCE[family])):
         leaves = [x.detach().clone().requires_grad_(True) for x in ins]
         s0 = h0.to(device).requires_grad_(True) if h0 is not None else None
-        call_args = leaves if fn is kernel else [x.float() for x in leaves]
+        call_args = leaves
         o, ht = fn(*call_args, initial_state=s0, output_final_state=True)
         if fn is kernel:
             assert o.dtype == dtype and o.shape == (B, T, H, V), (o.dtype, o.shape)
@@ -127,30 +144,25 @@ TOL = {torch.float32: 2e-4, torch.bfloat16: 4e-2}
 
 
 @gpu
-@pytest.mark.parametrize("impl", ["alt", "registered"])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpu_kernel_matches_reference(impl, family, shape, dtype):
-    import blocks.kernels as kernels
-
-    kernel = alt_kernel(family) if impl == "alt" else kernels.get_kernel(family, "chunk")
-    if kernel is None:
-        pytest.skip(f"no kernel registered for {family}.chunk")
+def test_gpu_kernel_matches_reference(family, shape, dtype):
+    kernel = chunk_kernel(family)
     for decay, with_h0 in CASES:
         if family == "delta_rule" and decay != "random":
             continue
         errs = run_case(kernel, family, shape, dtype, decay, with_h0, "cuda")
         bad = {n: e for n, e in errs.items() if e > TOL[dtype]}
-        assert not bad, f"{impl} {family} {decay} h0={with_h0}: {bad} (all: {errs})"
+        assert not bad, f"{family} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
 @gpu
 @pytest.mark.parametrize("family", ["gla", "gated_delta_rule"])
-def test_gpu_alt_gate_gradient_under_strong_decay_is_relative(family):
-    """The alternative kernels keep the tiny true gate gradient of a strong decay (they leave the
+def test_gpu_gate_gradient_under_strong_decay_is_relative(family):
+    """The kernels keep the tiny true gate gradient of a strong decay (they leave the
     ``G_x - G_x`` terms out instead of adding and subtracting them): relative error, no floor."""
-    kernel = alt_kernel(family)
+    kernel = chunk_kernel(family)
     B, T, H, K, V = 1, 130, 2, 64, 64
     args, _ = make_inputs(family, B, T, H, K, V, "strong", False, seed=3)
     ins = [a.cuda().requires_grad_(True) for a in args]
@@ -188,14 +200,15 @@ INTERPRETER_CASES = [  # family, shape, decay, with_h0
     ("delta_rule", (2, 40, 1, 16, 32), "none", True),
     ("gla", (1, 70, 1, 16, 16), "random", True),
     ("gla", (1, 70, 1, 32, 16), "strong", False),
+    ("gla", (1, 70, 1, 64, 16), "random", True),  # two key slices of the diagonal-block tiles
 ]
 
 
 @interpreter
 @pytest.mark.parametrize("family,shape,decay,with_h0", INTERPRETER_CASES,
                          ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
-def test_interpreter_alt_kernel_matches_reference(family, shape, decay, with_h0):
-    errs = run_case(alt_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
+def test_interpreter_kernel_matches_reference(family, shape, decay, with_h0):
+    errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
     # float32 everywhere: agreement to float32 rounding (measured 1e-7 .. 2e-6)
     bad = {n: e for n, e in errs.items() if e > 2e-5}
     assert not bad, f"{family} {decay}: {bad} (all: {errs})"
@@ -203,32 +216,10 @@ def test_interpreter_alt_kernel_matches_reference(family, shape, decay, with_h0)
 
 # --- CPU, anywhere triton imports ---------------------------------------------------------------
 @needs_triton
-def test_register_swaps_in_the_alt_kernels_and_nothing_at_import():
-    import blocks.kernels as kernels
-    from blocks.kernels import delta_rule, gla_subchunk
-
-    names = [("gla", "chunk"), ("delta_rule", "chunk"), ("gated_delta_rule", "chunk")]
-    before = {n: kernels._KERNELS.get(n) for n in names}
-    assert before[("gla", "chunk")] is not gla_subchunk.gla_chunk  # importing registered nothing
-    try:
-        gla_subchunk.register()
-        delta_rule.register()
-        assert kernels._KERNELS[("gla", "chunk")] is gla_subchunk.gla_chunk
-        assert kernels._KERNELS[("delta_rule", "chunk")] is delta_rule.delta_rule_chunk
-        assert kernels._KERNELS[("gated_delta_rule", "chunk")] is delta_rule.gated_delta_rule_chunk
-    finally:
-        for n, fn in before.items():
-            if fn is None:
-                kernels._KERNELS.pop(n, None)
-            else:
-                kernels._KERNELS[n] = fn
-
-
-@needs_triton
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bad_gate_shape_is_a_one_line_error(family):
     args, _ = make_inputs(family, 1, 8, 2, 16, 16, "random", False, seed=0)
     args[-1] = args[-1][:, :4]  # gk / beta with the wrong length
     name = "gk" if family == "gla" else "beta"
     with pytest.raises(ValueError, match=name):
-        alt_kernel(family)(*args)
+        chunk_kernel(family)(*args)
