@@ -30,8 +30,6 @@ the last valid ``G``), so strong decay underflows instead of overflowing. Paddin
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -39,32 +37,13 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import register_kernel
+from .tiles import INTERPRET as _INTERPRET
+from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2, stages as _stages
+from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
 BC = 16  # diagonal block of the triangular inverse
 MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K runs the PyTorch form
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(n))
-
-
-def _warps(n: int) -> int:
-    return 1 if _INTERPRET else n
-
-
-def _stages(x: torch.Tensor) -> int:
-    return 1 if _INTERPRET or x.dtype == torch.float32 else 2
-
-
-def _prec(x: torch.Tensor) -> str:
-    # float32 inputs: full-precision dots (the PyTorch forms do not use TF32); bf16/fp16 inputs
-    # already carry ~3 significant digits, TF32 on the float32 intermediates costs nothing there.
-    return "ieee" if x.dtype == torch.float32 else "tf32"
-
-
-# --- shared device helpers -------------------------------------------------------------------
 @triton.jit
 def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     """Chunk-local cumulative log decay of chunk ``i_t``: ``([BT] with padded rows = the last
@@ -128,27 +107,6 @@ def _store_block(Ai, blk, i_b, i_h, i_t, T, ri: tl.constexpr, cj: tl.constexpr,
 
 
 @triton.jit
-def _load_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr, BD: tl.constexpr):
-    """Rows ``row0 .. row0+BR`` and columns ``col0 .. col0+BD`` of ``x: [B, T, H, D]``, zero-padded."""
-    o_r = row0 + tl.arange(0, BR)
-    o_d = col0 + tl.arange(0, BD)
-    # int64 only in the scalar base; per-element offsets in int32 (wrappers check T*H*D < 2^31):
-    # 64-bit address tensors for [64, 128] tiles cost registers the dots need
-    base = x + (i_b * T * H + i_h) * D
-    return tl.load(base + o_r[:, None] * (H * D) + o_d[None, :],
-                   mask=(o_r < T)[:, None] & (o_d < D)[None, :], other=0.)
-
-
-@triton.jit
-def _store_rows(x, val, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr, BD: tl.constexpr):
-    o_r = row0 + tl.arange(0, BR)
-    o_d = col0 + tl.arange(0, BD)
-    base = x + (i_b * T * H + i_h) * D
-    tl.store(base + o_r[:, None] * (H * D) + o_d[None, :], val.to(x.dtype.element_ty),
-             mask=(o_r < T)[:, None] & (o_d < D)[None, :])
-
-
-@triton.jit
 def _load_cols(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BD: tl.constexpr, BR: tl.constexpr):
     """``x[b, row0:row0+BR, h, col0:col0+BD]`` transposed, ``[BD, BR]``, zero-padded."""
     o_r = row0 + tl.arange(0, BR)
@@ -171,7 +129,7 @@ def _sub_scale(beta, gc, i_b, i_h, i_t, T, ri: tl.constexpr, H: tl.constexpr, BT
 
 
 # --- kernels ---------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
     """Grid (NT, B*H): chunk-local inclusive cumsum of ``g: [B, T, H]`` into float32 ``gc``."""
     i_t = tl.program_id(0)
@@ -184,7 +142,7 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
     tl.store(gc + (i_b * T + o_t) * H + i_h, tl.cumsum(b_g, axis=0), mask=m_t)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _wy_fwd_kernel(k, v, beta, gc, Ai, w, u, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -267,7 +225,7 @@ def _wy_fwd_kernel(k, v, beta, gc, Ai, w, u, T,
                     i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -305,7 +263,7 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -343,7 +301,7 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
     _store_rows(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -371,7 +329,7 @@ def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T,
     _store_rows(dv, b_dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -420,7 +378,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "B"])  # one compile for every length
 def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -487,7 +445,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     _store_rows(dw, -b_dw, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "B"])  # one compile for every length
 def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
@@ -563,12 +521,6 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
 
 
 # --- host side -------------------------------------------------------------------------------
-def _state_dtype(x: torch.Tensor) -> torch.dtype:
-    # Chunk-start states are stored in the activation dtype (half the traffic in bf16, as fla);
-    # the carried state is float32 in registers and in the initial/final states.
-    return torch.float32 if x.dtype == torch.float32 else x.dtype
-
-
 def _walk_bv(x: torch.Tensor, B: int, H: int, V: int) -> int:
     """V block of the sequential walks: a [K, BV] float32 state lives in registers; fewer (B, H)
     pairs (long T) want narrower blocks so more SMs take part."""

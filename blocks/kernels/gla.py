@@ -29,8 +29,6 @@ float32 rounding of ``+x - x``.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -38,6 +36,9 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import register_kernel
+from .tiles import INTERPRET as _INTERPRET
+from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, stages as _stages
+from .tiles import state_dtype as _state_dtype, store_rows as _store, warps as _warps
 
 BT = 64  # chunk length inside the kernels
 BC = 16  # sub-chunk (tl.dot's smallest block)
@@ -48,54 +49,7 @@ BKD = 32  # key slice of the [BC, BC, BKD] diagonal-block tiles (8 KB of float32
 # and their reciprocals stay normal. Stronger decay takes the exact pairwise path.
 SPAN_MAX = 40.0
 MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is split into slices
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(n))
-
-
-def _warps(n: int) -> int:
-    return 1 if _INTERPRET else n
-
-
-def _stages(x: torch.Tensor) -> int:
-    return 1 if _INTERPRET or x.dtype == torch.float32 else 2
-
-
-def _prec(x: torch.Tensor) -> str:
-    # float32 inputs: full-precision dots (the PyTorch forms do not use TF32); bf16/fp16 inputs
-    # already carry ~3 significant digits, TF32 on the float32 intermediates costs nothing there.
-    return "ieee" if x.dtype == torch.float32 else "tf32"
-
-
-def _state_dtype(x: torch.Tensor) -> torch.dtype:
-    # Chunk-start states are stored in the activation dtype (half the traffic in bf16, as fla).
-    return torch.float32 if x.dtype == torch.float32 else x.dtype
-
-
 # --- device helpers --------------------------------------------------------------------------
-@triton.jit
-def _rows(x, i_b, i_h, r0, T, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BD: tl.constexpr):
-    """``x[b, r0:r0+BR, h, c0:c0+BD]`` of ``x: [B, T, H, D]``, zero past ``T`` and ``D``."""
-    o_r = r0 + tl.arange(0, BR)
-    o_d = c0 + tl.arange(0, BD)
-    # int64 only in the scalar base; per-element offsets in int32 (the wrapper checks T*H*D < 2^31):
-    # 64-bit address tensors for [64, 128] tiles cost registers the dots need
-    base = x + (i_b * T * H + i_h) * D
-    return tl.load(base + o_r[:, None] * (H * D) + o_d[None, :],
-                   mask=(o_r < T)[:, None] & (o_d < D)[None, :], other=0.)
-
-
-@triton.jit
-def _store(x, val, i_b, i_h, r0, T, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BD: tl.constexpr):
-    o_r = r0 + tl.arange(0, BR)
-    o_d = c0 + tl.arange(0, BD)
-    base = x + (i_b * T * H + i_h) * D
-    tl.store(base + o_r[:, None] * (H * D) + o_d[None, :], val.to(x.dtype.element_ty),
-             mask=(o_r < T)[:, None] & (o_d < D)[None, :])
-
-
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
     """Row ``min(r, last)`` of the chunk-local cumulative gate ``gc: [B, T, H, K]``, ``[BK]``."""
@@ -114,7 +68,7 @@ def _g_rows(gc, g_last, i_b, i_h, r0, T, H: tl.constexpr, K: tl.constexpr, c0,
 
 
 # --- kernels ---------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _cumsum_kernel(gk, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
     """Grid (K/BK, NT, B*H): chunk-local inclusive cumsum of ``gk`` into float32 ``gc``."""
     i_k = tl.program_id(0)
@@ -126,7 +80,7 @@ def _cumsum_kernel(gk, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr
     _store(gc, tl.cumsum(b_g, axis=0), i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -158,7 +112,7 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _intra_a_kernel(q, k, gc, A, scale, T,
                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -210,7 +164,7 @@ def _intra_a_kernel(q, k, gc, A, scale, T,
         _store(A, b_A * scale, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_o_kernel(q, v, gc, h, A, o, scale, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
@@ -235,7 +189,7 @@ def _fwd_o_kernel(q, v, gc, h, A, o, scale, T, NT,
     _store(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -268,7 +222,7 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
@@ -296,7 +250,7 @@ def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
     _store(dv, b_dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_inter_kernel(q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
@@ -348,7 +302,7 @@ def _bwd_inter_kernel(q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT
     _store(dg_i, b_dg, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _bwd_intra_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T,
                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                       NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr):

@@ -20,8 +20,6 @@ overflowing. Padding past ``T`` loads ``k = v = g = 0``, which leaves the state 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -29,22 +27,13 @@ import triton.language as tl
 from blocks.ops.utils import check_qkv
 
 from . import register_kernel
+from .tiles import INTERPRET as _INTERPRET
+from .tiles import dot_prec as _prec, pow2 as _pow2, stages as _stages, state_dtype as _state_dtype
+from .tiles import warps as _warps
 
 BT = 64  # chunk length inside the kernels; the math does not depend on it (the ops' chunk_size
          # is an argument of the PyTorch form, the kernels pick the size that suits the hardware)
 MAX_K = 128  # the backward keeps full-K rows of dq/dk in registers; larger K is split (see below)
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _pow2(n: int, lo: int = 16) -> int:
-    # tl.dot needs every block dim >= 16; masks cover the padding.
-    return max(lo, triton.next_power_of_2(n))
-
-
-def _warps(n: int) -> int:
-    return 1 if _INTERPRET else n
-
-
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_h_kernel(k, v, g, h, h0, ht, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -234,11 +223,6 @@ def _bwd_dqkv_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT,
         tl.store(dA + i_bh * T + o_t, b_dA, mask=m_t)  # [B, H, T]: the reverse cumsum runs along the last dim
 
 
-def _stages(x: torch.Tensor) -> int:
-    # float32 tiles are twice the shared memory of bf16 ones: no double buffering for them
-    return 1 if _INTERPRET or x.dtype == torch.float32 else 2
-
-
 def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
     """(BK, BV) for the sequential chunk walks: their grid is B*H*(K/BK)*(V/BV) programs, each a
     chain of NT dependent steps, so at long T (small B) narrower V blocks keep more SMs busy."""
@@ -248,18 +232,6 @@ def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, 
         if B * H * triton.cdiv(K, BK) * triton.cdiv(V, BV) < 4 * sms:
             BV = 32
     return BK, BV
-
-
-def _prec(x: torch.Tensor) -> str:
-    # float32 inputs get full-precision dots so results match the PyTorch forms (which do not use
-    # TF32 by default); bf16/fp16 dots are exact products with float32 accumulation either way.
-    return "ieee" if x.dtype == torch.float32 else "tf32"
-
-
-def _state_dtype(x: torch.Tensor) -> torch.dtype:
-    # Chunk-start states are stored in the activation dtype (fla's choice: half the traffic in
-    # bf16); the carried state itself is float32 in registers and in initial/final states.
-    return torch.float32 if x.dtype == torch.float32 else x.dtype
 
 
 def fwd_h(k, v, g, h0, output_final_state):

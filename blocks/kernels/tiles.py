@@ -1,0 +1,69 @@
+"""What the chunk-kernel modules share: launch settings chosen on the host, and the row-tile loads
+and stores of ``[B, T, H, D]`` tensors inside the kernels.
+
+Host side: ``pow2`` (block sizes; ``tl.dot`` needs every dim >= 16), ``warps``/``stages`` (one
+warp and no pipelining under Triton's CPU interpreter), ``dot_prec`` (full-precision dots for
+float32 inputs, TF32 otherwise), ``state_dtype`` (chunk-start states in the activation dtype).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def pow2(n: int, lo: int = 16) -> int:
+    """The next power of two >= ``n``, at least ``lo`` (``tl.dot`` needs block dims >= 16; masks
+    cover the padding)."""
+    return max(lo, triton.next_power_of_2(n))
+
+
+def warps(n: int) -> int:
+    return 1 if INTERPRET else n
+
+
+def stages(x: torch.Tensor) -> int:
+    # float32 tiles are twice the shared memory of bf16 ones: no double buffering for them
+    return 1 if INTERPRET or x.dtype == torch.float32 else 2
+
+
+def dot_prec(x: torch.Tensor) -> str:
+    # float32 inputs get full-precision dots so results match the PyTorch forms (which do not use
+    # TF32 by default); bf16/fp16 inputs already carry ~3 significant digits, and TF32 on their
+    # float32 intermediates costs nothing there.
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def state_dtype(x: torch.Tensor) -> torch.dtype:
+    # Chunk-start states are stored in the activation dtype (fla's choice: half the traffic in
+    # bf16); the carried state itself is float32 in registers and in initial/final states.
+    return torch.float32 if x.dtype == torch.float32 else x.dtype
+
+
+@triton.jit
+def load_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr, BD: tl.constexpr):
+    """``x[b, row0:row0+BR, h, col0:col0+BD]`` of ``x: [B, T, H, D]``, ``[BR, BD]``, zero past ``T``
+    and ``D``."""
+    o_r = row0 + tl.arange(0, BR)
+    o_d = col0 + tl.arange(0, BD)
+    # int64 only in the scalar base; per-element offsets in int32 (the wrappers check T*H*D < 2^31):
+    # 64-bit address tensors for [64, 128] tiles cost registers the dots need
+    base = x + (i_b * T * H + i_h) * D
+    return tl.load(base + o_r[:, None] * (H * D) + o_d[None, :],
+                   mask=(o_r < T)[:, None] & (o_d < D)[None, :], other=0.)
+
+
+@triton.jit
+def store_rows(x, val, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr,
+               BD: tl.constexpr):
+    """Write ``val: [BR, BD]`` (cast to ``x``'s dtype) where ``load_rows`` reads, rows past ``T``
+    and columns past ``D`` left alone."""
+    o_r = row0 + tl.arange(0, BR)
+    o_d = col0 + tl.arange(0, BD)
+    base = x + (i_b * T * H + i_h) * D
+    tl.store(base + o_r[:, None] * (H * D) + o_d[None, :], val.to(x.dtype.element_ty),
+             mask=(o_r < T)[:, None] & (o_d < D)[None, :])
