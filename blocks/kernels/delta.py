@@ -39,7 +39,7 @@ from blocks.ops.utils import check_gate, check_qkv
 from . import register_kernel
 from .tiles import INTERPRET as _INTERPRET
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2, stages as _stages
-from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
+from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, walk_bv, warps as _warps
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
 BC = 16  # diagonal block of the triangular inverse
@@ -522,14 +522,8 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
 
 # --- host side -------------------------------------------------------------------------------
 def _walk_bv(x: torch.Tensor, B: int, H: int, V: int) -> int:
-    """V block of the sequential walks: a [K, BV] float32 state lives in registers; fewer (B, H)
-    pairs (long T) want narrower blocks so more SMs take part."""
-    BV = min(64, _pow2(V))
-    if x.is_cuda and BV > 32:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        if B * H * triton.cdiv(V, BV) < 4 * sms:
-            BV = 32
-    return BV
+    """V block of the sequential walks (grid ``(V/BV, B*H)``, full K per program; ``tiles.walk_bv``)."""
+    return walk_bv(x, B * H, V)
 
 
 def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:

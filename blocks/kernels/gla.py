@@ -38,7 +38,7 @@ from blocks.ops.utils import check_gate, check_qkv
 from . import register_kernel
 from .tiles import INTERPRET as _INTERPRET
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, stages as _stages
-from .tiles import state_dtype as _state_dtype, store_rows as _store, warps as _warps
+from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv, warps as _warps
 
 BT = 64  # chunk length inside the kernels
 BC = 16  # sub-chunk (tl.dot's smallest block)
@@ -376,14 +376,9 @@ def _bwd_intra_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T,
 
 # --- host side -------------------------------------------------------------------------------
 def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
-    """(BK, BV) of the sequential walks: fewer (B, H) pairs (long T) want narrower blocks so that
-    more SMs take part in the chains of NT dependent steps."""
-    BK, BV = min(64, _pow2(K)), min(64, _pow2(V))
-    if x.is_cuda and BV > 32:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        if B * H * triton.cdiv(K, BK) * triton.cdiv(V, BV) < 4 * sms:
-            BV = 32
-    return BK, BV
+    """(BK, BV) of the sequential chunk walks (grid ``(K/BK, V/BV, B*H)``; ``tiles.walk_bv``)."""
+    BK = min(64, _pow2(K))
+    return BK, walk_bv(x, B * H * triton.cdiv(K, BK), V)
 
 
 def chunk_cumsum(gk: torch.Tensor) -> torch.Tensor:

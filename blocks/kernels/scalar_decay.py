@@ -29,7 +29,7 @@ from blocks.ops.utils import check_qkv
 from . import register_kernel
 from .tiles import INTERPRET as _INTERPRET
 from .tiles import dot_prec as _prec, pow2 as _pow2, stages as _stages, state_dtype as _state_dtype
-from .tiles import warps as _warps
+from .tiles import walk_bv, warps as _warps
 
 BT = 64  # chunk length inside the kernels; the math does not depend on it (the ops' chunk_size
          # is an argument of the PyTorch form, the kernels pick the size that suits the hardware)
@@ -224,14 +224,9 @@ def _bwd_dqkv_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT,
 
 
 def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
-    """(BK, BV) for the sequential chunk walks: their grid is B*H*(K/BK)*(V/BV) programs, each a
-    chain of NT dependent steps, so at long T (small B) narrower V blocks keep more SMs busy."""
-    BK, BV = min(64, _pow2(K)), min(64, _pow2(V))
-    if x.is_cuda and BV > 32:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        if B * H * triton.cdiv(K, BK) * triton.cdiv(V, BV) < 4 * sms:
-            BV = 32
-    return BK, BV
+    """(BK, BV) of the sequential chunk walks (grid ``(K/BK, V/BV, B*H)``; ``tiles.walk_bv``)."""
+    BK = min(64, _pow2(K))
+    return BK, walk_bv(x, B * H * triton.cdiv(K, BK), V)
 
 
 def fwd_h(k, v, g, h0, output_final_state):

@@ -44,6 +44,18 @@ def state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float32 if x.dtype == torch.float32 else x.dtype
 
 
+def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
+    """V block of a sequential chunk walk over ``chains * cdiv(V, BV)`` programs (each a chain of
+    NT dependent steps, its ``[BK, BV]`` float32 state in registers): 64, or 32 when the grid would
+    leave SMs idle (few (batch, head) pairs, i.e. long sequences)."""
+    BV = min(64, pow2(V))
+    if x.is_cuda and BV > 32:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        if chains * triton.cdiv(V, BV) < 4 * sms:
+            BV = 32
+    return BV
+
+
 @triton.jit
 def load_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr, BD: tl.constexpr):
     """``x[b, row0:row0+BR, h, col0:col0+BD]`` of ``x: [B, T, H, D]``, ``[BR, BD]``, zero past ``T``
