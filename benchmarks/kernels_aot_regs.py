@@ -1,7 +1,7 @@
 """Compile the gla / delta-rule chunk kernels for a GPU architecture WITHOUT a GPU and
 print each kernel's registers, spill stack and shared memory.
 
-    python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk]
+    python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8]
 
 Triton lowers to PTX and Triton's bundled ptxas assembles it for ``sm_<arch>``; ``cuobjdump
 -res-usage`` (also bundled) reads the resources. A compile error here is one the GPU would hit,
@@ -107,12 +107,20 @@ def main() -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability without the dot (90 = H100/H200)")
     ap.add_argument("--dtype", choices=("bf16", "fp32", "both"), default="bf16")
     ap.add_argument("--kernels", default="", help="comma-separated name fragments to keep (default all)")
+    ap.add_argument("--warps", default="", help="comma list of warp counts to compile each kernel at "
+                    "instead of the host code's (e.g. 4,8,16: where do the spills go?)")
     opts = ap.parse_args()
+    try:
+        warp_counts = [int(w) for w in opts.warps.split(",") if w]
+    except ValueError:
+        ap.error(f"--warps: a comma list of integers, got {opts.warps!r}")
     keep = [k for k in opts.kernels.split(",") if k]
     dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
     failures = 0
     print(f"| kernel | dtype | warps | regs | stack (B/thread) | shared (B) | compile s |\n|---|---|---|---|---|---|---|")
-    for act, (name, fn, cx, warps, stages) in ((a, j) for a in dtypes for j in jobs(a)):
+    runs = ((a, (name, fn, cx, w, st)) for a in dtypes for (name, fn, cx, host_w, st) in jobs(a)
+            for w in (warp_counts or [host_w]))
+    for act, (name, fn, cx, warps, stages) in runs:
         if keep and not any(k in name for k in keep):
             continue
         t0 = time.time()

@@ -131,12 +131,12 @@ def run_case(kernel, family, shape, dtype, decay, with_h0, device, seed=0):
 
 
 # --- GPU ---------------------------------------------------------------------------------------
-SHAPES = [  # B, T, H, K, V
-    (2, 64, 2, 64, 64),
-    (1, 1, 3, 32, 48),
-    (2, 65, 2, 64, 128),
-    (1, 200, 2, 128, 64),
-    (1, 1000, 1, 128, 128),
+SHAPES = [  # B, T, H, K, V. One head count: H, K and V are compile-time constants of the kernels
+    (2, 64, 2, 64, 64),  # and every distinct triple costs a fresh Triton compile of every kernel
+    (2, 65, 2, 64, 64),  # one full chunk and one row more
+    (1, 1, 2, 32, 48),  # a single step; K < V, neither a power of two
+    (1, 200, 2, 128, 64),  # ragged tail, K > V
+    (1, 1000, 2, 128, 128),  # the benchmark's head dims, 16 chunks
     (1, 100, 2, 160, 32),  # K > 128: gla splits into key slices, the delta rules run the PyTorch form
 ]
 CASES = (("random", True), ("strong", False), ("none", True))
