@@ -201,6 +201,28 @@ def test_decode_graph_matches_eager_model(dtype):
 
 
 @gpu
+def test_compiled_decode_graph_matches_eager_model():
+    """``compile=True``: the linear layers through ``torch.compile`` inside the captured graph (the
+    benchmark's fastest decode), float32, against the eager model step by step."""
+    from archsearch.decode_graph import GraphDecoder
+
+    model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2}),
+                         ("gla", {"num_heads": 2}), ("gated_deltanet", {"num_heads": 2})])
+    B, P, steps = 2, 7, 4
+    prompt = torch.randint(0, 97, (B, P), device="cuda")
+    dec = GraphDecoder(model, B, capacity=P + steps, compile=True)
+    with torch.no_grad():
+        ref, states = model.prefill(prompt)
+        dec.prefill(prompt)
+        token = ref.argmax(-1)
+        for _ in range(steps):
+            ref, states = model.decode_step(token, states)
+            got = dec.step(token)
+            assert (got - ref).abs().max().item() < 1e-4 * ref.abs().max().item() + 1e-6
+            token = ref.argmax(-1)
+
+
+@gpu
 def test_capture_hook_for_measure_steps_greedily():
     from archsearch import decode_graph
 
@@ -314,6 +336,28 @@ def test_static_decode_path_matches_eager_model_on_cpu():
             token = ref.argmax(-1)
         with pytest.raises(UserError, match="capacity"):
             dec.step(token)
+
+
+def test_compiled_static_decode_path_matches_eager_model_on_cpu():
+    """``GraphDecoder(compile=True)`` without the graph: each linear layer through ``torch.compile``
+    (Inductor's CPU backend here; ~30 s, the layers of one family share one compile), against the
+    eager model step by step."""
+    from archsearch.decode_graph import GraphDecoder
+
+    model = _cpu_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2}),
+                        ("gated_deltanet", {"num_heads": 2})])
+    B, P, steps = 2, 6, 4
+    prompt = torch.randint(0, 61, (B, P))
+    dec = GraphDecoder(model, B, capacity=P + steps, compile=True, use_graph=False)
+    with torch.no_grad():
+        ref, states = model.prefill(prompt)
+        dec.prefill(prompt)
+        token = ref.argmax(-1)
+        for _ in range(steps):
+            ref, states = model.decode_step(token, states)
+            got = dec.step(token)
+            assert (got - ref).abs().max().item() < 1e-5 * ref.abs().max().item() + 1e-6
+            token = ref.argmax(-1)
 
 
 def test_decode_bytes_counts_weights_once_and_states_both_ways():
