@@ -620,6 +620,10 @@ def main(argv=None) -> int:
     ap.add_argument("--compiled-cases", default="gated_deltanet x24,gated_deltanet 3:1 softmax,simple_gla x24")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
+    families = tuple(filter(None, a.families.split(",")))
+    unknown = set(families) - set(LINEAR_FAMILIES)
+    if unknown:
+        ap.error(f"--families: unknown {sorted(unknown)}; known: {', '.join(LINEAR_FAMILIES)}")
     if not torch.cuda.is_available():
         print("gpu_kernels: no CUDA device; nothing to measure", file=sys.stderr)
         return 2
@@ -629,10 +633,6 @@ def main(argv=None) -> int:
     global MLP_EXPANSION
     MLP_EXPANSION = a.mlp_expansion
     skip = set(filter(None, a.skip.split(",")))
-    families = tuple(filter(None, a.families.split(",")))
-    unknown = set(families) - set(LINEAR_FAMILIES)
-    if unknown:
-        ap.error(f"--families: unknown {sorted(unknown)}; known: {', '.join(LINEAR_FAMILIES)}")
     lengths = (512, 2048, 8192) if a.quick else LENGTHS
     contexts = (1024, 8192, 131072) if a.quick else CONTEXTS
     import triton
