@@ -168,6 +168,22 @@ def _tiny_model(layers):
     return HybridLM(spec).cuda().eval()
 
 
+def _steps_match_eager(model, dec, prompt, steps: int, rel_tol: float, abs_tol: float = 0.0):
+    """Prefill the decoder and the eager model on ``prompt: [B, P]`` (same logits), then ``steps``
+    greedy steps: every step's logits within ``rel_tol * max|logit| + abs_tol`` of
+    ``model.decode_step``'s. Returns the next token."""
+    with torch.no_grad():
+        ref, states = model.prefill(prompt)
+        assert torch.allclose(dec.prefill(prompt), ref)
+        token = ref.argmax(-1)
+        for _ in range(steps):
+            ref, states = model.decode_step(token, states)
+            got = dec.step(token)
+            assert (got.float() - ref.float()).abs().max().item() < rel_tol * ref.float().abs().max().item() + abs_tol
+            token = ref.argmax(-1)
+    return token
+
+
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_decode_graph_matches_eager_model(dtype):
@@ -185,19 +201,9 @@ def test_decode_graph_matches_eager_model(dtype):
     B, P, steps = 3, 9, 6
     prompt = torch.randint(0, 97, (B, P), device="cuda")
     dec = GraphDecoder(model, B, capacity=P + steps)
-    with torch.no_grad():
-        ref_logits, states = model.prefill(prompt)
-        logits = dec.prefill(prompt)
-        assert torch.allclose(logits, ref_logits)
-        token = logits.argmax(-1)
-        tol = 1e-4 if dtype == torch.float32 else 5e-2
-        for _ in range(steps):
-            ref_logits, states = model.decode_step(token, states)
-            got = dec.step(token)
-            assert (got.float() - ref_logits.float()).abs().max().item() < tol * ref_logits.float().abs().max().item()
-            token = ref_logits.argmax(-1)
-        with pytest.raises(UserError, match="capacity"):
-            dec.step(token)
+    token = _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2)
+    with pytest.raises(UserError, match="capacity"):
+        dec.step(token)
 
 
 @gpu
@@ -211,15 +217,7 @@ def test_compiled_decode_graph_matches_eager_model():
     B, P, steps = 2, 7, 4
     prompt = torch.randint(0, 97, (B, P), device="cuda")
     dec = GraphDecoder(model, B, capacity=P + steps, compile=True)
-    with torch.no_grad():
-        ref, states = model.prefill(prompt)
-        dec.prefill(prompt)
-        token = ref.argmax(-1)
-        for _ in range(steps):
-            ref, states = model.decode_step(token, states)
-            got = dec.step(token)
-            assert (got - ref).abs().max().item() < 1e-4 * ref.abs().max().item() + 1e-6
-            token = ref.argmax(-1)
+    _steps_match_eager(model, dec, prompt, steps, 1e-4, 1e-6)
 
 
 @gpu
@@ -325,17 +323,9 @@ def test_static_decode_path_matches_eager_model_on_cpu():
     B, P, steps = 2, 6, 5  # the window of 4 wraps around its ring
     prompt = torch.randint(0, 61, (B, P))
     dec = GraphDecoder(model, B, capacity=P + steps, use_graph=False)
-    with torch.no_grad():
-        ref, states = model.prefill(prompt)
-        assert torch.allclose(dec.prefill(prompt), ref)
-        token = ref.argmax(-1)
-        for _ in range(steps):
-            ref, states = model.decode_step(token, states)
-            got = dec.step(token)
-            assert (got - ref).abs().max().item() < 1e-5 * ref.abs().max().item() + 1e-6
-            token = ref.argmax(-1)
-        with pytest.raises(UserError, match="capacity"):
-            dec.step(token)
+    token = _steps_match_eager(model, dec, prompt, steps, 1e-5, 1e-6)
+    with pytest.raises(UserError, match="capacity"):
+        dec.step(token)
 
 
 def test_compiled_static_decode_path_matches_eager_model_on_cpu():
@@ -349,15 +339,7 @@ def test_compiled_static_decode_path_matches_eager_model_on_cpu():
     B, P, steps = 2, 6, 4
     prompt = torch.randint(0, 61, (B, P))
     dec = GraphDecoder(model, B, capacity=P + steps, compile=True, use_graph=False)
-    with torch.no_grad():
-        ref, states = model.prefill(prompt)
-        dec.prefill(prompt)
-        token = ref.argmax(-1)
-        for _ in range(steps):
-            ref, states = model.decode_step(token, states)
-            got = dec.step(token)
-            assert (got - ref).abs().max().item() < 1e-5 * ref.abs().max().item() + 1e-6
-            token = ref.argmax(-1)
+    _steps_match_eager(model, dec, prompt, steps, 1e-5, 1e-6)
 
 
 def test_decode_bytes_counts_weights_once_and_states_both_ways():
