@@ -12,7 +12,9 @@ evaluation. The global batch is fixed by ``TrainConfig.batch_size`` whatever the
 
 Failure modes end training without an exception: a NaN/inf loss (checked on every rank and
 agreed through one all-reduce per step) -> ``diverged``; CUDA (or CPU allocator) out-of-memory
--> ``oom``; Ctrl-C/SIGTERM -> ``interrupted``. Reaching ``max_seconds`` stops training early with
+-> ``oom`` (with several ranks, the rank that ran out of memory exits at once with ``EXIT_OOM``
+instead: its peers wait in a collective it will not join, and the launcher ends them);
+Ctrl-C/SIGTERM -> ``interrupted``. Reaching ``max_seconds`` stops training early with
 a note, runs the final evaluation, and keeps status ``ok``.
 
 Rank 0 logs a JSONL curve (``curve.jsonl``) and TensorBoard events (``tensorboard/``): loss,
@@ -660,4 +662,25 @@ def train(
             gc.collect()
             torch.cuda.empty_cache()
         timings["teardown"] = time.perf_counter() - t
+    if res.status == "oom" and dist.world_size > 1:
+        _leave_group_out_of_memory(dist, res.reason)
     return res
+
+
+EXIT_OOM = 3  # a rank's exit status after running out of memory in a group of several ranks
+# What that rank prints last; launch.faults recognises it in the trial log (whatever the error's text)
+OOM_EXIT_LINE = "archsearch.train: rank {rank}/{world_size} out of memory, leaving the process group"
+
+
+def _leave_group_out_of_memory(dist: DistInfo, reason: str) -> None:
+    """End this rank's process after an out-of-memory error in a group of several ranks.
+
+    Its peers are, or soon will be, blocked in a collective this rank will not join (a gradient
+    all-reduce), so carrying on would hold the whole slot until the trial timeout. The line on
+    stderr names the OOM, which ``launch.faults`` reads from the log to record the candidate
+    infeasible; the non-zero exit makes the DeepSpeed launcher end the peers within a second.
+    """
+    print(f"{OOM_EXIT_LINE.format(rank=dist.rank, world_size=dist.world_size)}: {reason}",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_OOM)

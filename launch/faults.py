@@ -24,7 +24,8 @@ OK, INFEASIBLE, FAILED = "ok", "infeasible", "failed"
 _OOM_PATTERNS = re.compile(
     r"CUDA out of memory|torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError|OutOfMemoryError"
     r"|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|NCCL.*out of memory"
-    r"|DefaultCPUAllocator: can't allocate memory",
+    r"|DefaultCPUAllocator: can't allocate memory"
+    r"|archsearch\.train: rank \d+/\d+ out of memory",  # archsearch.train.OOM_EXIT_LINE
 )
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Interrupt)|[\w.]+Error:|AssertionError)\b.*$", re.M)
 

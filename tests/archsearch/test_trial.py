@@ -232,6 +232,33 @@ def test_two_gloo_ranks_under_the_deepspeed_launcher_keep_the_global_batch(tmp_p
     assert rec["train"]["steps"] == one["train"]["steps"] and rec["train"]["tokens"] == one["train"]["tokens"]
 
 
+def test_one_rank_out_of_memory_ends_the_whole_group_at_once(tmp_path):
+    """Rank 1 of 2 runs out of memory in its second optimizer step (``oom_shim``) while rank 0
+    goes on into the next step's collectives. The OOM rank leaves at once with ``EXIT_OOM``, the
+    launcher ends rank 0 (or rank 0's collective fails first), and the log makes the candidate
+    infeasible. Before, both ranks waited for each other until the trial timeout (here: the
+    subprocess timeout)."""
+    from archsearch.train import EXIT_OOM, OOM_EXIT_LINE
+    from archsearch.trial import free_port
+    from launch import faults
+
+    spec_path, cfg_path, out = _files(tmp_path, _config(tmp_path / "run", tokens=8 * 16 * 16 * 4))
+    env = _clean_env()
+    env.update(PYTHONPATH=os.pathsep.join([str(Path(__file__).parent / "oom_shim"), str(ROOT)]),
+               ARCHSEARCH_TEST_OOM_RANK="1")
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
+           "--no_local_rank", "--module", "archsearch.trial",
+           "--spec", str(spec_path), "--config", str(cfg_path), "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    log = proc.stdout + proc.stderr
+    # EXIT_OOM when the launcher ends rank 0 first; 1 when gloo already told rank 0 that its peer
+    # went away (rank 0 then records a failure, which the log's OOM line overrides below)
+    assert proc.returncode in (EXIT_OOM, 1), log[-3000:]
+    assert OOM_EXIT_LINE.format(rank=1, world_size=2) + ": OutOfMemoryError: CUDA out of memory" in log, log[-3000:]
+    rec = record.read(out) if out.exists() else None
+    assert faults.classify(proc.returncode, rec, log, timed_out=False) == ("infeasible", "oom")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_trial_trains_in_bf16_and_measures_peak_memory(tmp_path):
     cfg = _config(tmp_path)
