@@ -49,6 +49,11 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", default="simple_gla,gated_deltanet")
     ap.add_argument("--out", default="", help="folder for decode_bf16_sensitivity.json (default: print only)")
     a = ap.parse_args(argv)
+    import blocks
+
+    unknown = sorted(set(filter(None, a.blocks.split(","))) - set(blocks.names()))
+    if unknown:
+        ap.error(f"--blocks: unknown {unknown}; registered: {', '.join(blocks.names())}")
     rows = []
     for block in filter(None, a.blocks.split(",")):
         t0 = time.time()
