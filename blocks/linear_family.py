@@ -188,7 +188,8 @@ class LinearBlock(Block):
 
     # ----- the shared machinery -----------------------------------------------------------
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The raw projections ``W_q x, W_k x: [B, T, H*Kin]``, ``W_v x: [B, T, H*V]`` (no conv)."""
+        """The raw projections ``W_q x, W_k x: [B, T, H*Kin]``, ``W_v x: [B, T, H*V]`` (no conv), for
+        tests and inspection: it runs the whole input matmul and keeps its q|k|v columns."""
         return self.in_proj(x)["qkv"].split(self.qkv_sizes, dim=-1)
 
 

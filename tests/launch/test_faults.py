@@ -40,3 +40,17 @@ def test_crash_reason_carries_the_last_error_line():
            "During handling...\nValueError: injected crash\n")
     assert last_error_line(log) == "ValueError: injected crash"
     assert classify(1, None, log, False) == ("failed", "crashed: exit code 1: ValueError: injected crash")
+
+
+def test_the_line_of_a_rank_leaving_its_group_out_of_memory_is_oom_whatever_the_error_text():
+    """``archsearch.train`` prints ``OOM_EXIT_LINE`` before a rank leaves a multi-rank trial on an
+    out-of-memory error; its peer's record may then say failed (a broken collective). The line
+    alone decides, even when the error's own text matches none of the framework patterns."""
+    from archsearch.train import EXIT_OOM, OOM_EXIT_LINE
+
+    log = ("step 3\n" + OOM_EXIT_LINE.format(rank=3, world_size=8)
+           + ": RuntimeError: allocator said no\n")
+    peer = {"status": "failed", "reason": "RuntimeError: Connection reset by peer"}
+    assert classify(EXIT_OOM, None, log, False) == ("infeasible", "oom")
+    assert classify(1, peer, log, False) == ("infeasible", "oom")
+    assert classify(1, None, "RuntimeError: allocator said no\n", False)[0] == "failed"
