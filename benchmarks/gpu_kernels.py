@@ -39,7 +39,6 @@ from gpu_common import (  # noqa: E402
 )
 
 import blocks.kernels as kernels  # noqa: E402
-from blocks import ops  # noqa: E402
 
 TARGET_MTOK = 15.0
 CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)

@@ -1,4 +1,4 @@
-"""Compile the gla / delta-rule chunk kernels for a GPU architecture WITHOUT a GPU and
+"""Compile the chunk kernels (linear_attn / simple_gla, gla, the delta rules) for a GPU architecture WITHOUT a GPU and
 print each kernel's registers, spill stack and shared memory.
 
     python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8]
@@ -27,6 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from blocks.kernels import delta as d  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
+from blocks.kernels import scalar_decay as sd  # noqa: E402
 
 ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv")
 
@@ -42,6 +43,15 @@ def arg_types(act: str) -> dict[str, str]:
     return types
 
 
+def table(launch: dict, name: str, default_stages: int) -> tuple[int, int]:
+    """``(num_warps, num_stages)`` from a kernel module's launch table (``tiles.launch`` rules:
+    ``default_stages`` is 1 for float32, and then for every kernel)."""
+    cfg = launch[name]
+    if cfg["num_stages"] is None or default_stages == 1:
+        return cfg["num_warps"], default_stages
+    return cfg["num_warps"], cfg["num_stages"]
+
+
 def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     """(name, kernel, constexprs, num_warps, num_stages) as the host code launches them."""
     prec = "tf32" if act == "bf16" else "ieee"
@@ -51,30 +61,46 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     s = 2 if act == "bf16" else 1
     for use_g in (True, False):
         tag = "gated_delta" if use_g else "delta"
-        yield (f"{tag}.wy_fwd", d._wy_fwd_kernel, dict(C, BC=16, BK=BK, BV=min(64, BV), USE_G=use_g, DOT_PREC=prec), 4, 1)
+        yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec),
+               *table(d.LAUNCH, "kkt", s))
+        if use_g:  # no gate argument: one compile serves both rules
+            yield ("delta.solve_tril", d._solve_tril_kernel, dict(H=H, BT=64, BC=16), *table(d.LAUNCH, "solve_tril", s))
+        yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, DOT_PREC=prec),
+               *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
                                                      DOT_PREC=prec), 4, 2)
-        yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec), 8, s)
+        yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec), *table(d.LAUNCH, "fwd_o", s))
         yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
-                                                                   DOT_PREC=prec), 8, s)
+                                                                   DOT_PREC=prec), *table(d.LAUNCH, "bwd_dv_local", s))
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_DHT=True,
-                                                       STORE_DH0=True, DOT_PREC=prec), 8, 2)
+                                                       STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g,
-                                                             DOT_PREC=prec), 8, 1)
+                                                             DOT_PREC=prec), *table(d.LAUNCH, "bwd_dqkwg", s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
-                                                       USE_G=use_g, DOT_PREC=prec), 8, 1)
-    yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), 4, 2)
+                                                       USE_G=use_g, DOT_PREC=prec), *table(d.LAUNCH, "wy_bwd", s))
+    for use_g in (True, False):
+        tag = "simple_gla" if use_g else "linear_attn"
+        yield (f"{tag}.fwd_h", sd._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g, USE_H0=True,
+                                                      STORE_HT=True, DOT_PREC=prec), *table(sd.LAUNCH, "walk", s))
+        yield (f"{tag}.fwd_o", sd._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec),
+               *table(sd.LAUNCH, "fwd_o", s))
+        yield (f"{tag}.bwd_dh", sd._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g, USE_DHT=True,
+                                                        STORE_DH0=True, DOT_PREC=prec), *table(sd.LAUNCH, "walk", s))
+        yield (f"{tag}.bwd_dqkv", sd._bwd_dqkv_kernel, dict(C, BK=BK, BV=min(64, BV), USE_G=use_g, DOT_PREC=prec),
+               *table(sd.LAUNCH, "bwd_dqkv", s))
+    yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), *table(g.LAUNCH, "cumsum", s))
     yield ("gla.fwd_h", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_H0=True, STORE_HT=True,
-                                              DOT_PREC=prec), 4, 2)
+                                              DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
-                                                  DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), 8, 3)
-    yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec), 8, s)
+                                                  DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "intra_a", s))
+    yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec), *table(g.LAUNCH, "fwd_o", s))
     yield ("gla.bwd_dh", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_DHT=True, STORE_DH0=True,
-                                                DOT_PREC=prec), 4, 2)
-    yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec), 8, s)
-    yield ("gla.bwd_inter", g._bwd_inter_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec), 8, s)
+                                                DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
+    yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec), *table(g.LAUNCH, "bwd_dv", s))
+    yield ("gla.bwd_inter", g._bwd_inter_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec),
+           *table(g.LAUNCH, "bwd_inter", s))
     yield ("gla.bwd_intra", g._bwd_intra_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.BKD, BK),
-                                                      DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), 4, 3)
+                                                      DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_intra", s))
 
 
 def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int):
@@ -117,7 +143,7 @@ def main() -> int:
     keep = [k for k in opts.kernels.split(",") if k]
     dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
     failures = 0
-    print(f"| kernel | dtype | warps | regs | stack (B/thread) | shared (B) | compile s |\n|---|---|---|---|---|---|---|")
+    print("| kernel | dtype | warps | regs | stack (B/thread) | shared (B) | compile s |\n|---|---|---|---|---|---|---|")
     runs = ((a, (name, fn, cx, w, st)) for a in dtypes for (name, fn, cx, host_w, st) in jobs(a)
             for w in (warp_counts or [host_w]))
     for act, (name, fn, cx, warps, stages) in runs:

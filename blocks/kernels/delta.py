@@ -15,12 +15,13 @@ chunk of ``BT`` positions with chunk-local inclusive log-decay prefix sums ``G``
     o    = scale (exp(G) * q) S + scale (q k^T * exp(G_i - G_j) [j <= i]) U
     S_C  = exp(G_C) S + (k * exp(G_C - G))^T U
 
-Kernels: ``_wy_fwd`` (per chunk, parallel) builds ``Tm`` from 16x16 diagonal blocks (forward
-substitution in registers) merged with 16x16 dots, and ``w, u``; ``_fwd_h`` walks the chunks of a
+Kernels (each per chunk and parallel unless said): ``_kkt_kernel`` builds ``A`` with one
+``[BT, K] x [K, BT]`` product; ``_solve_tril_kernel`` inverts it (16x16 diagonal blocks as a product
+of four factors, merged with 16x16 dots); ``_wu_kernel`` forms ``w, u``; ``_fwd_h`` walks the chunks of a
 (batch, head, V slice) in order *inside the kernel*, storing every chunk-start state and ``U``;
-``_fwd_o`` computes every chunk's output in parallel. The backward mirrors it: the chunk states are
-recomputed (not kept between forward and backward), a reverse walk ``_bwd_dh`` carries the state
-gradient and produces ``dU``; ``_bwd_dqkwg`` gives ``dq`` and the parts of ``dk, dw, dG`` through
+``_fwd_o`` computes every chunk's output. The backward keeps the forward's ``Ai`` and recomputes
+``w, u`` and the chunk states; a reverse walk ``_bwd_dh`` carries the state gradient and produces
+``dU``; ``_bwd_dqkwg`` gives ``dq`` and the parts of ``dk, dw, dG`` through
 ``o`` and the state; ``_wy_bwd`` back-propagates through ``Tm`` (``dA = -Tm^T dTm Tm^T``) into
 ``dk, dv, dbeta`` and turns the chunk-local ``dG`` into ``dg`` by a reverse cumsum.
 
@@ -38,12 +39,27 @@ from blocks.ops.utils import check_gate, check_qkv
 
 from . import register_kernel
 from .tiles import INTERPRET as _INTERPRET
-from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2, stages as _stages
+from .tiles import launch as _launch
+from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, walk_bv, warps as _warps
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
 BC = 16  # diagonal block of the triangular inverse
 MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K runs the PyTorch form
+# Warps and pipelining stages per kernel (``num_stages: None`` = ``tiles.stages``: 2 for bf16,
+# 1 for float32): the fastest of benchmarks/kernel_launch_sweep.py's one-at-a-time variants on the
+# H200 (docs/benchmarks/kernel_launch_sweep.md), which beat the fewest-spills choice of
+# benchmarks/kernels_aot_regs.py for wy_bwd, wu and bwd_dqkwg (4 warps spill there, yet ran faster).
+LAUNCH = {
+    "kkt": dict(num_warps=4, num_stages=None),
+    "solve_tril": dict(num_warps=4, num_stages=1),
+    "wu": dict(num_warps=4, num_stages=None),
+    "fwd_o": dict(num_warps=8, num_stages=None),
+    "bwd_dv_local": dict(num_warps=8, num_stages=None),
+    "bwd_dh": dict(num_warps=4, num_stages=2),
+    "bwd_dqkwg": dict(num_warps=4, num_stages=3),
+    "wy_bwd": dict(num_warps=4, num_stages=1),
+}
 @triton.jit
 def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     """Chunk-local cumulative log decay of chunk ``i_t``: ``([BT] with padded rows = the last
@@ -58,44 +74,26 @@ def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
 
 @triton.jit
 def _inv_unit_lower(b_A, BC: tl.constexpr):
-    """``(I + A)^-1`` for a strictly lower ``[BC, BC]`` block ``A`` by forward substitution:
-    with ``X = (I + A)^-1 - I``, row ``i`` is ``X_i = -A_i - sum_j A_ij X_j``."""
+    """``(I + A)^-1`` of a strictly lower ``[BC, BC]`` block ``A`` (float32), BC = 16. ``A`` is
+    nilpotent (``A^16 = 0``), so ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six
+    independent-of-each-row dots instead of 15 dependent forward-substitution steps (which measured
+    2 ms per training step at 64k tokens on the H200, latency-bound)."""
     o = tl.arange(0, BC)
-    X = tl.zeros([BC, BC], dtype=tl.float32)
-    for i in range(1, BC):
-        n_i = -tl.sum(tl.where(o[:, None] == i, b_A, 0.), 0)  # -A[i, :], indexed by j
-        x_i = n_i + tl.sum(n_i[:, None] * X, 0)
-        X = tl.where(o[:, None] == i, x_i[None, :], X)
-    return X + (o[:, None] == o[None, :]).to(tl.float32)
+    eye = (o[:, None] == o[None, :]).to(tl.float32)
+    n1 = -b_A
+    n2 = tl.dot(n1, n1, input_precision="ieee")
+    n4 = tl.dot(n2, n2, input_precision="ieee")
+    n8 = tl.dot(n4, n4, input_precision="ieee")
+    p = tl.dot(eye + n1, eye + n2, input_precision="ieee")
+    p = tl.dot(p, eye + n4, input_precision="ieee")
+    return tl.dot(p, eye + n8, input_precision="ieee")
 
 
 @triton.jit
-def _a_block(k, beta, gc, i_b, i_h, i_t, T, ri: tl.constexpr, cj: tl.constexpr,
-             H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-             USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Block (ri, cj) of ``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)``, ``[BC, BC]`` float32."""
-    o_i = i_t * BT + ri * BC + tl.arange(0, BC)
-    o_j = i_t * BT + cj * BC + tl.arange(0, BC)
-    m_i = o_i < T
-    m_j = o_j < T
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    b_ki = tl.load(k + ((i_b * T + o_i[:, None]) * H + i_h) * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0.)
-    b_kj = tl.load(k + ((i_b * T + o_j[None, :]) * H + i_h) * K + o_k[:, None], mask=m_k[:, None] & m_j[None, :], other=0.)
-    b_A = tl.dot(b_ki, b_kj, input_precision=DOT_PREC).to(tl.float32)
-    b_b = tl.load(beta + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.).to(tl.float32)
-    b_A = b_A * b_b[:, None]
-    if ri == cj:
-        m_A = o_i[:, None] > o_j[None, :]
-    else:
-        m_A = (o_i[:, None] >= 0) & (o_j[None, :] >= 0)
-    if USE_G:
-        last = tl.minimum(i_t * BT + BT, T) - 1
-        g_last = tl.load(gc + (i_b * T + last) * H + i_h)
-        g_i = tl.where(m_i, tl.load(gc + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.), g_last)
-        g_j = tl.where(m_j, tl.load(gc + (i_b * T + o_j) * H + i_h, mask=m_j, other=0.), g_last)
-        b_A = b_A * tl.exp(tl.where(m_A, g_i[:, None] - g_j[None, :], float("-inf")))
-    return tl.where(m_A, b_A, 0.)
+def _load_block(A, i_b, i_h, i_t, T, ri: tl.constexpr, cj: tl.constexpr,
+                H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """Block (ri, cj) of chunk ``i_t``'s ``[BT, BT]`` matrix in ``A: [B, T, H, BT]``, ``[BC, BC]``."""
+    return _load_rows(A, i_b, i_h, i_t * BT + ri * BC, T, H, BT, cj * BC, BC, BC)
 
 
 @triton.jit
@@ -115,19 +113,6 @@ def _load_cols(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BD:
     return tl.load(base + o_r[None, :] * (H * D) + o_d[:, None], mask=(o_r < T)[None, :] & (o_d < D)[:, None], other=0.)
 
 
-@triton.jit
-def _sub_scale(beta, gc, i_b, i_h, i_t, T, ri: tl.constexpr, H: tl.constexpr, BT: tl.constexpr,
-               BC: tl.constexpr, USE_G: tl.constexpr):
-    """``(beta, beta * exp(G))`` of sub-block ``ri``, ``[BC]`` each."""
-    o_i = i_t * BT + ri * BC + tl.arange(0, BC)
-    m_i = o_i < T
-    b_b = tl.load(beta + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.).to(tl.float32)
-    if USE_G:
-        b_g = tl.load(gc + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.)
-        return b_b, b_b * tl.exp(b_g)
-    return b_b, b_b
-
-
 # --- kernels ---------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
@@ -143,28 +128,51 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _wy_fwd_kernel(k, v, beta, gc, Ai, w, u, T,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` ([B, T, H, BT] float32, row i of the chunk's
-    inverse), ``w = Ai (beta exp(G) k)``, ``u = Ai (beta v)``.
-
-    Block inverse: ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for block rows ``i > j``."""
+def _kkt_kernel(k, beta, gc, A, T,
+                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H): ``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)`` of chunk ``i_t`` into
+    ``A: [B, T, H, BT]`` float32 (row ``i`` of its chunk's ``[BT, BT]`` matrix), one ``[BT, K]`` x
+    ``[K, BT]`` product per chunk."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    T00 = _inv_unit_lower(_a_block(k, beta, gc, i_b, i_h, i_t, T, 0, 0, H, K, BT, BC, BK, USE_G, DOT_PREC), BC)
-    T11 = _inv_unit_lower(_a_block(k, beta, gc, i_b, i_h, i_t, T, 1, 1, H, K, BT, BC, BK, USE_G, DOT_PREC), BC)
-    T22 = _inv_unit_lower(_a_block(k, beta, gc, i_b, i_h, i_t, T, 2, 2, H, K, BT, BC, BK, USE_G, DOT_PREC), BC)
-    T33 = _inv_unit_lower(_a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 3, H, K, BT, BC, BK, USE_G, DOT_PREC), BC)
-    A10 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 1, 0, H, K, BT, BC, BK, USE_G, DOT_PREC)
-    A20 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 2, 0, H, K, BT, BC, BK, USE_G, DOT_PREC)
-    A21 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 2, 1, H, K, BT, BC, BK, USE_G, DOT_PREC)
-    A30 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 0, H, K, BT, BC, BK, USE_G, DOT_PREC)
-    A31 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 1, H, K, BT, BC, BK, USE_G, DOT_PREC)
-    A32 = _a_block(k, beta, gc, i_b, i_h, i_t, T, 3, 2, H, K, BT, BC, BK, USE_G, DOT_PREC)
+    r0 = i_t * BT
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_k = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+        b_A += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
+    o_t = r0 + tl.arange(0, BT)
+    b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
+    o_i = tl.arange(0, BT)
+    m_A = o_i[:, None] > o_i[None, :]
+    b_A = b_A * b_b[:, None]
+    if USE_G:
+        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+        b_A = b_A * tl.exp(tl.where(m_A, b_g[:, None] - b_g[None, :], float("-inf")))
+    _store_rows(A, tl.where(m_A, b_A, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
+
+
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
+def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
+    ``[B, T, H, BT]`` float32). Diagonal ``[BC, BC]`` blocks by ``_inv_unit_lower``, the rest by
+    ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for block rows ``i > j`` (16x16 dots)."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC)
+    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC)
+    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC)
+    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
+    A10 = _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
+    A20 = _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
+    A21 = _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
+    A30 = _load_block(A, i_b, i_h, i_t, T, 3, 0, H, BT, BC)
+    A31 = _load_block(A, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
+    A32 = _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
     # the inverse is float32 math whatever the inputs: full-precision dots (16x16, cheap)
     T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision="ieee"), input_precision="ieee")
     T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision="ieee"), input_precision="ieee")
@@ -191,38 +199,33 @@ def _wy_fwd_kernel(k, v, beta, gc, Ai, w, u, T,
     _store_block(Ai, T32, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
     _store_block(Ai, T33, i_b, i_h, i_t, T, 3, 3, H, BT, BC)
 
-    # w = Ai X_w, u = Ai X_u, block row by block row (X_j: the scaled rows of sub-block j).
+
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
+def _wu_kernel(k, v, beta, gc, Ai, w, u, T,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H): ``w = Ai (beta exp(G) k)`` and ``u = Ai (beta v)`` of chunk ``i_t``
+    (``[BT, K]``, ``[BT, V]``), ``[BT, BT]`` x ``[BT, BK|BV]`` products."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
     r0 = i_t * BT
-    b0, e0 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 0, H, BT, BC, USE_G)
-    b1, e1 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 1, H, BT, BC, USE_G)
-    b2, e2 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 2, H, BT, BC, USE_G)
-    b3, e3 = _sub_scale(beta, gc, i_b, i_h, i_t, T, 3, H, BT, BC, USE_G)
-    X0 = _load_rows(k, i_b, i_h, r0, T, H, K, 0, BC, BK).to(tl.float32) * e0[:, None]
-    X1 = _load_rows(k, i_b, i_h, r0 + BC, T, H, K, 0, BC, BK).to(tl.float32) * e1[:, None]
-    X2 = _load_rows(k, i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK).to(tl.float32) * e2[:, None]
-    X3 = _load_rows(k, i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK).to(tl.float32) * e3[:, None]
-    _store_rows(w, tl.dot(T00, X0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, K, 0, BC, BK)
-    _store_rows(w, tl.dot(T10, X0, input_precision=DOT_PREC) + tl.dot(T11, X1, input_precision=DOT_PREC),
-                i_b, i_h, r0 + BC, T, H, K, 0, BC, BK)
-    _store_rows(w, tl.dot(T20, X0, input_precision=DOT_PREC) + tl.dot(T21, X1, input_precision=DOT_PREC)
-                + tl.dot(T22, X2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, K, 0, BC, BK)
-    _store_rows(w, tl.dot(T30, X0, input_precision=DOT_PREC) + tl.dot(T31, X1, input_precision=DOT_PREC)
-                + tl.dot(T32, X2, input_precision=DOT_PREC) + tl.dot(T33, X3, input_precision=DOT_PREC),
-                i_b, i_h, r0 + 3 * BC, T, H, K, 0, BC, BK)
+    o_t = r0 + tl.arange(0, BT)
+    b_T = _load_rows(Ai, i_b, i_h, r0, T, H, BT, 0, BT, BT)  # [BT, BT] float32
+    b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
+    if USE_G:
+        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+        b_be = b_b * tl.exp(b_g)
+    else:
+        b_be = b_b
+    for i_k in range(tl.cdiv(K, BK)):
+        b_x = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) * b_be[:, None]
+        _store_rows(w, tl.dot(b_T, b_x, input_precision=DOT_PREC), i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
     for i_v in range(tl.cdiv(V, BV)):
-        c0 = i_v * BV
-        Y0 = _load_rows(v, i_b, i_h, r0, T, H, V, c0, BC, BV).to(tl.float32) * b0[:, None]
-        Y1 = _load_rows(v, i_b, i_h, r0 + BC, T, H, V, c0, BC, BV).to(tl.float32) * b1[:, None]
-        Y2 = _load_rows(v, i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV).to(tl.float32) * b2[:, None]
-        Y3 = _load_rows(v, i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV).to(tl.float32) * b3[:, None]
-        _store_rows(u, tl.dot(T00, Y0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, c0, BC, BV)
-        _store_rows(u, tl.dot(T10, Y0, input_precision=DOT_PREC) + tl.dot(T11, Y1, input_precision=DOT_PREC),
-                    i_b, i_h, r0 + BC, T, H, V, c0, BC, BV)
-        _store_rows(u, tl.dot(T20, Y0, input_precision=DOT_PREC) + tl.dot(T21, Y1, input_precision=DOT_PREC)
-                    + tl.dot(T22, Y2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV)
-        _store_rows(u, tl.dot(T30, Y0, input_precision=DOT_PREC) + tl.dot(T31, Y1, input_precision=DOT_PREC)
-                    + tl.dot(T32, Y2, input_precision=DOT_PREC) + tl.dot(T33, Y3, input_precision=DOT_PREC),
-                    i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV)
+        b_x = _load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32) * b_b[:, None]
+        _store_rows(u, tl.dot(b_T, b_x, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
@@ -247,8 +250,7 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_t in range(NT):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
-        o_t = i_t * BT + tl.arange(0, BT)
-        m_t = o_t < T
+        i_t * BT + tl.arange(0, BT)
         b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
@@ -274,8 +276,7 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < T
+    i_t * BT + tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
@@ -354,8 +355,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
     for i_r in range(NT):
         i_t = NT - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-        o_t = i_t * BT + tl.arange(0, BT)
-        m_t = o_t < T
+        i_t * BT + tl.arange(0, BT)
         # the chunk-position factors scale the [BT, BV] operands and results, not the [BT, K]
         # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
@@ -534,15 +534,28 @@ def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:
 
 
 def wy_fwd(k, v, beta, gc):
+    """``(Ai [B, T, H, BT] float32, w [B, T, H, K], u [B, T, H, V])``: the chunks' ``(I + A)^-1`` and
+    the WY factors, in three kernels (``A``, its inverse, ``w, u``)."""
+    B, T, H, K = k.shape
+    NT = triton.cdiv(T, BT)
+    A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
+    _kkt_kernel[(NT, B * H)](k, beta, gc, A, T, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
+                             USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "kkt", k))
+    Ai = torch.empty_like(A)
+    _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, **_launch(LAUNCH, "solve_tril", k))
+    return (Ai,) + wu(k, v, beta, gc, Ai)
+
+
+def wu(k, v, beta, gc, Ai):
+    """``w = Ai (beta exp(G) k)``, ``u = Ai (beta v)`` (the activations' dtype)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
-    Ai = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
     w = torch.empty_like(k)
     u = torch.empty_like(v)
-    _wy_fwd_kernel[(triton.cdiv(T, BT), B * H)](
-        k, v, beta, gc, Ai, w, u, T, H=H, K=K, V=V, BT=BT, BC=BC, BK=_pow2(K), BV=min(64, _pow2(V)),
-        USE_G=gc is not None, DOT_PREC=_prec(k), num_warps=_warps(4), num_stages=1)
-    return Ai, w, u
+    _wu_kernel[(triton.cdiv(T, BT), B * H)](
+        k, v, beta, gc, Ai, w, u, T, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
+        USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "wu", k))
+    return w, u
 
 
 def fwd_h(k, w, u, gc, h0, output_final_state):
@@ -568,25 +581,25 @@ def fwd_o(q, k, vn, gc, h, scale):
     o = torch.empty_like(vn)
     _fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, vn, gc, h, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_G=gc is not None, DOT_PREC=_prec(q), num_warps=_warps(8), num_stages=_stages(q))
+        USE_G=gc is not None, DOT_PREC=_prec(q), **_launch(LAUNCH, "fwd_o", q))
     return o
 
 
-def bwd(q, k, v, beta, gc, h0, do, dht, scale, need_dh0):
+def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0):
     """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
     use_g = gc is not None
     prec = _prec(q)
-    Ai, w, u = wy_fwd(k, v, beta, gc)
+    w, u = wu(k, v, beta, gc, Ai)
     h, vn, _ = fwd_h(k, w, u, gc, h0, False)
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
     dv_loc = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
     _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
         q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
-        USE_G=use_g, DOT_PREC=prec, num_warps=_warps(8), num_stages=_stages(q))
+        USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
     BV = _walk_bv(q, B, H, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dv2 = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
@@ -594,7 +607,7 @@ def bwd(q, k, v, beta, gc, h0, do, dht, scale, need_dh0):
     _bwd_dh_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, gc, do, dv_loc, dv2, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf, BV=BV,
         USE_G=use_g, USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec,
-        num_warps=_warps(8), num_stages=1 if _INTERPRET else 2)
+        **_launch(LAUNCH, "bwd_dh", q))
     del dv_loc
     dq = torch.empty_like(q)
     dk_p = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
@@ -606,15 +619,15 @@ def bwd(q, k, v, beta, gc, h0, do, dht, scale, need_dh0):
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _bwd_dqkwg_kernel[(NK, NT, B * H)](
         q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,
-        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, num_warps=_warps(8), num_stages=1)
+        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dqkwg", q))
     del h, dh, vn
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _wy_bwd_kernel[(NT, B * H)](
         k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT,
-        BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, DOT_PREC=prec, num_warps=_warps(8),
-        num_stages=1)
+        BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, DOT_PREC=prec,
+        **_launch(LAUNCH, "wy_bwd", q))
     return dq, dk, dv, dbeta, dg, dh0
 
 
@@ -625,23 +638,25 @@ class ChunkDeltaRule(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state):
         gc = chunk_cumsum(g) if g is not None else None
-        _, w, u = wy_fwd(k, v, beta, gc)
+        Ai, w, u = wy_fwd(k, v, beta, gc)
         h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
         o = fwd_o(q, k, vn, gc, h, scale)
-        # w, u, the chunk states and U are recomputed in backward (a [B, T/64, H, K, V] tensor
-        # per layer is too much to keep); only the inputs and the small gc stay.
-        ctx.save_for_backward(q, k, v, g, beta, gc, h0)
+        # Kept for backward: the inputs, gc and the chunks' inverses Ai ([B, T, H, 64] float32,
+        # fla keeps the same; rebuilding it costs two kernels). w, u, the chunk states and U are
+        # recomputed (one cheap w/u kernel and the state walk; a [B, T/64, H, K, V] tensor per
+        # layer is too much to keep).
+        ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0)
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, gc, h0 = ctx.saved_tensors
+        q, k, v, g, beta, gc, Ai, h0 = ctx.saved_tensors
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[6]
-        dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, h0, do, dht, ctx.scale, need_dh0)
+        dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, Ai, h0, do, dht, ctx.scale, need_dh0)
         dg = dg.to(g.dtype) if dg is not None else None
         return dq, dk, dv, dg, dbeta.to(beta.dtype), None, dh0, None
 

@@ -36,9 +36,9 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import register_kernel
-from .tiles import INTERPRET as _INTERPRET
-from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, stages as _stages
-from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv, warps as _warps
+from .tiles import launch as _launch
+from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2
+from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv
 
 BT = 64  # chunk length inside the kernels
 BC = 16  # sub-chunk (tl.dot's smallest block)
@@ -49,6 +49,18 @@ BKD = 32  # key slice of the [BC, BC, BKD] diagonal-block tiles (8 KB of float32
 # and their reciprocals stay normal. Stronger decay takes the exact pairwise path.
 SPAN_MAX = 40.0
 MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is split into slices
+# Warps and pipelining stages per kernel ("walk": the forward state walk and the reverse gradient
+# walk; ``num_stages: None`` = ``tiles.stages``): the fastest of benchmarks/kernel_launch_sweep.py's
+# one-at-a-time variants on the H200 (docs/benchmarks/kernel_launch_sweep.md).
+LAUNCH = {
+    "cumsum": dict(num_warps=4, num_stages=3),
+    "walk": dict(num_warps=4, num_stages=2),
+    "intra_a": dict(num_warps=4, num_stages=3),
+    "fwd_o": dict(num_warps=8, num_stages=None),
+    "bwd_dv": dict(num_warps=8, num_stages=None),
+    "bwd_inter": dict(num_warps=8, num_stages=None),
+    "bwd_intra": dict(num_warps=4, num_stages=3),
+}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -386,7 +398,7 @@ def chunk_cumsum(gk: torch.Tensor) -> torch.Tensor:
     gc = torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device)
     BK = min(64, _pow2(K))
     _cumsum_kernel[(triton.cdiv(K, BK), triton.cdiv(T, BT), B * H)](gk, gc, T, H=H, K=K, BT=BT, BK=BK,
-                                                                    num_warps=_warps(4))
+                                                                    **_launch(LAUNCH, "cumsum", gk))
     return gc
 
 
@@ -399,7 +411,7 @@ def fwd_h(k, v, gc, h0, output_final_state):
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
     _fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)](
         k, v, gc, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None,
-        STORE_HT=output_final_state, DOT_PREC=_prec(k), num_warps=_warps(4), num_stages=1 if _INTERPRET else 2)
+        STORE_HT=output_final_state, DOT_PREC=_prec(k), **_launch(LAUNCH, "walk", k))
     return h, ht
 
 
@@ -408,7 +420,7 @@ def intra_a(q, k, gc, scale):
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
     _intra_a_kernel[(triton.cdiv(T, BT), B * H)](q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC,
                                                  BK=_pow2(K), BKD=min(_pow2(K), BKD), DOT_PREC=_prec(q),
-                                                 SPAN_MAX=SPAN_MAX, num_warps=_warps(8))
+                                                 SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "intra_a", q))
     return A
 
 
@@ -420,7 +432,7 @@ def fwd_o(q, v, gc, h, A, scale):
     o = torch.empty_like(v)
     _fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, v, gc, h, A, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=_prec(q),
-        num_warps=_warps(8), num_stages=_stages(q))
+        **_launch(LAUNCH, "fwd_o", q))
     return o
 
 
@@ -436,27 +448,26 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0):
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
     _bwd_dh_kernel[(triton.cdiv(K, BKw), triton.cdiv(V, BVw), B * H)](
         q, do, gc, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
-        USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, num_warps=_warps(4),
-        num_stages=1 if _INTERPRET else 2)
+        USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, **_launch(LAUNCH, "walk", q))
     dv = torch.empty_like(v)
     BVd = min(64, _pow2(V))
     _bwd_dv_kernel[(triton.cdiv(V, BVd), NT, B * H)](
         k, gc, A, do, dh, dv, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd, DOT_PREC=prec,
-        num_warps=_warps(8), num_stages=_stages(q))
+        **_launch(LAUNCH, "bwd_dv", q))
     dA = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
     dq_i = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk_i, dg_i = torch.empty_like(dq_i), torch.empty_like(dq_i)
     BKs = min(64, _pow2(K))
     _bwd_inter_kernel[(triton.cdiv(K, BKs), NT, B * H)](
         q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT, H=H, K=K, V=V, BT=BT,
-        BK=BKs, BV=min(64, _pow2(V)), DOT_PREC=prec, num_warps=_warps(8), num_stages=_stages(q))
+        BK=BKs, BV=min(64, _pow2(V)), DOT_PREC=prec, **_launch(LAUNCH, "bwd_inter", q))
     del h, dh
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     BKi = min(BKD, _pow2(K))
     _bwd_intra_kernel[(triton.cdiv(K, BKi), NT, B * H)](
         q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
-        DOT_PREC=prec, SPAN_MAX=SPAN_MAX, num_warps=_warps(4))
+        DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra", q))
     return dq, dk, dv, dg, dh0
 
 

@@ -27,13 +27,21 @@ import triton.language as tl
 from blocks.ops.utils import check_qkv
 
 from . import register_kernel
-from .tiles import INTERPRET as _INTERPRET
-from .tiles import dot_prec as _prec, pow2 as _pow2, stages as _stages, state_dtype as _state_dtype
-from .tiles import walk_bv, warps as _warps
+from .tiles import dot_prec as _prec, launch as _launch, pow2 as _pow2, state_dtype as _state_dtype
+from .tiles import walk_bv
 
 BT = 64  # chunk length inside the kernels; the math does not depend on it (the ops' chunk_size
          # is an argument of the PyTorch form, the kernels pick the size that suits the hardware)
 MAX_K = 128  # the backward keeps full-K rows of dq/dk in registers; larger K is split (see below)
+# Warps and pipelining stages per kernel ("walk": the forward state walk and the reverse gradient
+# walk; ``num_stages: None`` = ``tiles.stages``): the fastest of benchmarks/kernel_launch_sweep.py's
+# one-at-a-time variants on the H200 (docs/benchmarks/kernel_launch_sweep.md; 3-stage walks: 13%
+# less time per step at 32k tokens per sequence).
+LAUNCH = {
+    "walk": dict(num_warps=4, num_stages=3),
+    "fwd_o": dict(num_warps=8, num_stages=None),
+    "bwd_dqkv": dict(num_warps=8, num_stages=3),
+}
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_h_kernel(k, v, g, h, h0, ht, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -239,7 +247,7 @@ def fwd_h(k, v, g, h0, output_final_state):
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
     _fwd_h_kernel[grid](k, v, g, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                         USE_G=g is not None, USE_H0=h0 is not None, STORE_HT=output_final_state,
-                        DOT_PREC=_prec(k), num_warps=_warps(4), num_stages=1 if _INTERPRET else 2)
+                        DOT_PREC=_prec(k), **_launch(LAUNCH, "walk", k))
     return h, ht
 
 
@@ -251,8 +259,7 @@ def fwd_o(q, k, v, g, h, scale):
     o = torch.empty_like(v)
     grid = (triton.cdiv(V, BV), NT, B * H)
     _fwd_o_kernel[grid](q, k, v, g, h, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                        USE_G=g is not None, DOT_PREC=_prec(q), num_warps=_warps(8),
-                        num_stages=_stages(q))
+                        USE_G=g is not None, DOT_PREC=_prec(q), **_launch(LAUNCH, "fwd_o", q))
     return o
 
 
@@ -266,7 +273,7 @@ def bwd_dh(q, do, g, dht, h0_needs_grad, scale):
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
     _bwd_dh_kernel[grid](q, do, g, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                          USE_G=g is not None, USE_DHT=dht is not None, STORE_DH0=h0_needs_grad,
-                         DOT_PREC=_prec(q), num_warps=_warps(4), num_stages=1 if _INTERPRET else 2)
+                         DOT_PREC=_prec(q), **_launch(LAUNCH, "walk", q))
     return dh, dh0
 
 
@@ -279,7 +286,7 @@ def bwd_dqkv(q, k, v, g, h, do, dh, scale):
     dA = q.new_empty(B, H, T, dtype=torch.float32) if g is not None else None
     _bwd_dqkv_kernel[(NT, B * H)](q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT, H=H, K=K, V=V,
                                   BT=BT, BK=BK, BV=BV, USE_G=g is not None, DOT_PREC=_prec(q),
-                                  num_warps=_warps(8), num_stages=_stages(q))
+                                  **_launch(LAUNCH, "bwd_dqkv", q))
     return dq, dk, dv, dA
 
 

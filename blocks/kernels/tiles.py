@@ -31,6 +31,19 @@ def stages(x: torch.Tensor) -> int:
     return 1 if INTERPRET or x.dtype == torch.float32 else 2
 
 
+def launch(table: dict, name: str, x: torch.Tensor) -> dict:
+    """``num_warps``/``num_stages`` of kernel ``name`` from a module's launch table, which holds the
+    bf16/fp16 settings (stages ``None``: ``stages(x)``). Float32 inputs run every kernel at one stage
+    (``stages``: their tiles are twice the shared memory; 3 stages of some exceed the SM's), and the
+    interpreter at one warp and one stage."""
+    if INTERPRET:
+        return dict(num_warps=1, num_stages=1)
+    cfg = dict(table[name])
+    if cfg.get("num_stages") is None or x.dtype == torch.float32:
+        cfg["num_stages"] = stages(x)
+    return cfg
+
+
 def dot_prec(x: torch.Tensor) -> str:
     # float32 inputs get full-precision dots so results match the PyTorch forms (which do not use
     # TF32 by default); bf16/fp16 inputs already carry ~3 significant digits, and TF32 on their
