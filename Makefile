@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # and run `pip install -e .` (pyproject's torch requirement is a range).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-kernels clean
 
 $(BIN)/archsearch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,5 +28,17 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# The Triton kernels run through Triton's CPU interpreter (float32, tiny shapes) against the
+# PyTorch forms, and the launch tables are checked. Triton and a NumPy its interpreter supports
+# (< 2.3) go into their own folder, so the main environment stays as it is.
+KERNEL_DEPS := .triton-cpu
+KERNEL_TESTS := tests/blocks/test_kernels_gpu.py tests/blocks/test_kernels_gpu_gla_delta.py tests/blocks/test_kernels_launch.py
+$(KERNEL_DEPS)/.installed: | setup
+	$(BIN)/pip install -q --target $(KERNEL_DEPS) "triton>=3.4" "numpy<2.3"
+	@touch $@
+
+test-kernels: setup $(KERNEL_DEPS)/.installed
+	TRITON_INTERPRET=1 PYTHONPATH=$(KERNEL_DEPS) $(BIN)/python -m pytest -q $(KERNEL_TESTS) -k "interpreter or launch"
+
 clean:
-	rm -rf $(VENV) studies runs
+	rm -rf $(VENV) $(KERNEL_DEPS) studies runs

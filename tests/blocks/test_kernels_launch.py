@@ -1,0 +1,60 @@
+"""The chunk-kernel modules' launch tables (``LAUNCH``) and ``tiles.launch``, which applies them;
+and the sweep that measures them (``benchmarks/kernel_launch_sweep.py``) leaving them as it found
+them. CPU only; needs triton importable (the modules compile nothing at import)."""
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from blocks.kernels import delta, gla, scalar_decay, tiles  # noqa: E402
+
+MODULES = [delta, gla, scalar_decay]
+
+
+@pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_every_launch_entry_is_valid_and_used(mod):
+    source = inspect.getsource(mod)
+    for name, cfg in mod.LAUNCH.items():
+        assert set(cfg) == {"num_warps", "num_stages"}, name
+        assert cfg["num_warps"] in (1, 2, 4, 8, 16), name
+        assert cfg["num_stages"] is None or 1 <= cfg["num_stages"] <= 4, name
+        # an entry no launch reads would be swept and "tuned" to no effect
+        assert f'_launch(LAUNCH, "{name}"' in source, f"{mod.__name__}.LAUNCH[{name!r}] is never used"
+
+
+def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
+    table = {"k": dict(num_warps=8, num_stages=3), "auto": dict(num_warps=4, num_stages=None)}
+    bf16, fp32 = torch.empty(1, dtype=torch.bfloat16), torch.empty(1)
+    got = {(n, str(x.dtype)): tiles.launch(table, n, x) for n in table for x in (bf16, fp32)}
+    if tiles.INTERPRET:
+        assert all(c == dict(num_warps=1, num_stages=1) for c in got.values())
+    else:
+        assert got[("k", "torch.bfloat16")] == dict(num_warps=8, num_stages=3)
+        assert got[("k", "torch.float32")] == dict(num_warps=8, num_stages=1)
+        assert got[("auto", "torch.bfloat16")] == dict(num_warps=4, num_stages=tiles.stages(bf16))
+    got[("k", "torch.bfloat16")]["num_warps"] = 1
+    assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
+
+
+def test_sweep_variants_restore_the_module_after_each_run():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import kernel_launch_sweep as sweep
+    finally:
+        sys.path.pop(0)
+    before = {k: dict(v) for k, v in gla.LAUNCH.items()}
+    walk = gla.walk_bv
+    variants = sweep.variants("gla")
+    assert ("bwd_intra", "num_warps", 8) in variants and ("walk_bv", "BV", 16) in variants
+    assert not any(v == (e, s, gla.LAUNCH[e][s]) for v in variants for e, s, _ in [v] if e in gla.LAUNCH)
+    with sweep.Applied("gla", ("bwd_intra", "num_warps", 8)):
+        assert gla.LAUNCH["bwd_intra"]["num_warps"] == 8
+    with sweep.Applied("gla", ("walk_bv", "BV", 16)):
+        assert gla.walk_bv(None, 1, 128) == 16 and gla.walk_bv(None, 1, 8) == 16
+    assert gla.LAUNCH == before and gla.walk_bv is walk
