@@ -641,8 +641,8 @@ class ChunkDeltaRule(torch.autograd.Function):
         Ai, w, u = wy_fwd(k, v, beta, gc)
         h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
         o = fwd_o(q, k, vn, gc, h, scale)
-        # Kept for backward: the inputs, gc and the chunks' inverses Ai ([B, T, H, 64] float32,
-        # fla keeps the same; rebuilding it costs two kernels). w, u, the chunk states and U are
+        # Kept for backward: the inputs, gc and the chunks' inverses Ai ([B, T, H, 64] float32;
+        # fla keeps its inverse too, in the activations' dtype; rebuilding it costs two kernels). w, u, the chunk states and U are
         # recomputed (one cheap w/u kernel and the state walk; a [B, T/64, H, K, V] tensor per
         # layer is too much to keep).
         ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0)
