@@ -92,11 +92,13 @@ def step(family: str, T: int, B: int = 0):
     return fwd_bwd(lambda: kernel(*pos)[0], pos)
 
 
-def _compile_one(job: tuple[str, tuple | None]) -> str:
-    family, variant = job
+def _compile_one(job: tuple[str, tuple | None, int]) -> str:
+    """Compile one variant at 3 chunks (a ragged one included: lengths do not recompile) and the
+    timed length's batch ``B`` (the walks' V block follows the number of (batch, head) chains)."""
+    family, variant, B = job
     try:
         with Applied(family, variant):
-            step(family, 192, 2)()  # 3 chunks, a ragged one included; lengths do not recompile
+            step(family, 192, B)()
         torch.cuda.synchronize()
         return ""
     except Exception as exc:  # noqa: BLE001 - reported per variant, the sweep goes on
@@ -205,7 +207,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="2048,32768")
     ap.add_argument("--out", default="", help="folder for kernel_launch_sweep.{json,md} (default: print only)")
     ap.add_argument("--workers", type=int, default=12, help="compile processes")
-    ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # FAMILY:T, see sweep()
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # FAMILY:T:START, see sweep()
     opts = ap.parse_args(argv)
     if opts.child:
         family, T, start = opts.child.split(":")
@@ -226,7 +228,7 @@ def main(argv=None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
-    jobs = [(f, v) for f in families for v in [None] + variants(f)]
+    jobs = [(f, v, max(1, TOKENS // T)) for T in lengths for f in families for v in [None] + variants(f)]
     t0 = time.time()
     errors = precompile(jobs, opts.workers)
     log(f"compiled {len(jobs)} variants in {time.time() - t0:.0f} s" + (f"; {len(errors)} failed" if errors else ""))
