@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     jobs = [(f, v, max(1, TOKENS // T)) for T in lengths for f in families for v in [None] + variants(f)]
     t0 = time.time()
     errors = precompile(jobs, opts.workers)
-    log(f"compiled {len(jobs)} variants in {time.time() - t0:.0f} s" + (f"; {len(errors)} failed" if errors else ""))
+    log(f"compiled {len(jobs)} (variant, batch) jobs in {time.time() - t0:.0f} s" + (f"; {len(errors)} failed" if errors else ""))
     for e in errors:
         log(f"  compile failed: {e}")
     tables = {f: {k: dict(v) for k, v in kernel_module(f).LAUNCH.items()} for f in families}
