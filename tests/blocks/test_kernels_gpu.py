@@ -15,6 +15,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from interpreter_bounds import checked_memory
 
 import blocks.kernels as kernels
 from archsearch.errors import UserError
@@ -247,6 +248,26 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_sp
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_interpreter_bounds_check_catches_an_overrun():
+    """The out-of-bounds check the interpreter tests rely on fails a kernel that reads past its input."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def copy(x, y, n, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+        o = tl.arange(0, BLOCK)
+        m = (o < n) if MASKED else (o < BLOCK)
+        tl.store(y + o, tl.load(x + o, mask=m), mask=o < n)
+
+    x, y = torch.randn(10), torch.empty(10)
+    with checked_memory():
+        copy[(1,)](x, y, 10, BLOCK=16, MASKED=True)
+        assert torch.equal(x, y)
+        with pytest.raises(Exception, match="load of 6 lanes outside every tensor argument"):
+            copy[(1,)](x, y, 10, BLOCK=16, MASKED=False)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 @pytest.mark.parametrize("family", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
 def test_chunk_kernels_in_interpreter(family):
     import importlib
@@ -272,10 +293,11 @@ def test_chunk_kernels_in_interpreter(family):
     h0 = rnd(B, H, K, V)
     mine = [a.clone().requires_grad_(True) for a in args] + [h0.clone().requires_grad_(True)]
     ref = [a.clone().requires_grad_(True) for a in args] + [h0.clone().requires_grad_(True)]
-    o, ht = kernel(*mine[:-1], initial_state=mine[-1], output_final_state=True)
     ro, rht = op.recurrent(*ref[:-1], initial_state=ref[-1], output_final_state=True)
     do, dht = torch.randn_like(ro), torch.randn_like(rht)
-    ((o * do).sum() + (ht * dht).sum()).backward()
+    with checked_memory():  # every load and store inside the launch's tensors
+        o, ht = kernel(*mine[:-1], initial_state=mine[-1], output_final_state=True)
+        ((o * do).sum() + (ht * dht).sum()).backward()
     ((ro * do).sum() + (rht * dht).sum()).backward()
     assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
     for a, b in zip(mine, ref):

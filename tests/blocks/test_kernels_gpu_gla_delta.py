@@ -23,6 +23,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from interpreter_bounds import checked_memory
 
 from blocks.ops import delta_rule as delta_ops
 from blocks.ops import gated_delta_rule as gated_ops
@@ -209,10 +210,28 @@ INTERPRETER_CASES = [  # family, shape, decay, with_h0
 @pytest.mark.parametrize("family,shape,decay,with_h0", INTERPRETER_CASES,
                          ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
 def test_interpreter_kernel_matches_reference(family, shape, decay, with_h0):
-    errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
+    with checked_memory():  # every load and store inside the launch's tensors
+        errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
     # float32 everywhere: agreement to float32 rounding (measured 1e-7 .. 2e-6)
     bad = {n: e for n, e in errs.items() if e > 2e-5}
     assert not bad, f"{family} {decay}: {bad} (all: {errs})"
+
+
+@interpreter
+@pytest.mark.parametrize("family", ["gla", "gated_delta_rule"])
+@pytest.mark.parametrize("block_v", [16, 64])
+def test_interpreter_walks_at_every_value_block(family, block_v, monkeypatch):
+    """The sequential chunk walks pick their V block from the GPU's size (``tiles.walk_bv``: 64, or
+    32 for few long sequences); the kernel launch sweep also tries 16. Every choice must give the
+    same results and stay inside its tensors."""
+    from blocks.kernels import delta, gla
+
+    mod = gla if family == "gla" else delta
+    monkeypatch.setattr(mod, "walk_bv", lambda x, chains, V: min(block_v, max(16, 1 << (V - 1).bit_length())))
+    with checked_memory():
+        errs = run_case(chunk_kernel(family), family, (1, 70, 1, 32, 64), torch.float32, "random", True, "cpu")
+    bad = {n: e for n, e in errs.items() if e > 2e-5}
+    assert not bad, f"{family} BV={block_v}: {bad} (all: {errs})"
 
 
 # --- CPU, anywhere triton imports ---------------------------------------------------------------
