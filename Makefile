@@ -29,7 +29,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 # The Triton kernels run through Triton's CPU interpreter (float32, tiny shapes) against the
-# PyTorch forms, and the launch tables are checked. Triton and a NumPy its interpreter supports
+# PyTorch forms, every load and store checked against the launch's tensors; and the launch tables. Triton and a NumPy its interpreter supports
 # (< 2.3) go into their own folder, so the main environment stays as it is.
 KERNEL_DEPS := .triton-cpu
 KERNEL_TESTS := tests/blocks/test_kernels_gpu.py tests/blocks/test_kernels_gpu_gla_delta.py tests/blocks/test_kernels_launch.py
