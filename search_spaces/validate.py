@@ -376,19 +376,21 @@ def objective_key(o: Objective, space_task: str = "task") -> str:
 def _budget(p: _Parser, d: Any) -> Budget:
     path = "budget"
     d = p.mapping(d, path, {f.name for f in dataclasses.fields(Budget)}, {"tokens"})
+    dflt = Budget()  # the defaults live on the dataclass only
     return Budget(
-        tokens=p.scalar(d, "tokens", path, 1_000_000, int_at_least(1)),
-        max_seconds=p.scalar(d, "max_seconds", path, 600.0, num_at_least(0, strict=True)),
-        batch_size=p.scalar(d, "batch_size", path, 32, int_at_least(1)),
-        lr=p.scalar(d, "lr", path, 3e-3, num_at_least(0, strict=True)),
-        warmup_frac=p.scalar(d, "warmup_frac", path, 0.1, lambda v: None if _is_num(v) and 0 <= v < 1 else "must be in [0, 1)"),
-        weight_decay=p.scalar(d, "weight_decay", path, 0.1, num_at_least(0)),
-        grad_clip=p.scalar(d, "grad_clip", path, 1.0, num_at_least(0)),
-        eval_every=p.scalar(d, "eval_every", path, 0, int_at_least(0)),
-        precision=p.scalar(d, "precision", path, "auto", one_of(("auto", "fp32", "bf16"))),
-        device=p.scalar(d, "device", path, "auto", one_of(("auto", "cpu", "cuda"))),
-        seed=p.scalar(d, "seed", path, 0, int_at_least(0)),
-        measure_repeats=p.scalar(d, "measure_repeats", path, 5, int_at_least(1)),
+        tokens=p.scalar(d, "tokens", path, dflt.tokens, int_at_least(1)),
+        max_seconds=p.scalar(d, "max_seconds", path, dflt.max_seconds, num_at_least(0, strict=True)),
+        batch_size=p.scalar(d, "batch_size", path, dflt.batch_size, int_at_least(1)),
+        lr=p.scalar(d, "lr", path, dflt.lr, num_at_least(0, strict=True)),
+        warmup_frac=p.scalar(d, "warmup_frac", path, dflt.warmup_frac,
+                             lambda v: None if _is_num(v) and 0 <= v < 1 else "must be in [0, 1)"),
+        weight_decay=p.scalar(d, "weight_decay", path, dflt.weight_decay, num_at_least(0)),
+        grad_clip=p.scalar(d, "grad_clip", path, dflt.grad_clip, num_at_least(0)),
+        eval_every=p.scalar(d, "eval_every", path, dflt.eval_every, int_at_least(0)),
+        precision=p.scalar(d, "precision", path, dflt.precision, one_of(("auto", "fp32", "bf16"))),
+        device=p.scalar(d, "device", path, dflt.device, one_of(("auto", "cpu", "cuda"))),
+        seed=p.scalar(d, "seed", path, dflt.seed, int_at_least(0)),
+        measure_repeats=p.scalar(d, "measure_repeats", path, dflt.measure_repeats, int_at_least(1)),
     )
 
 

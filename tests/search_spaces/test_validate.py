@@ -176,3 +176,22 @@ def test_builtins_validate(name):
     assert space.name == name
     assert builtin_path(name).exists()
     search_spaces.example(space).validate()
+
+
+def test_budget_defaults_match_the_trainer_and_fill_missing_fields():
+    """A space's ``budget`` and ``archsearch.train.TrainConfig`` state the same optimiser defaults
+    (search_spaces must not import the trainer, so they are written twice; this keeps them equal).
+    ``tokens`` differs on purpose: a study's default budget is larger than a single trial's."""
+    import dataclasses
+
+    from archsearch.train import TrainConfig
+
+    budget, train = search_spaces.Budget(), TrainConfig()
+    shared = {f.name for f in dataclasses.fields(budget)} & {f.name for f in dataclasses.fields(train)}
+    assert shared >= {"lr", "batch_size", "warmup_frac", "weight_decay", "grad_clip", "max_seconds", "precision"}
+    assert {n: getattr(budget, n) for n in shared - {"tokens"}} == {n: getattr(train, n) for n in shared - {"tokens"}}
+    from search_spaces.validate import parse_space
+
+    d = yaml.safe_load(builtin_path("mqar_tiny").read_text())
+    d["budget"] = {"tokens": 5000}  # every other field from the defaults
+    assert parse_space(d).budget == dataclasses.replace(budget, tokens=5000)
