@@ -44,13 +44,17 @@ def kernel_module(family: str):
 
 def variants(family: str) -> list[tuple[str, str, int]]:
     """``(entry, setting, value)`` for every launch-table entry of the family's module: each other
-    warp count, each other stage count; then each walk V block."""
-    table = kernel_module(family).LAUNCH
+    warp count, each other stage count; then each walk V block; then the other value of each of
+    the module's ``SWITCHES`` (alternative kernels, as ``("switch", NAME, value)``)."""
+    mod = kernel_module(family)
     out = []
-    for entry, cfg in table.items():
+    for entry, cfg in mod.LAUNCH.items():
         out += [(entry, "num_warps", w) for w in WARPS if w != cfg["num_warps"]]
         out += [(entry, "num_stages", s) for s in STAGES if s != cfg["num_stages"]]
-    return out + [("walk_bv", "BV", bv) for bv in WALK_BV]
+    out += [("walk_bv", "BV", bv) for bv in WALK_BV]
+    for name, values in getattr(mod, "SWITCHES", {}).items():
+        out += [("switch", name, v) for v in values if v != getattr(mod, name)]
+    return out
 
 
 class Applied:
@@ -66,6 +70,9 @@ class Applied:
         if entry == "walk_bv":
             self.saved = self.mod.walk_bv
             self.mod.walk_bv = lambda x, chains, V: min(value, max(16, 1 << (V - 1).bit_length()))
+        elif entry == "switch":
+            self.saved = getattr(self.mod, setting)
+            setattr(self.mod, setting, value)
         else:
             self.saved = dict(self.mod.LAUNCH[entry])
             self.mod.LAUNCH[entry][setting] = value
@@ -74,9 +81,11 @@ class Applied:
     def __exit__(self, *exc):
         if self.variant is None:
             return
-        entry = self.variant[0]
+        entry, setting = self.variant[:2]
         if entry == "walk_bv":
             self.mod.walk_bv = self.saved
+        elif entry == "switch":
+            setattr(self.mod, setting, self.saved)
         else:
             self.mod.LAUNCH[entry] = self.saved
 
@@ -195,7 +204,8 @@ def markdown(res: dict, tables: dict) -> str:
             lines.append(f"| {family} | {T} | (current settings) | | | | {r['base_ms']} "
                          f"(again {r['base_again_ms']}) | 1 |")
             for v in sorted(r["variants"], key=lambda v: v.get("ratio", 9)):
-                cur = tables[family].get(v["entry"], {}).get(v["setting"], "tiles.walk_bv")
+                cur = {"walk_bv": "tiles.walk_bv", "switch": "the other"}.get(v["entry"]) or \
+                    tables[family][v["entry"]][v["setting"]]
                 tail = f"{v['ms']:.3f} | {v.get('ratio', float('nan')):.3f}" if "ms" in v else f"{v['error']} |"
                 lines.append(f"| {family} | {T} | {v['entry']} | {v['setting']} | {cur} | {v['value']} | {tail} |")
     return "\n".join(lines) + "\n"

@@ -36,7 +36,7 @@ def arg_types(act: str) -> dict[str, str]:
     """Triton signature types by argument name: activations and chunk states in ``act``,
     everything else float32, sizes int32."""
     types = {n: f"*{act}" for n in ACTIVATIONS}
-    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dv2", "dw", "dG", "dG_in",
+    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dv2", "dw", "dG", "dG_in", "x",
               "dk_in", "du", "dbeta", "dg", "dq_i", "dk_i", "dg_i"):
         types[n] = "*fp32"
     types.update(T="i32", NT="i32", B="i32", scale="fp32")
@@ -101,6 +101,10 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
            *table(g.LAUNCH, "bwd_inter", s))
     yield ("gla.bwd_intra", g._bwd_intra_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.BKD, BK),
                                                       DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_intra", s))
+    yield ("gla.bwd_intra_sub", g._bwd_intra_sub_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.BKD, BK),
+                                                              DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX),
+           *table(g.LAUNCH, "bwd_intra_sub", s))
+    yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), *table(g.LAUNCH, "rev_cumsum", s))
 
 
 def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int):

@@ -60,7 +60,16 @@ LAUNCH = {
     "bwd_dv": dict(num_warps=8, num_stages=None),
     "bwd_inter": dict(num_warps=8, num_stages=None),
     "bwd_intra": dict(num_warps=4, num_stages=3),
+    "bwd_intra_sub": dict(num_warps=4, num_stages=3),
+    "rev_cumsum": dict(num_warps=4, num_stages=3),
 }
+# The intra-chunk backward as one program per chunk (``_bwd_intra_kernel``, measured: 6.3 ms of a
+# 12 ms step) or one per sub-chunk plus a reverse-cumsum pass (``_bwd_intra_sub_kernel``,
+# ``_rev_cumsum_kernel``: a quarter of the live tiles per program). Both are tested (interpreter,
+# GPU); the split one has not been timed yet: ``benchmarks/kernel_launch_sweep.py`` tries the
+# other value of every name in ``SWITCHES``.
+SPLIT_BWD_INTRA = False
+SWITCHES = {"SPLIT_BWD_INTRA": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -386,6 +395,82 @@ def _bwd_intra_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T,
         _store(dg, b_rev, i_b, i_h, ra, T, H, K, c0, BC, BK)
 
 
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
+def _bwd_intra_sub_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dG, T,
+                          H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                          NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr):
+    """Grid (K/BK, NT*NC, B*H): ``_bwd_intra_kernel``'s work for ONE sub-chunk ``a`` (four times the
+    programs, a quarter of the live tiles each): final ``dq, dk`` of its rows and their chunk-local
+    gate gradient ``dG`` (float32, before the reverse cumsum ``_rev_cumsum_kernel`` applies)."""
+    i_k = tl.program_id(0)
+    i_tc = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    i_t = i_tc // NC
+    a = i_tc % NC
+    c0 = i_k * BK
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
+    o_c = tl.arange(0, BC)
+    ra = i_t * BT + a * BC
+    b_q = _rows(q, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
+    b_k = _rows(k, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
+    b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, c0, BC, BK)
+    b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, c0, BK)  # first row of a: keys in b < a
+    b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)  # last row of a: queries in c > a
+    b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
+    for b in range(0, a):
+        rb = i_t * BT + b * BC
+        b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+        b_kb = _rows(k, i_b, i_h, rb, T, H, K, c0, BC, BK).to(tl.float32)
+        b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, c0, BC, BK)
+        b_dqs += tl.dot(b_dAab, b_kb * tl.exp(b_gn[None, :] - b_gb), input_precision=DOT_PREC)
+    b_dks = tl.zeros([BC, BK], dtype=tl.float32)
+    for c in range(a + 1, NC):
+        rc = i_t * BT + c * BC
+        b_dAca = _rows(dA, i_b, i_h, rc, T, H, BT, a * BC, BC, BC)
+        b_qc = _rows(q, i_b, i_h, rc, T, H, K, c0, BC, BK).to(tl.float32)
+        b_gcc = _g_rows(gc, g_last, i_b, i_h, rc, T, H, K, c0, BC, BK)
+        b_dks += tl.dot(tl.trans(b_dAca), b_qc * tl.exp(b_gcc - b_gm[None, :]), input_precision=DOT_PREC)
+    b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
+    b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
+    # the diagonal block, as in _bwd_intra_kernel
+    b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
+    if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
+        b_dAm = tl.where(o_c[:, None] > o_c[None, :], b_dAaa, 0.)
+        b_en = tl.exp(b_ga - b_gn[None, :])  # <= 1
+        b_dqs += tl.dot(b_dAm, b_k / b_en, input_precision=DOT_PREC) * b_en
+        b_dks += tl.dot(tl.trans(b_dAm), b_q * b_en, input_precision=DOT_PREC) / b_en
+    else:
+        m_ij = (o_c[:, None] > o_c[None, :])[:, :, None]
+        b_e = tl.exp(tl.where(m_ij, b_ga[:, None, :] - b_ga[None, :, :], float("-inf")))
+        b_de = b_dAaa[:, :, None] * b_e
+        b_dqs += tl.sum(b_de * b_k[None, :, :], axis=1)
+        b_dks += tl.sum(b_de * b_q[:, None, :], axis=0)
+    b_diag = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dAaa, 0.), axis=1)
+    _store(dq, _rows(dq_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dqs + b_diag[:, None] * b_k,
+           i_b, i_h, ra, T, H, K, c0, BC, BK)
+    _store(dk, _rows(dk_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dks + b_diag[:, None] * b_q,
+           i_b, i_h, ra, T, H, K, c0, BC, BK)
+    _store(dG, _rows(dg_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_q * b_dqs - b_k * b_dks,
+           i_b, i_h, ra, T, H, K, c0, BC, BK)
+
+
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
+def _rev_cumsum_kernel(x, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Grid (K/BK, NT, B*H): in place, ``x[t] <- sum_{s >= t in t's chunk} x[s]`` (float32
+    ``[B, T, H, K]``; rows past ``T`` count as zero)."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    b_x = _rows(x, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    b_rev = tl.sum(b_x, axis=0)[None, :] - tl.cumsum(b_x, axis=0) + b_x
+    _store(x, b_rev, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+
+
 # --- host side -------------------------------------------------------------------------------
 def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
     """(BK, BV) of the sequential chunk walks (grid ``(K/BK, V/BV, B*H)``; ``tiles.walk_bv``)."""
@@ -465,9 +550,17 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0):
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     BKi = min(BKD, _pow2(K))
-    _bwd_intra_kernel[(triton.cdiv(K, BKi), NT, B * H)](
-        q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
-        DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra", q))
+    if SPLIT_BWD_INTRA:
+        _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT * NC, B * H)](
+            q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
+            DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra_sub", q))
+        BKr = min(64, _pow2(K))
+        _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, T, H=H, K=K, BT=BT, BK=BKr,
+                                                             **_launch(LAUNCH, "rev_cumsum", q))
+    else:
+        _bwd_intra_kernel[(triton.cdiv(K, BKi), NT, B * H)](
+            q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
+            DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra", q))
     return dq, dk, dv, dg, dh0
 
 

@@ -160,6 +160,21 @@ def test_gpu_kernel_matches_reference(family, shape, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("shape", [(2, 65, 2, 64, 64), (1, 1000, 2, 128, 128)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_gla_split_intra_backward_matches_reference(shape, dtype, monkeypatch):
+    """gla's alternative intra-chunk backward (one program per sub-chunk + a reverse cumsum,
+    ``gla.SPLIT_BWD_INTRA``), which the launch sweep times against the default."""
+    from blocks.kernels import gla
+
+    monkeypatch.setattr(gla, "SPLIT_BWD_INTRA", True)
+    for decay, with_h0 in CASES:
+        errs = run_case(gla.gla_chunk, "gla", shape, dtype, decay, with_h0, "cuda")
+        bad = {n: e for n, e in errs.items() if e > TOL[dtype]}
+        assert not bad, f"split {decay} h0={with_h0}: {bad} (all: {errs})"
+
+
+@gpu
 @pytest.mark.parametrize("family", ["gla", "gated_delta_rule"])
 def test_gpu_gate_gradient_under_strong_decay_is_relative(family):
     """The kernels keep the tiny true gate gradient of a strong decay (they leave the
@@ -232,6 +247,20 @@ def test_interpreter_walks_at_every_value_block(family, block_v, monkeypatch):
         errs = run_case(chunk_kernel(family), family, (1, 70, 1, 32, 64), torch.float32, "random", True, "cpu")
     bad = {n: e for n, e in errs.items() if e > 2e-5}
     assert not bad, f"{family} BV={block_v}: {bad} (all: {errs})"
+
+
+@interpreter
+@pytest.mark.parametrize("family,shape,decay,with_h0", [c for c in INTERPRETER_CASES if c[0] == "gla"],
+                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
+def test_interpreter_gla_split_intra_backward(family, shape, decay, with_h0, monkeypatch):
+    """``gla.SPLIT_BWD_INTRA``: the per-sub-chunk backward kernel and its reverse cumsum."""
+    from blocks.kernels import gla
+
+    monkeypatch.setattr(gla, "SPLIT_BWD_INTRA", True)
+    with checked_memory():
+        errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
+    bad = {n: e for n, e in errs.items() if e > 2e-5}
+    assert not bad, f"split {decay}: {bad} (all: {errs})"
 
 
 # --- CPU, anywhere triton imports ---------------------------------------------------------------

@@ -57,4 +57,8 @@ def test_sweep_variants_restore_the_module_after_each_run():
         assert gla.LAUNCH["bwd_intra"]["num_warps"] == 8
     with sweep.Applied("gla", ("walk_bv", "BV", 16)):
         assert gla.walk_bv(None, 1, 128) == 16 and gla.walk_bv(None, 1, 8) == 16
-    assert gla.LAUNCH == before and gla.walk_bv is walk
+    split = gla.SPLIT_BWD_INTRA
+    assert ("switch", "SPLIT_BWD_INTRA", not split) in variants
+    with sweep.Applied("gla", ("switch", "SPLIT_BWD_INTRA", not split)):
+        assert gla.SPLIT_BWD_INTRA is (not split)
+    assert gla.LAUNCH == before and gla.walk_bv is walk and gla.SPLIT_BWD_INTRA is split
