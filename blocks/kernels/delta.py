@@ -60,6 +60,11 @@ LAUNCH = {
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=1),
 }
+# Keep the forward's w, u for the backward (two more activations per layer, [B, T, H, K] and
+# [B, T, H, V]) instead of recomputing them with ``_wu_kernel`` (measured 0.55 ms of an 8 ms
+# step). Off: training memory is what limits a trial's model size; the launch sweep times it.
+KEEP_WU = False
+SWITCHES = {"KEEP_WU": (False, True)}
 @triton.jit
 def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     """Chunk-local cumulative log decay of chunk ``i_t``: ``([BT] with padded rows = the last
@@ -585,14 +590,15 @@ def fwd_o(q, k, vn, gc, h, scale):
     return o
 
 
-def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0):
-    """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32)."""
+def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, wu_kept=None):
+    """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32).
+    ``wu_kept``: the forward's ``(w, u)``, else they are recomputed from ``Ai``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
     use_g = gc is not None
     prec = _prec(q)
-    w, u = wu(k, v, beta, gc, Ai)
+    w, u = wu_kept if wu_kept is not None else wu(k, v, beta, gc, Ai)
     h, vn, _ = fwd_h(k, w, u, gc, h0, False)
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
@@ -645,18 +651,19 @@ class ChunkDeltaRule(torch.autograd.Function):
         # fla keeps its inverse too, in the activations' dtype; rebuilding it costs two kernels). w, u, the chunk states and U are
         # recomputed (one cheap w/u kernel and the state walk; a [B, T/64, H, K, V] tensor per
         # layer is too much to keep).
-        ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0)
+        ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *((w, u) if KEEP_WU else ()))
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, gc, Ai, h0 = ctx.saved_tensors
+        q, k, v, g, beta, gc, Ai, h0, *wu_kept = ctx.saved_tensors
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[6]
-        dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, Ai, h0, do, dht, ctx.scale, need_dh0)
+        dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, Ai, h0, do, dht, ctx.scale, need_dh0,
+                                         tuple(wu_kept) or None)
         dg = dg.to(g.dtype) if dg is not None else None
         return dq, dk, dv, dg, dbeta.to(beta.dtype), None, dh0, None
 

@@ -175,6 +175,19 @@ def test_gpu_gla_split_intra_backward_matches_reference(shape, dtype, monkeypatc
 
 
 @gpu
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+def test_gpu_delta_backward_with_kept_wu_matches_reference(family, monkeypatch):
+    """``delta.KEEP_WU`` (the forward's w, u reused by the backward), which the sweep times."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "KEEP_WU", True)
+    for dtype in (torch.float32, torch.bfloat16):
+        errs = run_case(chunk_kernel(family), family, (1, 200, 2, 128, 64), dtype, "random", True, "cuda")
+        bad = {n: e for n, e in errs.items() if e > TOL[dtype]}
+        assert not bad, f"kept w,u {dtype}: {bad} (all: {errs})"
+
+
+@gpu
 @pytest.mark.parametrize("family", ["gla", "gated_delta_rule"])
 def test_gpu_gate_gradient_under_strong_decay_is_relative(family):
     """The kernels keep the tiny true gate gradient of a strong decay (they leave the
@@ -247,6 +260,20 @@ def test_interpreter_walks_at_every_value_block(family, block_v, monkeypatch):
         errs = run_case(chunk_kernel(family), family, (1, 70, 1, 32, 64), torch.float32, "random", True, "cpu")
     bad = {n: e for n, e in errs.items() if e > 2e-5}
     assert not bad, f"{family} BV={block_v}: {bad} (all: {errs})"
+
+
+@interpreter
+@pytest.mark.parametrize("family,shape,decay,with_h0", [c for c in INTERPRETER_CASES if "delta" in c[0]],
+                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
+def test_interpreter_delta_backward_with_kept_wu(family, shape, decay, with_h0, monkeypatch):
+    """``delta.KEEP_WU``: the backward takes the forward's w, u instead of recomputing them."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "KEEP_WU", True)
+    with checked_memory():
+        errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
+    bad = {n: e for n, e in errs.items() if e > 2e-5}
+    assert not bad, f"kept w,u {decay}: {bad} (all: {errs})"
 
 
 @interpreter

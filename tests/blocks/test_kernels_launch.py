@@ -18,6 +18,15 @@ MODULES = [delta, gla, scalar_decay]
 
 
 @pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_switches_name_module_flags_with_their_current_value_among_the_choices(mod):
+    source = inspect.getsource(mod)
+    for name, values in getattr(mod, "SWITCHES", {}).items():
+        assert getattr(mod, name) in values and len(values) > 1, name
+        # defined, listed in SWITCHES, and read at least once
+        assert source.count(name) >= 3, f"{mod.__name__}.{name} is never read"
+
+
+@pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_every_launch_entry_is_valid_and_used(mod):
     source = inspect.getsource(mod)
     for name, cfg in mod.LAUNCH.items():
