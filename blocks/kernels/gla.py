@@ -88,6 +88,53 @@ def _g_rows(gc, g_last, i_b, i_h, r0, T, H: tl.constexpr, K: tl.constexpr, c0,
     return tl.where((o_r < T)[:, None], b_g, g_last[None, :])
 
 
+@triton.jit
+def _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H: tl.constexpr, K: tl.constexpr,
+                     c0, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Query sub-chunk at row ``ra``, key sub-chunk ``b`` before it: ``dA_ab (k_b exp(G_n - G_b))``,
+    ``[BC, BK]`` (times ``exp(G_a - G_n)`` later, ``n`` = the first row of ``a``)."""
+    rb = i_t * BT + b * BC
+    b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+    b_kb = _rows(k, i_b, i_h, rb, T, H, K, c0, BC, BK).to(tl.float32)
+    b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, c0, BC, BK)
+    return tl.dot(b_dAab, b_kb * tl.exp(b_gn[None, :] - b_gb), input_precision=DOT_PREC)
+
+
+@triton.jit
+def _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, c, T, H: tl.constexpr, K: tl.constexpr,
+                   c0, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Key sub-chunk ``a``, query sub-chunk ``c`` after it: ``dA_ca^T (q_c exp(G_c - G_m))``,
+    ``[BC, BK]`` (times ``exp(G_m - G_a)`` later, ``m`` = the last row of ``a``)."""
+    rc = i_t * BT + c * BC
+    b_dAca = _rows(dA, i_b, i_h, rc, T, H, BT, a * BC, BC, BC)
+    b_qc = _rows(q, i_b, i_h, rc, T, H, K, c0, BC, BK).to(tl.float32)
+    b_gc = _g_rows(gc, g_last, i_b, i_h, rc, T, H, K, c0, BC, BK)
+    return tl.dot(tl.trans(b_dAca), b_qc * tl.exp(b_gc - b_gm[None, :]), input_precision=DOT_PREC)
+
+
+@triton.jit
+def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
+                BC: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr):
+    """Add the diagonal block's strictly-lower pairs to a sub-chunk's ``(dqs, dks)`` (``[BC, BK]``):
+    ``dq_ic += sum_j dA_ij k_jc E_ijc``, ``dk_jc += sum_i dA_ij q_ic E_ijc``, ``E = exp(G_ic - G_jc)``;
+    factored through row ``n`` (two dots) while the block's decay span allows, else all pairs at
+    once as ``[i, j, c]`` tiles. Also returns the diagonal of ``dA_aa`` (``[BC]``)."""
+    o_c = tl.arange(0, BC)
+    if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
+        b_dAm = tl.where(o_c[:, None] > o_c[None, :], b_dAaa, 0.)
+        b_en = tl.exp(b_ga - b_gn[None, :])  # <= 1
+        b_dqs += tl.dot(b_dAm, b_k / b_en, input_precision=DOT_PREC) * b_en
+        b_dks += tl.dot(tl.trans(b_dAm), b_q * b_en, input_precision=DOT_PREC) / b_en
+    else:
+        m_ij = (o_c[:, None] > o_c[None, :])[:, :, None]  # strictly below the diagonal: [i, j, 1]
+        b_e = tl.exp(tl.where(m_ij, b_ga[:, None, :] - b_ga[None, :, :], float("-inf")))
+        b_de = b_dAaa[:, :, None] * b_e
+        b_dqs += tl.sum(b_de * b_k[None, :, :], axis=1)
+        b_dks += tl.sum(b_de * b_q[:, None, :], axis=0)
+    b_diag = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dAaa, 0.), axis=1)
+    return b_dqs, b_dks, b_diag
+
+
 # --- kernels ---------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _cumsum_kernel(gk, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
@@ -339,7 +386,6 @@ def _bwd_intra_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T,
     last = tl.minimum(i_t * BT + BT, T) - 1
     g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
     o_c = tl.arange(0, BC)
-    m_ij = (o_c[:, None] > o_c[None, :])[:, :, None]  # strictly below the diagonal: [i, j, 1]
     carry = tl.zeros([BK], dtype=tl.float32)
     for a_r in tl.static_range(NC):
         a = NC - 1 - a_r  # constexpr: sub-chunks last to first
@@ -355,34 +401,15 @@ def _bwd_intra_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T,
         b_dks = tl.zeros([BC, BK], dtype=tl.float32)
         for b in tl.static_range(NC):
             if b < a:
-                rb = i_t * BT + b * BC
-                b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
-                b_kb = _rows(k, i_b, i_h, rb, T, H, K, c0, BC, BK).to(tl.float32)
-                b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, c0, BC, BK)
-                b_dqs += tl.dot(b_dAab, b_kb * tl.exp(b_gn[None, :] - b_gb), input_precision=DOT_PREC)
+                b_dqs += _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H, K, c0, BT, BC, BK,
+                                          DOT_PREC)
             if b > a:
-                rc = i_t * BT + b * BC
-                b_dAca = _rows(dA, i_b, i_h, rc, T, H, BT, a * BC, BC, BC)
-                b_qc = _rows(q, i_b, i_h, rc, T, H, K, c0, BC, BK).to(tl.float32)
-                b_gc = _g_rows(gc, g_last, i_b, i_h, rc, T, H, K, c0, BC, BK)
-                b_dks += tl.dot(tl.trans(b_dAca), b_qc * tl.exp(b_gc - b_gm[None, :]), input_precision=DOT_PREC)
+                b_dks += _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, b, T, H, K, c0, BT, BC, BK,
+                                        DOT_PREC)
         b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
         b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
-        # the diagonal block, strictly below the diagonal: dq_ic += sum_j dA_ij k_jc E_ijc,
-        # dk_jc += sum_i dA_ij q_ic E_ijc, E = exp(G_ic - G_jc); factored through row n (two dots)
-        # while the block's decay span allows, else all pairs at once as [i, j, c] tiles
         b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
-        if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
-            b_dAm = tl.where(o_c[:, None] > o_c[None, :], b_dAaa, 0.)
-            b_en = tl.exp(b_ga - b_gn[None, :])  # <= 1
-            b_dqs += tl.dot(b_dAm, b_k / b_en, input_precision=DOT_PREC) * b_en
-            b_dks += tl.dot(tl.trans(b_dAm), b_q * b_en, input_precision=DOT_PREC) / b_en
-        else:
-            b_e = tl.exp(tl.where(m_ij, b_ga[:, None, :] - b_ga[None, :, :], float("-inf")))
-            b_de = b_dAaa[:, :, None] * b_e
-            b_dqs += tl.sum(b_de * b_k[None, :, :], axis=1)
-            b_dks += tl.sum(b_de * b_q[:, None, :], axis=0)
-        b_diag = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dAaa, 0.), axis=1)
+        b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
         b_dq = _rows(dq_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dqs + b_diag[:, None] * b_k
         b_dk = _rows(dk_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dks + b_diag[:, None] * b_q
         _store(dq, b_dq, i_b, i_h, ra, T, H, K, c0, BC, BK)
@@ -412,7 +439,6 @@ def _bwd_intra_sub_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dG, T,
     c0 = i_k * BK
     last = tl.minimum(i_t * BT + BT, T) - 1
     g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
-    o_c = tl.arange(0, BC)
     ra = i_t * BT + a * BC
     b_q = _rows(q, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
     b_k = _rows(k, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
@@ -421,34 +447,14 @@ def _bwd_intra_sub_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dG, T,
     b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)  # last row of a: queries in c > a
     b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
     for b in range(0, a):
-        rb = i_t * BT + b * BC
-        b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
-        b_kb = _rows(k, i_b, i_h, rb, T, H, K, c0, BC, BK).to(tl.float32)
-        b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, c0, BC, BK)
-        b_dqs += tl.dot(b_dAab, b_kb * tl.exp(b_gn[None, :] - b_gb), input_precision=DOT_PREC)
+        b_dqs += _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
     b_dks = tl.zeros([BC, BK], dtype=tl.float32)
     for c in range(a + 1, NC):
-        rc = i_t * BT + c * BC
-        b_dAca = _rows(dA, i_b, i_h, rc, T, H, BT, a * BC, BC, BC)
-        b_qc = _rows(q, i_b, i_h, rc, T, H, K, c0, BC, BK).to(tl.float32)
-        b_gcc = _g_rows(gc, g_last, i_b, i_h, rc, T, H, K, c0, BC, BK)
-        b_dks += tl.dot(tl.trans(b_dAca), b_qc * tl.exp(b_gcc - b_gm[None, :]), input_precision=DOT_PREC)
+        b_dks += _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
     b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
     b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
-    # the diagonal block, as in _bwd_intra_kernel
     b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
-    if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
-        b_dAm = tl.where(o_c[:, None] > o_c[None, :], b_dAaa, 0.)
-        b_en = tl.exp(b_ga - b_gn[None, :])  # <= 1
-        b_dqs += tl.dot(b_dAm, b_k / b_en, input_precision=DOT_PREC) * b_en
-        b_dks += tl.dot(tl.trans(b_dAm), b_q * b_en, input_precision=DOT_PREC) / b_en
-    else:
-        m_ij = (o_c[:, None] > o_c[None, :])[:, :, None]
-        b_e = tl.exp(tl.where(m_ij, b_ga[:, None, :] - b_ga[None, :, :], float("-inf")))
-        b_de = b_dAaa[:, :, None] * b_e
-        b_dqs += tl.sum(b_de * b_k[None, :, :], axis=1)
-        b_dks += tl.sum(b_de * b_q[:, None, :], axis=0)
-    b_diag = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dAaa, 0.), axis=1)
+    b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
     _store(dq, _rows(dq_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dqs + b_diag[:, None] * b_k,
            i_b, i_h, ra, T, H, K, c0, BC, BK)
     _store(dk, _rows(dk_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dks + b_diag[:, None] * b_q,
