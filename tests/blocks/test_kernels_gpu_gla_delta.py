@@ -159,32 +159,32 @@ def test_gpu_kernel_matches_reference(family, shape, dtype):
         assert not bad, f"{family} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
+def flip_switches(family: str, monkeypatch) -> list[str]:
+    """Turn every alternative the family's kernel module offers (its ``SWITCHES``, which the launch
+    sweep times against the defaults) to its other value; returns ``NAME=value`` strings."""
+    from blocks.kernels import delta, gla
+
+    mod = gla if family == "gla" else delta
+    flipped = []
+    for name, values in mod.SWITCHES.items():
+        other = next(v for v in values if v != getattr(mod, name))
+        monkeypatch.setattr(mod, name, other)
+        flipped.append(f"{name}={other}")
+    return flipped
+
+
 @gpu
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("shape", [(2, 65, 2, 64, 64), (1, 1000, 2, 128, 128)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpu_gla_split_intra_backward_matches_reference(shape, dtype, monkeypatch):
-    """gla's alternative intra-chunk backward (one program per sub-chunk + a reverse cumsum,
-    ``gla.SPLIT_BWD_INTRA``), which the launch sweep times against the default."""
-    from blocks.kernels import gla
-
-    monkeypatch.setattr(gla, "SPLIT_BWD_INTRA", True)
+def test_gpu_kernels_with_switches_flipped_match_reference(family, shape, dtype, monkeypatch):
+    flipped = flip_switches(family, monkeypatch)
     for decay, with_h0 in CASES:
-        errs = run_case(gla.gla_chunk, "gla", shape, dtype, decay, with_h0, "cuda")
+        if family == "delta_rule" and decay != "random":
+            continue
+        errs = run_case(chunk_kernel(family), family, shape, dtype, decay, with_h0, "cuda")
         bad = {n: e for n, e in errs.items() if e > TOL[dtype]}
-        assert not bad, f"split {decay} h0={with_h0}: {bad} (all: {errs})"
-
-
-@gpu
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-def test_gpu_delta_backward_with_kept_wu_matches_reference(family, monkeypatch):
-    """``delta.KEEP_WU`` (the forward's w, u reused by the backward), which the sweep times."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "KEEP_WU", True)
-    for dtype in (torch.float32, torch.bfloat16):
-        errs = run_case(chunk_kernel(family), family, (1, 200, 2, 128, 64), dtype, "random", True, "cuda")
-        bad = {n: e for n, e in errs.items() if e > TOL[dtype]}
-        assert not bad, f"kept w,u {dtype}: {bad} (all: {errs})"
+        assert not bad, f"{flipped} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
 @gpu
@@ -263,31 +263,14 @@ def test_interpreter_walks_at_every_value_block(family, block_v, monkeypatch):
 
 
 @interpreter
-@pytest.mark.parametrize("family,shape,decay,with_h0", [c for c in INTERPRETER_CASES if "delta" in c[0]],
+@pytest.mark.parametrize("family,shape,decay,with_h0", INTERPRETER_CASES,
                          ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
-def test_interpreter_delta_backward_with_kept_wu(family, shape, decay, with_h0, monkeypatch):
-    """``delta.KEEP_WU``: the backward takes the forward's w, u instead of recomputing them."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "KEEP_WU", True)
+def test_interpreter_kernels_with_switches_flipped(family, shape, decay, with_h0, monkeypatch):
+    flipped = flip_switches(family, monkeypatch)
     with checked_memory():
         errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
     bad = {n: e for n, e in errs.items() if e > 2e-5}
-    assert not bad, f"kept w,u {decay}: {bad} (all: {errs})"
-
-
-@interpreter
-@pytest.mark.parametrize("family,shape,decay,with_h0", [c for c in INTERPRETER_CASES if c[0] == "gla"],
-                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
-def test_interpreter_gla_split_intra_backward(family, shape, decay, with_h0, monkeypatch):
-    """``gla.SPLIT_BWD_INTRA``: the per-sub-chunk backward kernel and its reverse cumsum."""
-    from blocks.kernels import gla
-
-    monkeypatch.setattr(gla, "SPLIT_BWD_INTRA", True)
-    with checked_memory():
-        errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
-    bad = {n: e for n, e in errs.items() if e > 2e-5}
-    assert not bad, f"split {decay}: {bad} (all: {errs})"
+    assert not bad, f"{flipped} {decay}: {bad} (all: {errs})"
 
 
 # --- CPU, anywhere triton imports ---------------------------------------------------------------
