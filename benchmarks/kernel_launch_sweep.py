@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import subprocess
 import sys
 import time
@@ -120,6 +121,15 @@ def precompile(jobs: list, workers: int) -> list[str]:
         return [e for e in pool.map(_compile_one, jobs, chunksize=1) if e]
 
 
+def context_usable() -> bool:
+    """Does this process's CUDA context still run work (False after an illegal memory access)?"""
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device="cuda").add(1).item() == 2
+    except Exception:  # noqa: BLE001 - any CUDA error here means the context is gone
+        return False
+
+
 def sweep_one(family: str, T: int, start: int = 0) -> None:
     """Child mode: time the current settings, the variants from index ``start`` on, the current
     settings again; one JSON line per result on stdout (the parent keeps what came before a crash)."""
@@ -139,6 +149,10 @@ def sweep_one(family: str, T: int, start: int = 0) -> None:
         except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory at 3 stages
             emit(index=index, entry=entry, setting=setting, value=value,
                  error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+            if not context_usable():
+                # an illegal memory access poisons this process's CUDA context: every later
+                # variant would fail too (the first sweeps' cascades); the parent starts a new child
+                os._exit(3)
             continue
         emit(index=index, entry=entry, setting=setting, value=value, ms=sec * 1e3)
     emit(entry="(current again)", setting="", value=0, ms=cuda_time(run, budget_s=0.4)[0] * 1e3)
@@ -177,10 +191,11 @@ def sweep(families: list[str], lengths: list[int], log, save=lambda res: None, t
                 if not err:
                     break
                 errors.append(err)
-                if not (last and last.get("started")):  # died outside a variant: give up on this length
+                if not (last and "index" in last):  # died outside a variant: give up on this length
                     break
-                done.append(dict(last, started=False, error=f"crashed the process ({err})"))
-                start = last["index"] + 1
+                if last.get("started"):  # died inside the variant: that variant is the culprit
+                    done.append(dict(last, started=False, error=f"crashed the process ({err})"))
+                start = last["index"] + 1  # else it reported its error, then left a poisoned context
             base = next((r["ms"] for r in done if r["entry"] == "(current)"), None)
             again = [r["ms"] for r in done if r["entry"] == "(current again)"]
             found = [dict(r, ratio=r["ms"] / base) if base and "ms" in r else r for r in done

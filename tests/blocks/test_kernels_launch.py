@@ -51,12 +51,17 @@ def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
     assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
 
 
-def test_sweep_variants_restore_the_module_after_each_run():
+@pytest.fixture
+def sweep():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     try:
-        import kernel_launch_sweep as sweep
+        import kernel_launch_sweep
     finally:
         sys.path.pop(0)
+    return kernel_launch_sweep
+
+
+def test_sweep_variants_restore_the_module_after_each_run(sweep):
     before = {k: dict(v) for k, v in gla.LAUNCH.items()}
     walk = gla.walk_bv
     variants = sweep.variants("gla")
@@ -71,3 +76,37 @@ def test_sweep_variants_restore_the_module_after_each_run():
     with sweep.Applied("gla", ("switch", "SPLIT_BWD_INTRA", not split)):
         assert gla.SPLIT_BWD_INTRA is (not split)
     assert gla.LAUNCH == before and gla.walk_bv is walk and gla.SPLIT_BWD_INTRA is split
+
+
+def test_sweep_goes_on_after_a_variant_poisons_or_kills_its_child(sweep, monkeypatch):
+    """A variant that raises a context-poisoning CUDA error (the child reports it, then exits) or
+    kills the child outright is recorded once; a fresh child times the variants after it."""
+    names = [("a", "num_warps", 8), ("b", "num_warps", 8), ("c", "num_stages", 1), ("d", "num_stages", 3)]
+    monkeypatch.setattr(sweep, "variants", lambda family: names)
+    base = {"entry": "(current)", "setting": "", "value": 0, "ms": 10.0}
+
+    def row(i, **kw):
+        return dict(index=i, entry=names[i][0], setting=names[i][1], value=names[i][2], **kw)
+
+    script = {  # start index -> (rows the child printed, its error line)
+        0: ([base, row(0, started=True), row(0, ms=9.0), row(1, started=True),
+             row(1, error="AcceleratorError: CUDA error: an illegal memory access was encountered")],
+            "exit 3: "),
+        2: ([base, row(2, started=True)], "exit -11: "),
+        3: ([base, row(3, started=True), row(3, ms=11.0), dict(base, entry="(current again)")], ""),
+    }
+    starts = []
+
+    def child(family, T, start, timeout):
+        starts.append(start)
+        return script[start]
+
+    monkeypatch.setattr(sweep, "_child", child)
+    got = sweep.sweep(["gla"], [2048], log=lambda msg: None)["gla"]["2048"]
+    assert starts == [0, 2, 3]
+    by_entry = {v["entry"]: v for v in got["variants"]}
+    assert list(by_entry) == ["a", "b", "c", "d"] and len(got["variants"]) == 4
+    assert by_entry["a"]["ratio"] == pytest.approx(0.9) and by_entry["d"]["ratio"] == pytest.approx(1.1)
+    assert "illegal memory access" in by_entry["b"]["error"]
+    assert by_entry["c"]["error"].startswith("crashed the process (exit -11")
+    assert len(got["errors"]) == 2 and got["base_again_ms"] == 10.0
