@@ -56,15 +56,22 @@ LAUNCH = {
     "wu": dict(num_warps=4, num_stages=None),
     "fwd_o": dict(num_warps=8, num_stages=None),
     "bwd_dv_local": dict(num_warps=8, num_stages=None),
-    "bwd_dh": dict(num_warps=4, num_stages=2),
+    # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
+    # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
+    "bwd_dh": dict(num_warps=4, num_stages=3),
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
-    "wy_bwd": dict(num_warps=4, num_stages=1),
+    "wy_bwd": dict(num_warps=4, num_stages=3),
 }
 # Keep the forward's w, u for the backward (two more activations per layer, [B, T, H, K] and
-# [B, T, H, V]) instead of recomputing them with ``_wu_kernel`` (measured 0.55 ms of an 8 ms
-# step). Off: training memory is what limits a trial's model size; the launch sweep times it.
-KEEP_WU = False
-SWITCHES = {"KEEP_WU": (False, True)}
+# [B, T, H, V]: +512 MiB per layer at 64k tokens, 16 heads of 128, bf16) instead of recomputing
+# them with ``_wu_kernel``. On since the 2026-11-30 14:47 sweep (H200): fwd+bwd -6.4% (delta_rule)
+# and -4.4% (gated) at 2k. Set False where activation memory, not speed, limits a trial.
+KEEP_WU = True
+# Key block of ``_bwd_dqkwg_kernel``: 64 (two programs per chunk, [BT, 64] float32 accumulators,
+# vn/do/dv2 read twice) or the whole K up to 128 (fla's choice on Hopper: one program, reads
+# everything once, three [BT, 128] accumulators). Swept as a switch.
+DQKWG_BK = 64
+SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128)}
 @triton.jit
 def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     """Chunk-local cumulative log decay of chunk ``i_t``: ``([BT] with padded rows = the last
@@ -313,7 +320,7 @@ def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T,
                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``dU`` through the intra-chunk output, ``P^T do`` with
-    ``P = scale mask(q k^T) * exp(G_i - G_j)``; float32."""
+    ``P = scale mask(q k^T) * exp(G_i - G_j)`` (stored in ``dv``'s dtype)."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -360,7 +367,6 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
     for i_r in range(NT):
         i_t = NT - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-        i_t * BT + tl.arange(0, BT)
         # the chunk-position factors scale the [BT, BV] operands and results, not the [BT, K]
         # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
@@ -373,7 +379,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
             b_dh *= tl.exp(g_last)
         else:
             b_do = b_do * scale
-        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV) + b_kdh
+        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
         _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
@@ -389,7 +395,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
-    and ``dw = -dv2 h^T`` that come through the output and the state (float32); this slice's share
+    and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
     over key channels). Splitting K keeps the float32 accumulators at [BT, 64] each."""
     i_k = tl.program_id(0)
@@ -480,13 +486,13 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)  # float32
+        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
         b_dT += tl.dot(b_dW, tl.trans(b_kf * b_be[:, None]), input_precision=DOT_PREC)
         b_kk += tl.dot(b_kf, tl.trans(b_kf), input_precision=DOT_PREC)
     b_db = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         b_vf = _load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
-        b_du = _load_rows(du, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+        b_du = _load_rows(du, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_dXu = tl.dot(tl.trans(b_T), b_du, input_precision=DOT_PREC)
         b_dT += tl.dot(b_du, tl.trans(b_vf * b_b[:, None]), input_precision=DOT_PREC)
         b_db += tl.sum(b_vf * b_dXu, 1)
@@ -503,10 +509,10 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     b_kdXw = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
         b_dXw = tl.dot(tl.trans(b_T), b_dW, input_precision=DOT_PREC)
         b_kdXw += tl.sum(b_kf * b_dXw, 1)
-        b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK) + b_dXw * b_be[:, None] \
+        b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) + b_dXw * b_be[:, None] \
             + tl.dot(b_dAb, b_kf, input_precision=DOT_PREC) + tl.dot(tl.trans(b_dAb), b_kf, input_precision=DOT_PREC)
         _store_rows(dk, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
     if USE_G:
@@ -602,13 +608,16 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, wu_kept=None):
     h, vn, _ = fwd_h(k, w, u, gc, h0, False)
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
-    dv_loc = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
+    # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
+    # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their
+    # memory traffic (4 x [B, T, H, D]: written once, read up to three times).
+    dv_loc = torch.empty_like(v)
     _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
         q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
         USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
     BV = _walk_bv(q, B, H, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
-    dv2 = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
+    dv2 = torch.empty_like(v)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
     _bwd_dh_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, gc, do, dv_loc, dv2, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf, BV=BV,
@@ -616,11 +625,10 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, wu_kept=None):
         **_launch(LAUNCH, "bwd_dh", q))
     del dv_loc
     dq = torch.empty_like(q)
-    dk_p = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-    dw = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    dk_p, dw = torch.empty_like(k), torch.empty_like(k)
     # block sizes and warps from sm_90 AOT compiles (cuobjdump -res-usage): the smallest register
     # spills among the variants tried, e.g. dq/dk/dw at 8 warps, BV=32: 96 B of stack per thread
-    BKs = min(64, BKf)
+    BKs = min(DQKWG_BK, BKf)
     NK = triton.cdiv(K, BKs)
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _bwd_dqkwg_kernel[(NK, NT, B * H)](
@@ -647,10 +655,10 @@ class ChunkDeltaRule(torch.autograd.Function):
         Ai, w, u = wy_fwd(k, v, beta, gc)
         h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
         o = fwd_o(q, k, vn, gc, h, scale)
-        # Kept for backward: the inputs, gc and the chunks' inverses Ai ([B, T, H, 64] float32;
-        # fla keeps its inverse too, in the activations' dtype; rebuilding it costs two kernels). w, u, the chunk states and U are
-        # recomputed (one cheap w/u kernel and the state walk; a [B, T/64, H, K, V] tensor per
-        # layer is too much to keep).
+        # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64] float32; fla
+        # keeps its inverse too, in the activations' dtype; rebuilding it costs two kernels) and,
+        # with KEEP_WU, w and u. The chunk states and U are recomputed by the state walk (a
+        # [B, T/64, H, K, V] tensor per layer is too much to keep).
         ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *((w, u) if KEEP_WU else ()))
         ctx.scale = scale
         return o, ht

@@ -60,15 +60,16 @@ LAUNCH = {
     "bwd_dv": dict(num_warps=8, num_stages=None),
     "bwd_inter": dict(num_warps=8, num_stages=None),
     "bwd_intra": dict(num_warps=4, num_stages=3),
-    "bwd_intra_sub": dict(num_warps=4, num_stages=3),
+    "bwd_intra_sub": dict(num_warps=4, num_stages=1),
     "rev_cumsum": dict(num_warps=4, num_stages=3),
 }
 # The intra-chunk backward as one program per chunk (``_bwd_intra_kernel``, measured: 6.3 ms of a
 # 12 ms step) or one per sub-chunk plus a reverse-cumsum pass (``_bwd_intra_sub_kernel``,
 # ``_rev_cumsum_kernel``: a quarter of the live tiles per program). Both are tested (interpreter,
-# GPU); the split one has not been timed yet: ``benchmarks/kernel_launch_sweep.py`` tries the
-# other value of every name in ``SWITCHES``.
-SPLIT_BWD_INTRA = False
+# GPU); the split one won the 2026-11-30 14:47 sweep (H200): fwd+bwd 12.36 -> 10.81 ms at 2k,
+# 14.21 -> 12.60 at 32k. ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of
+# every name in ``SWITCHES``.
+SPLIT_BWD_INTRA = True
 SWITCHES = {"SPLIT_BWD_INTRA": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
