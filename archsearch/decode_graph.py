@@ -298,19 +298,20 @@ def decode_bytes(model, batch: int, context: int) -> int:
     return weights + state
 
 
-def capture(model, states: Sequence[State | None], token: torch.Tensor, capacity: int | None = None):
+def capture(model, states: Sequence[State | None], token: torch.Tensor, capacity: int | None = None,
+            compile: bool = False):
     """``archsearch.measure``'s hook: a greedy stepper ``token [B] -> next token [B]`` that replays the
     captured graph, starting from eager ``states`` (e.g. after ``HybridLM.prefill``).
 
-    ``capacity`` (positions, default the current one + 4096) sizes the softmax KV caches. The
-    ``GraphDecoder`` is available as ``stepper.decoder``.
+    ``capacity`` (positions, default the current one + 4096) sizes the softmax KV caches;
+    ``compile`` as ``GraphDecoder``'s. The ``GraphDecoder`` is available as ``stepper.decoder``.
     """
     position = 0
     for state in states:
         if state is not None and "pos" in state:
             position = int(state["pos"])  # one host sync, before capture
             break
-    dec = GraphDecoder(model, int(token.shape[0]), capacity or position + 4096)
+    dec = GraphDecoder(model, int(token.shape[0]), capacity or position + 4096, compile=compile)
     dec.load(states, position)
     dec.capture()
 

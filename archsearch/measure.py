@@ -41,6 +41,8 @@ class MeasureConfig:
     throughput: measure throughput at all (off: only analytic numbers, no forward passes).
     measure_memory: on CUDA, also run a real decode at ``context`` for the measured peak.
     prefill_chunk: tokens per prefill pass of that real decode (0 = the whole context at once).
+    decode_compile: on CUDA, build the captured decode graph with each linear layer through
+        ``torch.compile`` (``GraphDecoder(compile=True)``: fewer, fused kernels; ~10-30 s to compile).
     """
 
     context: int = 2048
@@ -52,13 +54,14 @@ class MeasureConfig:
     warmup: int = 1
     measure_memory: bool = True
     prefill_chunk: int = 2048
+    decode_compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("context", "batch", "prefill_len", "repeats", "decode_steps"):
             check_int(getattr(self, name), f"measure.{name}", 1)
         for name in ("warmup", "prefill_chunk"):
             check_int(getattr(self, name), f"measure.{name}", 0)
-        for name in ("throughput", "measure_memory"):
+        for name in ("throughput", "measure_memory", "decode_compile"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"measure.{name}: must be true or false, got {getattr(self, name)!r}")
 
@@ -255,14 +258,20 @@ def held_check(model: torch.nn.Module, states: Any, batch: int, context: int) ->
 
 
 # --- throughput ----------------------------------------------------------------------------------------
-def _decode_graph_stepper(model: torch.nn.Module, states: Any, token: torch.Tensor, capacity: int):
+def _decode_graph_stepper(model: torch.nn.Module, states: Any, token: torch.Tensor, capacity: int,
+                          compile: bool = False):
     """``archsearch.decode_graph.capture``: the whole decode step as one CUDA graph, as a greedy
     stepper ``token [B] -> next token [B]`` starting from ``states``; None where the module is absent."""
     if importlib.util.find_spec("archsearch.decode_graph") is None:
         return None
     from archsearch import decode_graph
 
-    return decode_graph.capture(model, states, token, capacity=capacity)
+    return decode_graph.capture(model, states, token, capacity=capacity, compile=compile)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 @torch.no_grad()
@@ -272,7 +281,9 @@ def throughput(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device 
     Each repetition prefills a fresh prompt ``[B, L]`` (timed: prefill tokens/s = B*L / t) and then
     runs ``decode_steps`` greedy decode steps from that state (timed: decode tokens/s = B*N / t).
     On CUDA the decode steps replay ``archsearch.decode_graph``'s captured graph (capture not
-    timed; ``decode_mode`` says which ran, ``decode_graph_error`` why not). ``warmup`` untimed
+    timed), with ``cfg.decode_compile`` its compiled form; ``decode_mode`` says which ran
+    (``cuda_graph_compiled``, ``cuda_graph`` or ``eager``), ``decode_graph_error`` why the one
+    asked for did not (a failed compile falls back to the plain graph). ``warmup`` untimed
     repetitions first (allocator, kernel autotune, graph capture); the median of ``repeats`` is
     reported. Also returns ``held_check`` from the first prefill.
     """
@@ -284,6 +295,7 @@ def throughput(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device 
     mode = "eager"
     graph_error = None
     step = None
+    tried = compiled = False
     check = None
     try:
         for rep in range(cfg.warmup + cfg.repeats):
@@ -296,21 +308,29 @@ def throughput(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device 
             if check is None:
                 check = held_check(model, states, cfg.batch, cfg.prefill_len)
             token = logits.argmax(-1)
-            if device.type == "cuda" and graph_error is None:
+            if device.type == "cuda" and (step is not None or not tried):
+                tried = True
                 try:
                     if step is None:  # capture once; later repetitions load their states into it
                         # KV capacity exactly what the steps need: a graph step reads every slot.
-                        step = _decode_graph_stepper(model, states, token, cfg.prefill_len + cfg.decode_steps)
+                        capacity = cfg.prefill_len + cfg.decode_steps
+                        if cfg.decode_compile:
+                            try:
+                                step = _decode_graph_stepper(model, states, token, capacity, compile=True)
+                                compiled = step is not None
+                            except Exception as exc:  # Inductor cannot compile a block: plain graph
+                                graph_error = "compile: " + _one_line(exc)
+                        if step is None:
+                            step = _decode_graph_stepper(model, states, token, capacity)
                     else:
                         step.decoder.load(states, cfg.prefill_len)
                 except Exception as exc:  # a block the graph cannot capture: measure eagerly, say why
-                    text = str(exc).strip()
-                    graph_error = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+                    graph_error = "; ".join(filter(None, [graph_error, _one_line(exc)]))
                     step = None
             _sync(device)
             t1 = time.perf_counter()
             if step is not None:
-                mode = "cuda_graph"
+                mode = "cuda_graph_compiled" if compiled else "cuda_graph"
                 for _ in range(cfg.decode_steps):
                     token = step(token)
             else:

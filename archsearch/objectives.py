@@ -166,4 +166,5 @@ def measure_settings(space: Space) -> dict[str, Any]:
         "prefill_len": pre.length if pre else (dec.context if dec else 512),
         "repeats": space.budget.measure_repeats,
         "throughput": bool(dec or pre),
+        "decode_compile": bool(dec and dec.compile),
     }

@@ -109,7 +109,8 @@ class Objective:
     quality: ``metric`` of ``task`` (default: the space's task) after training; a different task
     (with ``task_params``) trains the candidate a second time on that task.
     decode_memory: exact decode-state bytes (KV cache + recurrent state) at ``context``/``batch``/``dtype``.
-    decode_throughput: tokens/s of one decode step at ``context``/``batch``.
+    decode_throughput: tokens/s of one decode step at ``context``/``batch``; ``compile`` (GPU only)
+    runs each linear layer through ``torch.compile`` inside the captured decode graph.
     prefill_throughput: tokens/s of a prefill of ``length`` tokens at ``batch``.
     params: trainable parameters.
     """
@@ -123,6 +124,7 @@ class Objective:
     length: int | None = None
     batch: int = 1
     dtype: str = "bfloat16"
+    compile: bool = False
 
 
 @dataclasses.dataclass

@@ -286,7 +286,7 @@ def _constraints(p: _Parser, d: Any) -> Constraints:
 _OBJ_FIELDS = {
     "quality": {"metric", "task", "task_params"},
     "decode_memory": {"context", "batch", "dtype"},
-    "decode_throughput": {"context", "batch"},
+    "decode_throughput": {"context", "batch", "compile"},
     "prefill_throughput": {"length", "batch"},
     "params": set(),
 }
@@ -318,6 +318,9 @@ def _objectives(p: _Parser, lst: Any, task: Task) -> list[Objective]:
             o.batch = p.scalar(od, "batch", path, 1, int_at_least(1))
         if kind == "decode_memory":
             o.dtype = p.scalar(od, "dtype", path, "bfloat16", one_of(DTYPES))
+        if kind == "decode_throughput":
+            o.compile = p.scalar(od, "compile", path, False,
+                                 lambda v: None if isinstance(v, bool) else "must be true or false")
         if kind == "quality":
             o.task = od.get("task")
             o.task_params = od.get("task_params")

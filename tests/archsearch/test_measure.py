@@ -129,7 +129,8 @@ def test_gap_note_explains_a_gap_over_ten_percent():
 
 
 @pytest.mark.parametrize("field, value", [("context", 0), ("batch", -2), ("repeats", 1.5), ("warmup", -1),
-                                          ("throughput", "yes"), ("prefill_len", True)])
+                                          ("throughput", "yes"), ("prefill_len", True),
+                                          ("decode_compile", 1)])
 def test_measure_config_names_the_bad_field(field, value):
     with pytest.raises(UserError, match=f"measure.{field}: must"):
         MeasureConfig(**{field: value})
@@ -150,3 +151,38 @@ def test_cuda_measures_peak_decode_memory_next_to_the_analytic_bytes():
     tp = throughput(m, cfg, "cuda")
     assert tp["device"] == torch.cuda.get_device_name() and tp["decode_tokens_per_s"] > 0
     assert tp["decode_mode"] == "cuda_graph", tp["decode_graph_error"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_decode_throughput_with_compile_replays_the_compiled_graph():
+    torch.manual_seed(0)
+    m = HybridLM(MIXED).cuda().to(torch.bfloat16)
+    cfg = MeasureConfig(context=256, batch=4, prefill_len=64, decode_steps=4, repeats=2, decode_compile=True)
+    tp = throughput(m, cfg, "cuda")
+    assert tp["decode_mode"] == "cuda_graph_compiled", tp["decode_graph_error"]
+    assert tp["decode_graph_error"] is None and tp["decode_tokens_per_s"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_failed_compile_falls_back_to_the_plain_graph_and_says_why(monkeypatch):
+    import archsearch.measure as measure
+
+    real = measure._decode_graph_stepper
+
+    def stepper(*args, compile=False):
+        if compile:
+            raise RuntimeError("inductor says no\nsecond line")
+        return real(*args)
+
+    monkeypatch.setattr(measure, "_decode_graph_stepper", stepper)
+    m = HybridLM(MIXED).cuda().to(torch.bfloat16)
+    cfg = MeasureConfig(context=256, batch=2, prefill_len=32, decode_steps=2, repeats=2, decode_compile=True)
+    tp = throughput(m, cfg, "cuda")
+    assert tp["decode_mode"] == "cuda_graph"
+    assert tp["decode_graph_error"] == "compile: RuntimeError: inductor says no"
+
+
+def test_decode_compile_is_ignored_on_cpu(model):
+    cfg = MeasureConfig(batch=1, prefill_len=4, decode_steps=2, repeats=1, warmup=0, decode_compile=True)
+    out = throughput(model, cfg, "cpu")
+    assert out["decode_mode"] == "eager" and out["decode_graph_error"] is None

@@ -91,6 +91,10 @@ CASES = [
     (dict(objectives=[{"name": "quality", "direction": "up"}, "params"]),
      "objectives[0].direction: must be one of minimize, maximize, got 'up'"),
     (dict(objectives=["params", "params"]), "objectives[1]: duplicates objectives[0] (params)"),
+    (dict(objectives=["params", {"name": "decode_throughput", "context": 64, "compile": "yes"}]),
+     "objectives[1].compile: must be true or false, got 'yes'"),
+    (dict(objectives=["params", {"name": "decode_memory", "context": 64, "compile": True}]),
+     "objectives[1].compile: unknown field"),
     (dict(constraints={"max_params": 0}), "constraints.max_params: must be an integer >= 1, got 0"),
     (dict(constraints={"min_softmax_share": 0.8, "max_softmax_share": 0.2}),
      "constraints.min_softmax_share: must be <= max_softmax_share (0.2), got 0.8"),
@@ -127,6 +131,18 @@ CASES = [
 def test_error_names_path_and_value(changes, expected):
     errs = errors_of(with_(**changes))
     assert any(expected in e for e in errs), errs
+
+
+def test_decode_throughput_compile_reaches_the_trials_measure_settings():
+    from archsearch.objectives import measure_settings
+
+    def settings(objective):
+        return measure_settings(search_spaces.Space.from_dict(with_(objectives=["params", objective])))
+
+    plain = settings({"name": "decode_throughput", "context": 64, "batch": 2})
+    assert plain["throughput"] and plain["decode_compile"] is False and plain["batch"] == 2
+    assert settings({"name": "decode_throughput", "context": 64, "compile": True})["decode_compile"] is True
+    assert settings({"name": "decode_memory", "context": 64})["decode_compile"] is False
 
 
 def test_all_errors_reported_at_once():
