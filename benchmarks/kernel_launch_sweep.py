@@ -3,7 +3,7 @@ backward (bf16, 16 heads of dim 128, 64k tokens per batch) with ONE kernel's war
 stages changed at a time, against the settings in the modules' ``LAUNCH`` tables.
 
     python benchmarks/kernel_launch_sweep.py [--families gla,delta_rule] [--lengths 2048,32768]
-                                             [--out docs/benchmarks] [--workers 12]
+                                             [--out docs/benchmarks] [--workers 12] [--only switch]
 
 Prints a markdown table (ms per fwd+bwd step, ratio to the current settings; < 1 is faster) and
 writes ``kernel_launch_sweep.{json,md}`` to ``--out``. Every variant is first compiled in a pool of
@@ -43,10 +43,19 @@ def kernel_module(family: str):
     return importlib.import_module(f"blocks.kernels.{MODULE_OF[family]}")
 
 
+ONLY: set[str] = set()  # --only: entries to sweep (empty: all)
+
+
 def variants(family: str) -> list[tuple[str, str, int]]:
     """``(entry, setting, value)`` for every launch-table entry of the family's module: each other
     warp count, each other stage count; then each walk V block; then the other value of each of
-    the module's ``SWITCHES`` (alternative kernels, as ``("switch", NAME, value)``)."""
+    the module's ``SWITCHES`` (alternative kernels, as ``("switch", NAME, value)``). With ``ONLY``
+    set, just those entries."""
+    out = _all_variants(family)
+    return [v for v in out if v[0] in ONLY] if ONLY else out
+
+
+def _all_variants(family: str) -> list[tuple[str, str, int]]:
     mod = kernel_module(family)
     out = []
     for entry, cfg in mod.LAUNCH.items():
@@ -160,7 +169,7 @@ def sweep_one(family: str, T: int, start: int = 0) -> None:
 
 def _child(family: str, T: int, start: int, timeout: float) -> tuple[list[dict], str]:
     """Run ``sweep_one`` in a fresh process: ``(rows, error line or "")``."""
-    cmd = [sys.executable, __file__, "--child", f"{family}:{T}:{start}"]
+    cmd = [sys.executable, __file__, "--child", f"{family}:{T}:{start}", "--only", ",".join(sorted(ONLY))]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         out = proc.stdout
@@ -232,8 +241,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="2048,32768")
     ap.add_argument("--out", default="", help="folder for kernel_launch_sweep.{json,md} (default: print only)")
     ap.add_argument("--workers", type=int, default=12, help="compile processes")
+    ap.add_argument("--only", default="", help="comma list of entries to sweep, e.g. 'switch' or "
+                    "'wy_bwd,walk_bv' (default: every launch-table entry, walk_bv and switch)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # FAMILY:T:START, see sweep()
     opts = ap.parse_args(argv)
+    ONLY.update(filter(None, opts.only.split(",")))
     if opts.child:
         family, T, start = opts.child.split(":")
         sweep_one(family, int(T), int(start))
@@ -249,6 +261,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("kernel_launch_sweep: needs a CUDA GPU (the settings are per-GPU)", file=sys.stderr)
         return 2
+    unknown = ONLY - {v[0] for f in families for v in _all_variants(f)}
+    if unknown:
+        ap.error(f"--only: {sorted(unknown)} not an entry of {', '.join(families)}")
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)

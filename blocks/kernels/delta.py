@@ -31,6 +31,8 @@ the last valid ``G``), so strong decay underflows instead of overflowing. Paddin
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -62,16 +64,25 @@ LAUNCH = {
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
 }
+# ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU and KEEP_H off: the backward
+# then recomputes what they keep (about 10% and 8% slower steps, less activation memory).
+LOW_MEMORY = os.environ.get("ARCHSEARCH_LOW_MEMORY_KERNELS", "") == "1"
 # Keep the forward's w, u for the backward (two more activations per layer, [B, T, H, K] and
 # [B, T, H, V]: +512 MiB per layer at 64k tokens, 16 heads of 128, bf16) instead of recomputing
 # them with ``_wu_kernel``. On since the 2026-11-30 14:47 sweep (H200): fwd+bwd -6.4% (delta_rule)
-# and -4.4% (gated) at 2k. Set False where activation memory, not speed, limits a trial.
-KEEP_WU = True
+# and -4.4% (gated) at 2k.
+KEEP_WU = not LOW_MEMORY
 # Key block of ``_bwd_dqkwg_kernel``: 64 (two programs per chunk, [BT, 64] float32 accumulators,
 # vn/do/dv2 read twice) or the whole K up to 128 (fla's choice on Hopper: one program, reads
 # everything once, three [BT, 128] accumulators). Swept as a switch.
 DQKWG_BK = 64
-SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128)}
+# Keep the forward's chunk states h ([B, T/64, H, K, V]) and U for the backward instead of
+# rerunning the state walk (``fwd_h``, 0.68 ms of a 6.6 ms step at 64k tokens): +805 MB per
+# layer at 64k tokens, 16 heads of 128, bf16 (h 537 MB, U 268 MB), about 12 KB per token.
+# Sweep 2026-11-30 15:20 (H200): fwd+bwd -10.3 / -11.2% (delta_rule, 2k / 32k), -10.4 / -11.6%
+# (gated).
+KEEP_H = not LOW_MEMORY
+SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True)}
 @triton.jit
 def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     """Chunk-local cumulative log decay of chunk ``i_t``: ``([BT] with padded rows = the last
@@ -596,16 +607,16 @@ def fwd_o(q, k, vn, gc, h, scale):
     return o
 
 
-def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, wu_kept=None):
+def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, wu_kept=None, h_kept=None):
     """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32).
-    ``wu_kept``: the forward's ``(w, u)``, else they are recomputed from ``Ai``."""
+    ``wu_kept``: the forward's ``(w, u)``, ``h_kept`` its ``(h, vn)``; else they are recomputed."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
     use_g = gc is not None
     prec = _prec(q)
     w, u = wu_kept if wu_kept is not None else wu(k, v, beta, gc, Ai)
-    h, vn, _ = fwd_h(k, w, u, gc, h0, False)
+    h, vn = h_kept if h_kept is not None else fwd_h(k, w, u, gc, h0, False)[:2]
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
     # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
@@ -657,21 +668,26 @@ class ChunkDeltaRule(torch.autograd.Function):
         o = fwd_o(q, k, vn, gc, h, scale)
         # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64] float32; fla
         # keeps its inverse too, in the activations' dtype; rebuilding it costs two kernels) and,
-        # with KEEP_WU, w and u. The chunk states and U are recomputed by the state walk (a
-        # [B, T/64, H, K, V] tensor per layer is too much to keep).
-        ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *((w, u) if KEEP_WU else ()))
+        # with KEEP_WU, w and u. The chunk states and U are recomputed by the state walk unless
+        # KEEP_H (a [B, T/64, H, K, V] tensor per layer).
+        ctx.kept = (KEEP_WU, KEEP_H)  # as at forward time: the switches may change before backward
+        ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *((w, u) if KEEP_WU else ()),
+                              *((h, vn) if KEEP_H else ()))
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, gc, Ai, h0, *wu_kept = ctx.saved_tensors
+        q, k, v, g, beta, gc, Ai, h0, *kept = ctx.saved_tensors
+        keep_wu, keep_h = ctx.kept
+        wu_kept = tuple(kept[:2]) if keep_wu else None
+        h_kept = tuple(kept[-2:]) if keep_h else None
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[6]
         dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, Ai, h0, do, dht, ctx.scale, need_dh0,
-                                         tuple(wu_kept) or None)
+                                         wu_kept, h_kept)
         dg = dg.to(g.dtype) if dg is not None else None
         return dq, dk, dv, dg, dbeta.to(beta.dtype), None, dh0, None
 

@@ -159,14 +159,21 @@ def test_gpu_kernel_matches_reference(family, shape, dtype):
         assert not bad, f"{family} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
-def flip_switches(family: str, monkeypatch) -> list[str]:
-    """Turn every alternative the family's kernel module offers (its ``SWITCHES``, which the launch
-    sweep times against the defaults) to its other value; returns ``NAME=value`` strings."""
+def switch_module(family: str):
     from blocks.kernels import delta, gla
 
-    mod = gla if family == "gla" else delta
+    return gla if family == "gla" else delta
+
+
+def flip_switches(family: str, monkeypatch, only: str | None = None) -> list[str]:
+    """Turn every alternative the family's kernel module offers (its ``SWITCHES``, which the launch
+    sweep times against the defaults), or ``only`` that one, to its other value; returns
+    ``NAME=value`` strings."""
+    mod = switch_module(family)
     flipped = []
     for name, values in mod.SWITCHES.items():
+        if only is not None and name != only:
+            continue
         other = next(v for v in values if v != getattr(mod, name))
         monkeypatch.setattr(mod, name, other)
         flipped.append(f"{name}={other}")
@@ -267,6 +274,23 @@ def test_interpreter_walks_at_every_value_block(family, block_v, monkeypatch):
                          ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
 def test_interpreter_kernels_with_switches_flipped(family, shape, decay, with_h0, monkeypatch):
     flipped = flip_switches(family, monkeypatch)
+    with checked_memory():
+        errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
+    bad = {n: e for n, e in errs.items() if e > 2e-5}
+    assert not bad, f"{flipped} {decay}: {bad} (all: {errs})"
+
+
+# each switch alone too (the sweep times them one at a time; "all flipped" misses e.g. KEEP_H with
+# the default KEEP_WU): the first interpreter case of each family
+ONE_SWITCH_CASES = [(c, name) for c in {c[0]: c for c in reversed(INTERPRETER_CASES)}.values()
+                    for name in (switch_module(c[0]).SWITCHES if HAS_TRITON else ())]
+
+
+@interpreter
+@pytest.mark.parametrize("case,switch", ONE_SWITCH_CASES, ids=lambda x: x if isinstance(x, str) else x[0])
+def test_interpreter_kernels_with_one_switch_flipped(case, switch, monkeypatch):
+    family, shape, decay, with_h0 = case
+    flipped = flip_switches(family, monkeypatch, only=switch)
     with checked_memory():
         errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
     bad = {n: e for n, e in errs.items() if e > 2e-5}

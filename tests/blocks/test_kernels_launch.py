@@ -110,3 +110,25 @@ def test_sweep_goes_on_after_a_variant_poisons_or_kills_its_child(sweep, monkeyp
     assert "illegal memory access" in by_entry["b"]["error"]
     assert by_entry["c"]["error"].startswith("crashed the process (exit -11")
     assert len(got["errors"]) == 2 and got["base_again_ms"] == 10.0
+
+
+def test_sweep_only_restricts_the_variants_to_the_named_entries(sweep, monkeypatch):
+    monkeypatch.setattr(sweep, "ONLY", {"switch", "wy_bwd"})
+    got = sweep.variants("delta_rule")
+    assert got and {v[0] for v in got} == {"switch", "wy_bwd"}
+    assert ("switch", "KEEP_H", not delta.KEEP_H) in got
+    monkeypatch.setattr(sweep, "ONLY", set())
+    assert len(sweep.variants("delta_rule")) > len(got)
+
+
+@pytest.mark.parametrize("env, kept", [("1", False), ("", True)])
+def test_low_memory_environment_turns_the_delta_keeps_off(env, kept):
+    import os
+    import subprocess
+
+    code = "from blocks.kernels import delta; print(delta.KEEP_WU, delta.KEEP_H)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, ARCHSEARCH_LOW_MEMORY_KERNELS=env,
+                                  PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == [str(kept)] * 2
