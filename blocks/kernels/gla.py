@@ -70,7 +70,11 @@ LAUNCH = {
 # 14.21 -> 12.60 at 32k. ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of
 # every name in ``SWITCHES``.
 SPLIT_BWD_INTRA = True
-SWITCHES = {"SPLIT_BWD_INTRA": (False, True)}
+# Keep the forward's chunk states h ([B, T/64, H, K, V], 8 KB per token at 16 heads of 128 in
+# bf16) for the backward instead of rerunning the state walk (``fwd_h``: 0.87 ms of a 9.9 ms step
+# at 64k tokens). The delta rules' KEEP_H measured -10..-12%; this one is untimed, hence off.
+KEEP_H = False
+SWITCHES = {"SPLIT_BWD_INTRA": (False, True), "KEEP_H": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -528,13 +532,14 @@ def fwd_o(q, v, gc, h, A, scale):
     return o
 
 
-def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0):
-    """``(dq, dk, dv, dgk float32, dh0 | None)``."""
+def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
+    """``(dq, dk, dv, dgk float32, dh0 | None)``; ``h_kept``: the forward's chunk states, else
+    recomputed."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
     prec = _prec(q)
-    h, _ = fwd_h(k, v, gc, h0, False)
+    h = h_kept if h_kept is not None else fwd_h(k, v, gc, h0, False)[0]
     BKw, BVw = _walk_blocks(q, B, H, K, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
@@ -581,20 +586,22 @@ class ChunkGLASubchunk(torch.autograd.Function):
         h, ht = fwd_h(k, v, gc, h0, output_final_state)
         A = intra_a(q, k, gc, scale)
         o = fwd_o(q, v, gc, h, A, scale)
-        # the chunk states are recomputed in backward ([B, T/64, H, K, V] per layer is too much
-        # to keep); the scores A ([B, T, H, 64] float32) are kept, they cost the exponentials.
-        ctx.save_for_backward(q, k, v, gk, gc, A, h0)
+        # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per
+        # layer); the scores A ([B, T, H, 64] float32) are kept, they cost the exponentials.
+        ctx.keep_h = KEEP_H  # as at forward time: the switch may change before backward
+        ctx.save_for_backward(q, k, v, gk, gc, A, h0, *((h,) if KEEP_H else ()))
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, gk, gc, A, h0 = ctx.saved_tensors
+        q, k, v, gk, gc, A, h0, *kept = ctx.saved_tensors
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[5]
-        dq, dk, dv, dg, dh0 = bwd(q, k, v, gc, A, h0, do, dht, ctx.scale, need_dh0)
+        dq, dk, dv, dg, dh0 = bwd(q, k, v, gc, A, h0, do, dht, ctx.scale, need_dh0,
+                                  kept[0] if ctx.keep_h else None)
         return dq, dk, dv, dg.to(gk.dtype), None, dh0, None
 
 
