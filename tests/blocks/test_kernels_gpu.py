@@ -80,6 +80,23 @@ CASES = [
 @pytest.mark.parametrize("family,dtype,shape,decays", CASES,
                          ids=[f"{c[0]}-{str(c[1])[6:]}-{'x'.join(map(str, c[2]))}" for c in CASES])
 def test_chunk_kernel_matches_reference(family, dtype, shape, decays):
+    check_against_reference(family, dtype, shape, decays)
+
+
+@gpu
+@pytest.mark.parametrize("family", ["linear_attn", "simple_gla"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_scalar_decay_kernels_with_switches_flipped_match_reference(family, dtype, monkeypatch):
+    from blocks.kernels import scalar_decay
+
+    for name, values in scalar_decay.SWITCHES.items():
+        monkeypatch.setattr(scalar_decay, name, next(v for v in values if v != getattr(scalar_decay, name)))
+    check_against_reference(family, dtype, (2, 130, 2, 64, 64), [(1.0, True), (10.0, False)])
+
+
+def check_against_reference(family, dtype, shape, decays):
+    """The registered chunk kernel against the op's float32 recurrent form, forward and backward,
+    for each ``(decay strength, with an initial state)``."""
     import importlib
 
     B, T, H, K, V = shape
@@ -269,10 +286,18 @@ def test_interpreter_bounds_check_catches_an_overrun():
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 @pytest.mark.parametrize("family", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
-def test_chunk_kernels_in_interpreter(family):
+@pytest.mark.parametrize("switches", ["default", "flipped"])
+def test_chunk_kernels_in_interpreter(family, switches, monkeypatch):
+    """Every family against its recurrent form, with the module's defaults and with every name in
+    its ``SWITCHES`` (the alternatives the launch sweep times) set to its other value."""
     import importlib
 
     from blocks.kernels import delta, gla, scalar_decay
+
+    if switches == "flipped":
+        mod = {"gla": gla, "delta_rule": delta, "gated_delta_rule": delta}.get(family, scalar_decay)
+        for name, values in mod.SWITCHES.items():
+            monkeypatch.setattr(mod, name, next(v for v in values if v != getattr(mod, name)))
 
     kernel = {"linear_attn": scalar_decay.linear_attn_chunk, "simple_gla": scalar_decay.simple_gla_chunk,
               "gla": gla.gla_chunk, "delta_rule": delta.delta_rule_chunk,
