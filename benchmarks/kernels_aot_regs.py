@@ -101,7 +101,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
            *table(g.LAUNCH, "bwd_inter", s))
     yield ("gla.bwd_intra", g._bwd_intra_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.BKD, BK),
                                                       DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_intra", s))
-    yield ("gla.bwd_intra_sub", g._bwd_intra_sub_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.BKD, BK),
+    yield ("gla.bwd_intra_sub", g._bwd_intra_sub_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.INTRA_SUB_BK, BK),
                                                               DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX),
            *table(g.LAUNCH, "bwd_intra_sub", s))
     yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), *table(g.LAUNCH, "rev_cumsum", s))

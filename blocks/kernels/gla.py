@@ -74,7 +74,11 @@ SPLIT_BWD_INTRA = True
 # bf16) for the backward instead of rerunning the state walk (``fwd_h``: 0.87 ms of a 9.9 ms step
 # at 64k tokens). The delta rules' KEEP_H measured -10..-12%; this one is untimed, hence off.
 KEEP_H = False
-SWITCHES = {"SPLIT_BWD_INTRA": (False, True), "KEEP_H": (False, True)}
+# Key slice of ``_bwd_intra_sub_kernel``: 32 (4 programs per sub-chunk at K=128) or 64 (half the
+# programs, half the re-reads of the dA tiles; [BC, BC, 64] float32 temporaries on the exact
+# diagonal path). Untimed.
+INTRA_SUB_BK = 32
+SWITCHES = {"SPLIT_BWD_INTRA": (False, True), "KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -563,6 +567,7 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     BKi = min(BKD, _pow2(K))
     if SPLIT_BWD_INTRA:
+        BKi = min(INTRA_SUB_BK, _pow2(K))
         _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT * NC, B * H)](
             q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
             DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra_sub", q))
