@@ -135,3 +135,22 @@ def step_inputs(family: str, B: int = 16, H: int = HEADS, D: int = HEAD_DIM, dev
     if family in ("delta_rule", "gated_delta_rule"):
         args["beta"] = torch.sigmoid(rnd(B, H))
     return args
+
+
+def kernel_settings() -> dict:
+    """``{module: {"switches": {NAME: value}, "launch": LAUNCH}}`` of the chunk-kernel modules as
+    they stand: what a benchmark or sweep ran with (the switches change which kernels run)."""
+    import importlib
+
+    out = {}
+    for name in ("scalar_decay", "gla", "delta"):
+        mod = importlib.import_module(f"blocks.kernels.{name}")
+        out[name] = {"switches": {k: getattr(mod, k) for k in getattr(mod, "SWITCHES", {})},
+                     "launch": {k: dict(v) for k, v in mod.LAUNCH.items()}}
+    return out
+
+
+def switches_line(settings: dict) -> str:
+    """``delta: KEEP_WU=True, ...; gla: ...`` from ``kernel_settings()``."""
+    return "; ".join(f"{m}: " + ", ".join(f"{k}={v}" for k, v in s["switches"].items())
+                     for m, s in settings.items() if s["switches"])

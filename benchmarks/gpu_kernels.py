@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 from gpu_common import (  # noqa: E402
     HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, cuda_time, fwd_bwd, graph_time, positional,
-    step_inputs, train_inputs,
+    kernel_settings, step_inputs, switches_line, train_inputs,
 )
 
 import blocks.kernels as kernels  # noqa: E402
@@ -445,6 +445,7 @@ def _md_train(res: dict) -> list[str]:
              f"copy {res['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s · bf16 matmul "
              f"{res['ceilings']['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s",
              "",
+             *([f"Kernel switches: {switches_line(res['kernel_settings'])}", ""] if "kernel_settings" in res else []),
              f"## Training, forward + backward (Mtok/s; bf16, H={HEADS}, D={HEAD_DIM}, {TOKENS} tokens per batch; "
              f"target >= {TARGET_MTOK:g} and > cuDNN from 2k)",
              "",
@@ -640,7 +641,8 @@ def main(argv=None) -> int:
                          "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(),
                          "python": platform.python_version(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
                  "lengths": list(lengths), "families": list(families),
-                 "kernels": {f: kernels.has_kernel(f, "chunk") for f in LINEAR_FAMILIES}}
+                 "kernels": {f: kernels.has_kernel(f, "chunk") for f in LINEAR_FAMILIES},
+                 "kernel_settings": kernel_settings()}
 
     def save():
         (out / "gpu_results.json").write_text(json.dumps(res, indent=1))

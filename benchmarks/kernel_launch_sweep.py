@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, cuda_time, fwd_bwd, positional, train_inputs  # noqa: E402
+from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, cuda_time, fwd_bwd,  # noqa: E402
+                        kernel_settings, positional, switches_line, train_inputs)
 
 MODULE_OF = {"linear_attn": "scalar_decay", "simple_gla": "scalar_decay", "gla": "gla",
              "delta_rule": "delta", "gated_delta_rule": "delta"}
@@ -277,7 +278,7 @@ def main(argv=None) -> int:
     tables = {f: {k: dict(v) for k, v in kernel_module(f).LAUNCH.items()} for f in families}
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, when=time.strftime("%Y-%m-%d %H:%M"),
                 command="python benchmarks/kernel_launch_sweep.py " + " ".join(sys.argv[1:]),
-                tables=tables, compile_errors=errors)
+                tables=tables, settings=kernel_settings(), compile_errors=errors)
 
     def save(res: dict) -> None:
         if not opts.out:
@@ -287,6 +288,7 @@ def main(argv=None) -> int:
         (out / "kernel_launch_sweep.json").write_text(json.dumps(dict(meta, results=res), indent=1))
         (out / "kernel_launch_sweep.md").write_text(
             f"# Launch-setting sweep ({meta['device']}, {meta['when']})\n\n`{meta['command']}`\n\n"
+            f"Switches as run (rows named `switch` flip one): {switches_line(meta['settings'])}\n\n"
             + markdown(res, tables))
 
     res = sweep(families, lengths, log, save)

@@ -132,3 +132,23 @@ def test_low_memory_environment_turns_the_delta_keeps_off(env, kept):
                                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == [str(kept)] * 2
+
+
+def test_benchmarks_record_the_switches_they_ran_with():
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import gpu_common
+        import gpu_kernels
+    finally:
+        sys.path.pop(0)
+
+    settings = gpu_common.kernel_settings()
+    assert settings["delta"]["switches"] == {k: getattr(delta, k) for k in delta.SWITCHES}
+    assert settings["gla"]["launch"] == gla.LAUNCH and settings["scalar_decay"]["launch"] == scalar_decay.LAUNCH
+    line = gpu_common.switches_line(settings)
+    assert f"delta: KEEP_WU={delta.KEEP_WU}" in line and "gla: SPLIT_BWD_INTRA=" in line
+    res = json.loads((Path(__file__).resolve().parents[2] / "docs/benchmarks/gpu_results.json").read_text())
+    res["kernel_settings"] = settings
+    assert f"Kernel switches: {line}" in gpu_kernels.markdown(res)
