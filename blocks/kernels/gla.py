@@ -60,7 +60,7 @@ LAUNCH = {
     "bwd_dv": dict(num_warps=8, num_stages=None),
     "bwd_inter": dict(num_warps=8, num_stages=None),
     "bwd_intra": dict(num_warps=4, num_stages=3),
-    "bwd_intra_sub": dict(num_warps=4, num_stages=1),
+    "bwd_intra_sub": dict(num_warps=4, num_stages=1),  # 1 stage: -4.7 / -3.8% at 2k / 32k (sweep 14:56)
     "rev_cumsum": dict(num_warps=4, num_stages=3),
 }
 # The intra-chunk backward as one program per chunk (``_bwd_intra_kernel``, measured: 6.3 ms of a
@@ -78,7 +78,13 @@ KEEP_H = False
 # programs, half the re-reads of the dA tiles; [BC, BC, 64] float32 temporaries on the exact
 # diagonal path). Untimed.
 INTRA_SUB_BK = 32
-SWITCHES = {"SPLIT_BWD_INTRA": (False, True), "KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64)}
+# One launch of ``_bwd_intra_sub_kernel`` per sub-chunk position (the sub-chunk a compile-time
+# constant: its loops over the earlier / later sub-chunks unroll, their loads can be issued
+# together) instead of one launch with ``a`` from the program id (runtime trip counts, each
+# iteration's loads wait on the previous one). Untimed.
+INTRA_SUB_STATIC = False
+SWITCHES = {"SPLIT_BWD_INTRA": (False, True), "KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64),
+            "INTRA_SUB_STATIC": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -434,17 +440,24 @@ def _bwd_intra_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T,
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _bwd_intra_sub_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dG, T,
                           H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                          NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr):
+                          NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr,
+                          SUB: tl.constexpr = -1):
     """Grid (K/BK, NT*NC, B*H): ``_bwd_intra_kernel``'s work for ONE sub-chunk ``a`` (four times the
     programs, a quarter of the live tiles each): final ``dq, dk`` of its rows and their chunk-local
-    gate gradient ``dG`` (float32, before the reverse cumsum ``_rev_cumsum_kernel`` applies)."""
+    gate gradient ``dG`` (float32, before the reverse cumsum ``_rev_cumsum_kernel`` applies).
+    ``SUB >= 0``: grid (K/BK, NT, B*H), every program on sub-chunk ``SUB`` (one launch per
+    sub-chunk), so the loops over the other sub-chunks have static trip counts and unroll."""
     i_k = tl.program_id(0)
     i_tc = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    i_t = i_tc // NC
-    a = i_tc % NC
+    if SUB >= 0:
+        i_t = i_tc
+        a = SUB
+    else:
+        i_t = i_tc // NC
+        a = i_tc % NC
     c0 = i_k * BK
     last = tl.minimum(i_t * BT + BT, T) - 1
     g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
@@ -455,11 +468,17 @@ def _bwd_intra_sub_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dG, T,
     b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, c0, BK)  # first row of a: keys in b < a
     b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)  # last row of a: queries in c > a
     b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
-    for b in range(0, a):
-        b_dqs += _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
     b_dks = tl.zeros([BC, BK], dtype=tl.float32)
-    for c in range(a + 1, NC):
-        b_dks += _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
+    if SUB >= 0:
+        for b in tl.static_range(SUB):
+            b_dqs += _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
+        for c in tl.static_range(SUB + 1, NC):
+            b_dks += _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
+    else:
+        for b in range(0, a):
+            b_dqs += _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
+        for c in range(a + 1, NC):
+            b_dks += _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
     b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
     b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
     b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
@@ -568,9 +587,14 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     BKi = min(BKD, _pow2(K))
     if SPLIT_BWD_INTRA:
         BKi = min(INTRA_SUB_BK, _pow2(K))
-        _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT * NC, B * H)](
-            q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
-            DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra_sub", q))
+        intra_args = (q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T)
+        intra_meta = dict(H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi, DOT_PREC=prec, SPAN_MAX=SPAN_MAX,
+                          **_launch(LAUNCH, "bwd_intra_sub", q))
+        if INTRA_SUB_STATIC:
+            for sub in range(NC):
+                _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT, B * H)](*intra_args, SUB=sub, **intra_meta)
+        else:
+            _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT * NC, B * H)](*intra_args, **intra_meta)
         BKr = min(64, _pow2(K))
         _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, T, H=H, K=K, BT=BT, BK=BKr,
                                                              **_launch(LAUNCH, "rev_cumsum", q))
