@@ -334,6 +334,10 @@ def throughput(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device 
                 for _ in range(cfg.decode_steps):
                     token = step(token)
             else:
+                if mode != "eager":  # the graph failed after timed repetitions: keep one mode's times
+                    prefill_s.clear()
+                    decode_s.clear()
+                    mode = "eager"
                 for _ in range(cfg.decode_steps):
                     logits, states = model.decode_step(token, states)
                     token = logits.argmax(-1)

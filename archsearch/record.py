@@ -24,7 +24,8 @@ Keys (``validate`` checks each is present with its type; sections may carry more
   (CUDA only, else null), gap_note (why they differ > 10%, or why not measured); on CUDA also the
   measured parts (prefill/decode peaks, held bytes, state tensor bytes).
 * ``throughput``: device, decode_tokens_per_s, prefill_tokens_per_s, batch, context (prompt length)
-  and the conditions: decode_steps, repeats, warmup, decode_mode (eager | cuda_graph), dtype,
+  and the conditions: decode_steps, repeats, warmup, decode_mode (eager | cuda_graph | cuda_graph_compiled;
+  decode_graph_error says why not the one asked for), dtype,
   threads, held_check (analytic vs held state bytes after a real prefill).
 * ``train``: tokens, steps, planned_steps, seconds, final_loss (mean of the last 10 steps),
   curve_path (JSONL), tensorboard_dir, world_size, global_batch, micro_batch, grad_accum,

@@ -265,6 +265,8 @@ def main(argv=None) -> int:
     unknown = ONLY - {v[0] for f in families for v in _all_variants(f)}
     if unknown:
         ap.error(f"--only: {sorted(unknown)} not an entry of {', '.join(families)}")
+    if ONLY:  # a family with none of the entries has nothing to time
+        families = [f for f in families if variants(f)]
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)

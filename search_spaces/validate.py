@@ -362,6 +362,10 @@ def _objectives(p: _Parser, lst: Any, task: Task) -> list[Objective]:
     if len({o.batch for o in tp}) > 1:
         p.err("objectives", "decode_throughput and prefill_throughput must use the same batch "
               f"(one measurement run), got {sorted({o.batch for o in tp})}")
+    compiles = {o.compile for o in out if o.kind == "decode_throughput"}
+    if len(compiles) > 1:
+        p.err("objectives", "decode_throughput objectives must agree on compile (one measurement "
+              "run), got both true and false")
     return out
 
 

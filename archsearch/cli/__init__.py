@@ -42,6 +42,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
     return parser, modules
 
 
+def _check_environment() -> None:
+    """Environment settings the kernels read at import (deep inside a trial otherwise), checked up
+    front so that a bad value is a one-line error."""
+    from archsearch.errors import UserError
+    from blocks.base import ConfigError
+    from blocks.kernels import low_memory_from_env
+
+    try:
+        low_memory_from_env()
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     from archsearch.errors import UserError
 
@@ -51,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        _check_environment()
         return int(modules[args.verb].run(args) or 0)
     except UserError as exc:
         print(f"archsearch {args.verb}: error: {exc}", file=sys.stderr)

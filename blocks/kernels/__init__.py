@@ -51,6 +51,21 @@ def disabled() -> Iterator[None]:
 
 _loaded = False
 
+LOW_MEMORY_ENV = "ARCHSEARCH_LOW_MEMORY_KERNELS"
+
+
+def low_memory_from_env() -> bool:
+    """``ARCHSEARCH_LOW_MEMORY_KERNELS``: ``1`` makes the kernels recompute in the backward what
+    they would otherwise keep from the forward; unset, empty or ``0``: keep it (faster)."""
+    import os
+
+    from blocks.base import ConfigError
+
+    value = os.environ.get(LOW_MEMORY_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"{LOW_MEMORY_ENV}: must be 0 or 1 (or unset), got {value!r}")
+    return value == "1"
+
 
 @contextlib.contextmanager
 def inplace_decode_state() -> Iterator[None]:

@@ -19,8 +19,9 @@ Kernels (each per chunk and parallel unless said): ``_kkt_kernel`` builds ``A`` 
 ``[BT, K] x [K, BT]`` product; ``_solve_tril_kernel`` inverts it (16x16 diagonal blocks as a product
 of four factors, merged with 16x16 dots); ``_wu_kernel`` forms ``w, u``; ``_fwd_h`` walks the chunks of a
 (batch, head, V slice) in order *inside the kernel*, storing every chunk-start state and ``U``;
-``_fwd_o`` computes every chunk's output. The backward keeps the forward's ``Ai`` and recomputes
-``w, u`` and the chunk states; a reverse walk ``_bwd_dh`` carries the state gradient and produces
+``_fwd_o`` computes every chunk's output. The backward takes the forward's ``Ai`` and, by default,
+its ``w``, chunk states and ``U`` (``KEEP_WU``, ``KEEP_H``; else recomputed); a reverse walk
+``_bwd_dh`` carries the state gradient and produces
 ``dU``; ``_bwd_dqkwg`` gives ``dq`` and the parts of ``dk, dw, dG`` through
 ``o`` and the state; ``_wy_bwd`` back-propagates through ``Tm`` (``dA = -Tm^T dTm Tm^T``) into
 ``dk, dv, dbeta`` and turns the chunk-local ``dG`` into ``dg`` by a reverse cumsum.
@@ -31,15 +32,13 @@ the last valid ``G``), so strong decay underflows instead of overflowing. Paddin
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from blocks.ops.utils import check_gate, check_qkv
 
-from . import register_kernel
+from . import low_memory_from_env, register_kernel
 from .tiles import INTERPRET as _INTERPRET
 from .tiles import launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
@@ -65,12 +64,12 @@ LAUNCH = {
     "wy_bwd": dict(num_warps=4, num_stages=3),
 }
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU and KEEP_H off: the backward
-# then recomputes what they keep (about 10% and 8% slower steps, less activation memory).
-LOW_MEMORY = os.environ.get("ARCHSEARCH_LOW_MEMORY_KERNELS", "") == "1"
-# Keep the forward's w, u for the backward (two more activations per layer, [B, T, H, K] and
-# [B, T, H, V]: +512 MiB per layer at 64k tokens, 16 heads of 128, bf16) instead of recomputing
-# them with ``_wu_kernel``. On since the 2026-11-30 14:47 sweep (H200): fwd+bwd -6.4% (delta_rule)
-# and -4.4% (gated) at 2k.
+# then recomputes what they keep (measured: +8% and +11% per fwd+bwd step; 16 KB less saved
+# activations per token and layer at 16 heads of 128 in bf16).
+LOW_MEMORY = low_memory_from_env()
+# Keep the forward's w (and u, unless KEEP_H makes it unneeded) for the backward instead of
+# recomputing them with ``_wu_kernel``: [B, T, H, K] bf16, 4 KB per token (u: 4 KB more). On since
+# the 2026-11-30 14:47 sweep (H200): fwd+bwd -6.4% (delta_rule) and -4.4% (gated) at 2k.
 KEEP_WU = not LOW_MEMORY
 # Key block of ``_bwd_dqkwg_kernel``: 64 (two programs per chunk, [BT, 64] float32 accumulators,
 # vn/do/dv2 read twice) or the whole K up to 128 (fla's choice on Hopper: one program, reads
@@ -408,7 +407,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
-    over key channels). Splitting K keeps the float32 accumulators at [BT, 64] each."""
+    over key channels). Splitting K (``DQKWG_BK`` = 64) keeps the float32 accumulators at [BT, 64] each."""
     i_k = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -607,15 +606,17 @@ def fwd_o(q, k, vn, gc, h, scale):
     return o
 
 
-def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, wu_kept=None, h_kept=None):
+def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_kept=None):
     """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32).
-    ``wu_kept``: the forward's ``(w, u)``, ``h_kept`` its ``(h, vn)``; else they are recomputed."""
+    ``w, u``: the forward's (``u`` only matters without ``h_kept``), ``h_kept`` its ``(h, vn)``;
+    what is missing is recomputed."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
     use_g = gc is not None
     prec = _prec(q)
-    w, u = wu_kept if wu_kept is not None else wu(k, v, beta, gc, Ai)
+    if w is None or (h_kept is None and u is None):
+        w, u = wu(k, v, beta, gc, Ai)
     h, vn = h_kept if h_kept is not None else fwd_h(k, w, u, gc, h0, False)[:2]
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
@@ -668,11 +669,12 @@ class ChunkDeltaRule(torch.autograd.Function):
         o = fwd_o(q, k, vn, gc, h, scale)
         # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64] float32; fla
         # keeps its inverse too, in the activations' dtype; rebuilding it costs two kernels) and,
-        # with KEEP_WU, w and u. The chunk states and U are recomputed by the state walk unless
-        # KEEP_H (a [B, T/64, H, K, V] tensor per layer).
+        # with KEEP_WU, w (and u, which only the state walk reads: not with KEEP_H). The chunk
+        # states and U are recomputed by the state walk unless KEEP_H (a [B, T/64, H, K, V]
+        # tensor per layer).
         ctx.kept = (KEEP_WU, KEEP_H)  # as at forward time: the switches may change before backward
-        ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *((w, u) if KEEP_WU else ()),
-                              *((h, vn) if KEEP_H else ()))
+        kept_wu = ((w,) if KEEP_H else (w, u)) if KEEP_WU else ()
+        ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *kept_wu, *((h, vn) if KEEP_H else ()))
         ctx.scale = scale
         return o, ht
 
@@ -680,14 +682,15 @@ class ChunkDeltaRule(torch.autograd.Function):
     def backward(ctx, do, dht):
         q, k, v, g, beta, gc, Ai, h0, *kept = ctx.saved_tensors
         keep_wu, keep_h = ctx.kept
-        wu_kept = tuple(kept[:2]) if keep_wu else None
+        w = kept[0] if keep_wu else None
+        u = kept[1] if keep_wu and not keep_h else None
         h_kept = tuple(kept[-2:]) if keep_h else None
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[6]
         dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, Ai, h0, do, dht, ctx.scale, need_dh0,
-                                         wu_kept, h_kept)
+                                         w, u, h_kept)
         dg = dg.to(g.dtype) if dg is not None else None
         return dq, dk, dv, dg, dbeta.to(beta.dtype), None, dh0, None
 

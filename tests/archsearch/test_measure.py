@@ -186,3 +186,22 @@ def test_decode_compile_is_ignored_on_cpu(model):
     cfg = MeasureConfig(batch=1, prefill_len=4, decode_steps=2, repeats=1, warmup=0, decode_compile=True)
     out = throughput(model, cfg, "cpu")
     assert out["decode_mode"] == "eager" and out["decode_graph_error"] is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_lost_after_a_repetition_reports_eager_times_only(monkeypatch):
+    from archsearch import decode_graph
+
+    real, calls = decode_graph.GraphDecoder.load, []
+
+    def load(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:  # capture's load, repetition 1's load; repetition 2 fails
+            raise RuntimeError("lost the graph")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(decode_graph.GraphDecoder, "load", load)
+    m = HybridLM(MIXED).cuda().to(torch.bfloat16)
+    cfg = MeasureConfig(context=256, batch=2, prefill_len=32, decode_steps=2, repeats=3, warmup=1)
+    tp = throughput(m, cfg, "cuda")
+    assert tp["decode_mode"] == "eager" and tp["decode_graph_error"] == "RuntimeError: lost the graph"
