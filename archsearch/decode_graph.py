@@ -86,15 +86,24 @@ class _SoftmaxCache:
         return blk.o_proj(o)
 
 
+# GraphDecoder(compile=...) -> torch.compile mode. Inductor's own CUDA graphs stay off: the whole
+# step is captured as one graph here.
+COMPILE_MODES = {"default": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
 class GraphDecoder:
     """``model``'s decode step for ``batch`` sequences of up to ``capacity`` positions, as one CUDA graph.
 
     The graph is captured on the first ``step``; ``prefill``/``load``/``randomize`` set the state.
     """
 
-    def __init__(self, model, batch: int, capacity: int, compile: bool = False, use_graph: bool = True) -> None:
+    def __init__(self, model, batch: int, capacity: int, compile: bool | str = False, use_graph: bool = True) -> None:
         """``use_graph=False`` runs the same static-buffer step eagerly (any device, no capture): the
-        CPU tests check the static path against ``HybridLM.decode_step`` this way."""
+        CPU tests check the static path against ``HybridLM.decode_step`` this way. ``compile``: False,
+        True (= ``"default"``) or ``"max-autotune"`` (Inductor also times Triton GEMM templates
+        against cuBLAS for the step's skinny matmuls; minutes of compiling)."""
+        if compile not in (False, True, *COMPILE_MODES):
+            raise UserError(f"compile: must be true, false or one of {', '.join(COMPILE_MODES)}, got {compile!r}")
         if use_graph and not available():
             raise UserError("decode graph: needs a CUDA device (none found)")
         if batch < 1:
@@ -119,9 +128,10 @@ class GraphDecoder:
         # compile=True runs each linear layer through torch.compile (regional compilation: the layers
         # share their code, so Inductor compiles once and every layer reuses it); it fuses the
         # dozens of small elementwise kernels per layer that otherwise dominate a decode step.
-        self.layer_fns = [torch.compile(layer, dynamic=False) if compile and i not in self.caches else layer
-                          for i, layer in enumerate(model.layers)]
-        self.compiled = compile
+        mode = "default" if compile is True else compile
+        self.layer_fns = [torch.compile(layer, dynamic=False, mode=COMPILE_MODES[mode])
+                          if mode and i not in self.caches else layer for i, layer in enumerate(model.layers)]
+        self.compiled = mode  # False or the mode's name
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self._init_linear_states()

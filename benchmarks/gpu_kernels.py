@@ -284,22 +284,25 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
     return out
 
 
-def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "") -> dict:
-    """The same models with their linear layers through torch.compile inside the captured graph."""
+def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes: str = "default") -> dict:
+    """The same models with their linear layers through torch.compile inside the captured graph,
+    once per compile mode in ``modes`` (``archsearch.decode_graph.COMPILE_MODES``)."""
     from archsearch import decode_graph
     from archsearch.model import HybridLM
 
     out = {}
-    for name, block, every, ctx in (("gated_deltanet x24", "gated_deltanet", 0, 4096),
-                                    ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, 4096),
-                                    ("simple_gla x24", "simple_gla", 0, 4096)):
-        if cases and name not in cases.split(","):
-            continue
+    runs = [(name, block, every, ctx, mode) for mode in modes.split(",")
+            for name, block, every, ctx in (("gated_deltanet x24", "gated_deltanet", 0, 4096),
+                                            ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, 4096),
+                                            ("simple_gla x24", "simple_gla", 0, 4096))
+            if not cases or name in cases.split(",")]
+    for name, block, every, ctx, mode in runs:
+        label = "compiled" if mode == "default" else f"compiled, {mode}"
         try:
             with torch.device("cuda"):
                 model = HybridLM(model_spec(block, softmax_every=every))
             model = model.to(torch.bfloat16).eval()
-            dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 64, compile=True)
+            dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 64, compile=mode)
             dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(0))
             t0 = time.time()
             check = _graph_vs_eager(model, dec, batch)  # first step: compiles and captures
@@ -307,16 +310,16 @@ def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "") -> di
             dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(1))
             graph_s = dec.time_step(iters=30)
             nbytes = decode_graph.decode_bytes(model, batch, ctx)
-            out[f"{name} @ {ctx} (compiled)"] = {
+            out[f"{name} @ {ctx} ({label})"] = {
                 "params": model.num_params(), "bytes_per_step": nbytes, "graph_s": graph_s,
                 "roofline_s": nbytes / copy_bw, "x_roofline": graph_s / (nbytes / copy_bw),
                 "tokens_per_s": batch / graph_s, "max_abs_logit_diff_vs_eager": check,
                 "compile_and_capture_s": compile_s, "profile": _profile_step(dec)}
-            log(f"compiled {name} ctx={ctx}: graph {graph_s * 1e3:.3f} ms ({graph_s / (nbytes / copy_bw):.2f}x roofline), "
+            log(f"{label} {name} ctx={ctx}: graph {graph_s * 1e3:.3f} ms ({graph_s / (nbytes / copy_bw):.2f}x roofline), "
                 f"compile+capture {compile_s:.0f} s, logit diff {check:.3g}")
             del dec, model
         except Exception as exc:
-            out[f"{name} (compiled)"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            out[f"{name} ({label})"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             traceback.print_exc()
         torch.cuda.empty_cache()
     return out
@@ -618,12 +621,20 @@ def main(argv=None) -> int:
                     "width that sends its GEMMs to cuBLAS's unaligned path (2 of ~5 ms in the 2nd run); "
                     "2.75 gives 5632")
     ap.add_argument("--compiled-cases", default="gated_deltanet x24,gated_deltanet 3:1 softmax,simple_gla x24")
+    ap.add_argument("--compile-modes", default="default",
+                    help="comma list for the compiled decode rows: default, max-autotune (Inductor times "
+                    "Triton GEMM templates against cuBLAS; minutes of compiling per model)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(filter(None, a.families.split(",")))
     unknown = set(families) - set(LINEAR_FAMILIES)
     if unknown:
         ap.error(f"--families: unknown {sorted(unknown)}; known: {', '.join(LINEAR_FAMILIES)}")
+    from archsearch.decode_graph import COMPILE_MODES
+
+    bad_modes = set(filter(None, a.compile_modes.split(","))) - set(COMPILE_MODES)
+    if bad_modes:
+        ap.error(f"--compile-modes: unknown {sorted(bad_modes)}; known: {', '.join(COMPILE_MODES)}")
     if not torch.cuda.is_available():
         print("gpu_kernels: no CUDA device; nothing to measure", file=sys.stderr)
         return 2
@@ -657,7 +668,7 @@ def main(argv=None) -> int:
                 ("fla", lambda: fla_bench(a.fla_timeout, [int(x) for x in a.fla_lengths.split(",")] if a.fla_lengths
                                           else lengths, a.fla_families)),
                 ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"],
-                                                                cases=a.compiled_cases))]
+                                                                cases=a.compiled_cases, modes=a.compile_modes))]
     for name, fn in sections:
         if name in skip or (name == "softmax_decode" and "softmax" in skip) or (name == "model_decode" and "model" in skip):
             continue

@@ -225,16 +225,17 @@ def test_decode_graph_matches_eager_model(dtype):
 
 
 @gpu
-def test_compiled_decode_graph_matches_eager_model():
-    """``compile=True``: the linear layers through ``torch.compile`` inside the captured graph (the
-    benchmark's fastest decode), float32, against the eager model step by step."""
+@pytest.mark.parametrize("mode", [True, "max-autotune"])
+def test_compiled_decode_graph_matches_eager_model(mode):
+    """``compile=True`` (or a named mode): the linear layers through ``torch.compile`` inside the
+    captured graph (the benchmark's fastest decode), float32, against the eager model step by step."""
     from archsearch.decode_graph import GraphDecoder
 
     model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2}),
                          ("gla", {"num_heads": 2}), ("gated_deltanet", {"num_heads": 2})])
     B, P, steps = 2, 7, 4
     prompt = torch.randint(0, 97, (B, P), device="cuda")
-    dec = GraphDecoder(model, B, capacity=P + steps, compile=True)
+    dec = GraphDecoder(model, B, capacity=P + steps, compile=mode)
     _steps_match_eager(model, dec, prompt, steps, 1e-4, 1e-6)
 
 
@@ -387,6 +388,14 @@ def test_compiled_static_decode_path_matches_eager_model_on_cpu():
     prompt = torch.randint(0, 61, (B, P))
     dec = GraphDecoder(model, B, capacity=P + steps, compile=True, use_graph=False)
     _steps_match_eager(model, dec, prompt, steps, 1e-5, 1e-6)
+
+
+def test_unknown_compile_mode_is_a_one_line_error():
+    from archsearch.decode_graph import GraphDecoder
+
+    model = _cpu_model([("simple_gla", {"num_heads": 2})])
+    with pytest.raises(UserError, match="compile: must be true, false or one of default, max-autotune, got 'fast'"):
+        GraphDecoder(model, 1, capacity=4, compile="fast", use_graph=False)
 
 
 def test_decode_bytes_counts_weights_once_and_states_both_ways():
