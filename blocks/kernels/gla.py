@@ -71,7 +71,7 @@ LAUNCH = {
 # every name in ``SWITCHES``.
 SPLIT_BWD_INTRA = True
 # Keep the forward's chunk states h ([B, T/64, H, K, V], 8 KB per token at 16 heads of 128 in
-# bf16) for the backward instead of rerunning the state walk (``fwd_h``: 0.87 ms of a 9.9 ms step
+# bf16) for the backward instead of rerunning the state walk (``fwd_h``: 0.87 ms for both calls of a 9.9 ms step
 # at 64k tokens). The delta rules' KEEP_H measured -10..-12%; this one is untimed, hence off.
 KEEP_H = False
 # Key slice of ``_bwd_intra_sub_kernel``: 32 (4 programs per sub-chunk at K=128) or 64 (half the

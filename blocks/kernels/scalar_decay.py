@@ -43,7 +43,7 @@ LAUNCH = {
     "bwd_dqkv": dict(num_warps=8, num_stages=3),
 }
 # Keep the forward's chunk states h ([B, T/64, H, K, V], 8 KB per token at 16 heads of 128 in
-# bf16) for the backward instead of rerunning the state walk (``fwd_h``: 0.60 of a 2.4 ms step at
+# bf16) for the backward instead of rerunning the state walk (``fwd_h``: 0.60 ms for both calls of a 2.4 ms step at
 # 64k tokens). The delta rules' KEEP_H measured -10..-12%; this one is untimed, hence off.
 KEEP_H = False
 SWITCHES = {"KEEP_H": (False, True)}
