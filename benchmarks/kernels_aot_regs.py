@@ -29,15 +29,16 @@ from blocks.kernels import delta as d  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
 
-ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv")
+# the delta backward's inter-kernel gradients (dv2, dw, dk_in, du) are in the activations' dtype
+ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv", "dv2", "dw", "dk_in", "du")
 
 
 def arg_types(act: str) -> dict[str, str]:
     """Triton signature types by argument name: activations and chunk states in ``act``,
     everything else float32, sizes int32."""
     types = {n: f"*{act}" for n in ACTIVATIONS}
-    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dv2", "dw", "dG", "dG_in", "x",
-              "dk_in", "du", "dbeta", "dg", "dq_i", "dk_i", "dg_i"):
+    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "dAb", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x",
+              "dbeta", "dg", "dq_i", "dk_i", "dg_i", "db_part", "dG_part"):
         types[n] = "*fp32"
     types.update(T="i32", NT="i32", B="i32", scale="fp32")
     return types
@@ -78,6 +79,10 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                              DOT_PREC=prec), *table(d.LAUNCH, "bwd_dqkwg", s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
                                                        USE_G=use_g, DOT_PREC=prec), *table(d.LAUNCH, "wy_bwd", s))
+        yield (f"{tag}.wy_bwd_da", d._wy_bwd_da_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), USE_G=use_g,
+                                                             DOT_PREC=prec), *table(d.LAUNCH, "wy_bwd_da", s))
+        yield (f"{tag}.wy_bwd_dk", d._wy_bwd_dk_kernel, dict(H=H, K=K, BT=64, BK=min(32, BK), NK_G=triton.cdiv(K, 64),
+                                                             USE_G=use_g, DOT_PREC=prec), *table(d.LAUNCH, "wy_bwd_dk", s))
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"
         yield (f"{tag}.fwd_h", sd._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g, USE_H0=True,
@@ -102,7 +107,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     yield ("gla.bwd_intra", g._bwd_intra_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.BKD, BK),
                                                       DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_intra", s))
     yield ("gla.bwd_intra_sub", g._bwd_intra_sub_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.INTRA_SUB_BK, BK),
-                                                              DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX),
+                                                              DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX, SUB=-1),
            *table(g.LAUNCH, "bwd_intra_sub", s))
     yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), *table(g.LAUNCH, "rev_cumsum", s))
 

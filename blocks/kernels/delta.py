@@ -62,6 +62,8 @@ LAUNCH = {
     "bwd_dh": dict(num_warps=4, num_stages=3),
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
+    "wy_bwd_da": dict(num_warps=4, num_stages=None),  # WY_BWD_SPLIT's two kernels: untimed
+    "wy_bwd_dk": dict(num_warps=4, num_stages=None),
 }
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU and KEEP_H off: the backward
 # then recomputes what they keep (measured: +8% and +11% per fwd+bwd step; 16 KB less saved
@@ -81,7 +83,12 @@ DQKWG_BK = 64
 # Sweep 2026-11-30 15:20 (H200): fwd+bwd -10.3 / -11.2% (delta_rule, 2k / 32k), -10.4 / -11.6%
 # (gated).
 KEEP_H = not LOW_MEMORY
-SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True)}
+# ``_wy_bwd_kernel`` as two kernels: ``dA`` (with dv) first, then dk from the stored ``dA * beta``
+# ([B, T, H, 64] float32 written and read once more). The one kernel holds Ai, dAi, k k^T and dA
+# in registers at once and spills ~0.9-1 KB per thread at its 4 warps (sm_90 AOT). Untimed.
+WY_BWD_SPLIT = False
+SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
+            "WY_BWD_SPLIT": (False, True)}
 @triton.jit
 def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     """Chunk-local cumulative log decay of chunk ``i_t``: ``([BT] with padded rows = the last
@@ -541,6 +548,98 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
         tl.store(dg + (i_b * T + o_t) * H + i_h, b_rev.to(dg.dtype.element_ty), mask=m_t)
 
 
+@triton.jit
+def _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, USE_G: tl.constexpr):
+    """Chunk ``i_t``'s ``(Ai [BT, BT], beta [BT], beta exp(G) [BT], G [BT] (0 without gates))``, float32."""
+    o_t = i_t * BT + tl.arange(0, BT)
+    b_T = _load_rows(Ai, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
+    b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
+    b_g = tl.zeros([BT], dtype=tl.float32)
+    if USE_G:
+        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+    return b_T, b_b, b_b * tl.exp(b_g), b_g
+
+
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
+def _wy_bwd_da_kernel(k, v, beta, gc, Ai, dw, du, dv, dAb, db_part, dG_part, T,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H), first half of ``_wy_bwd_kernel`` (``WY_BWD_SPLIT``): the final ``dv``, the
+    chunk's ``dA * beta`` (``dAb``, [B, T, H, BT] float32) and the parts of ``dbeta`` and of the
+    chunk-local ``dG`` that need ``k k^T`` (``db_part``, ``dG_part``: [B, T, H] float32)."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    r0 = i_t * BT
+    o_t = r0 + tl.arange(0, BT)
+    m_t = o_t < T
+    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H, BT, USE_G)
+    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+        b_dT += tl.dot(b_dW, tl.trans(b_kf * b_be[:, None]), input_precision=DOT_PREC)
+        b_kk += tl.dot(b_kf, tl.trans(b_kf), input_precision=DOT_PREC)
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_vf = _load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_du = _load_rows(du, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_dXu = tl.dot(tl.trans(b_T), b_du, input_precision=DOT_PREC)
+        b_dT += tl.dot(b_du, tl.trans(b_vf * b_b[:, None]), input_precision=DOT_PREC)
+        b_db += tl.sum(b_vf * b_dXu, 1)
+        _store_rows(dv, b_dXu * b_b[:, None], i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+    o_i = tl.arange(0, BT)
+    m_s = o_i[:, None] > o_i[None, :]
+    b_dA = -tl.dot(tl.trans(b_T), tl.dot(b_dT, tl.trans(b_T), input_precision=DOT_PREC), input_precision=DOT_PREC)
+    if USE_G:
+        b_dA = b_dA * tl.exp(tl.where(m_s, b_g[:, None] - b_g[None, :], float("-inf")))
+    b_dA = tl.where(m_s, b_dA, 0.)
+    b_dAb = b_dA * b_b[:, None]
+    _store_rows(dAb, b_dAb, i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    tl.store(db_part + (i_b * T + o_t) * H + i_h, b_db + tl.sum(b_dA * b_kk, 1), mask=m_t)
+    if USE_G:
+        b_M = b_dAb * b_kk  # dA * A
+        tl.store(dG_part + (i_b * T + o_t) * H + i_h, tl.sum(b_M, 1) - tl.sum(b_M, 0), mask=m_t)
+
+
+@triton.jit(do_not_specialize=["T", "B"])  # one compile for every length
+def _wy_bwd_dk_kernel(k, beta, gc, Ai, dw, dk_in, dAb, db_part, dG_part, dG_in, dk, dbeta, dg, T, B,
+                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      NK_G: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H), second half of ``_wy_bwd_kernel`` (``WY_BWD_SPLIT``): the final ``dk`` from
+    ``dAb`` slice by slice, ``dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``)."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    r0 = i_t * BT
+    o_t = r0 + tl.arange(0, BT)
+    m_t = o_t < T
+    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H, BT, USE_G)
+    b_dAb = _load_rows(dAb, i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    b_kdXw = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+        b_dXw = tl.dot(tl.trans(b_T), b_dW, input_precision=DOT_PREC)
+        b_kdXw += tl.sum(b_kf * b_dXw, 1)
+        b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) + b_dXw * b_be[:, None] \
+            + tl.dot(b_dAb, b_kf, input_precision=DOT_PREC) + tl.dot(tl.trans(b_dAb), b_kf, input_precision=DOT_PREC)
+        _store_rows(dk, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+    b_db = tl.load(db_part + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.) + b_kdXw * tl.exp(b_g)
+    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
+    if USE_G:
+        b_dG = b_kdXw * b_be + tl.load(dG_part + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.)
+        for i_s in range(NK_G):
+            b_dG += tl.load(dG_in + ((i_s * B + i_b) * T + o_t) * H + i_h, mask=m_t, other=0.)
+        b_dG = tl.where(m_t, b_dG, 0.)
+        b_rev = tl.sum(b_dG, 0) - tl.cumsum(b_dG, axis=0) + b_dG
+        tl.store(dg + (i_b * T + o_t) * H + i_h, b_rev.to(dg.dtype.element_ty), mask=m_t)
+
+
 # --- host side -------------------------------------------------------------------------------
 def _walk_bv(x: torch.Tensor, B: int, H: int, V: int) -> int:
     """V block of the sequential walks (grid ``(V/BV, B*H)``, full K per program; ``tiles.walk_bv``)."""
@@ -650,6 +749,17 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
+    if WY_BWD_SPLIT:
+        dAb = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
+        db_part = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+        dG_part = torch.empty_like(db_part) if use_g else None
+        _wy_bwd_da_kernel[(NT, B * H)](
+            k, v, beta, gc, Ai, dw, dv2, dv, dAb, db_part, dG_part, T, H=H, K=K, V=V, BT=BT,
+            BK=min(32, BKf), BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "wy_bwd_da", q))
+        _wy_bwd_dk_kernel[(NT, B * H)](
+            k, beta, gc, Ai, dw, dk_p, dAb, db_part, dG_part, dG, dk, dbeta, dg, T, B, H=H, K=K, BT=BT,
+            BK=min(32, BKf), NK_G=NK, USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "wy_bwd_dk", q))
+        return dq, dk, dv, dbeta, dg, dh0
     _wy_bwd_kernel[(NT, B * H)](
         k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT,
         BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, DOT_PREC=prec,
