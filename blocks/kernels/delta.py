@@ -85,7 +85,8 @@ DQKWG_BK = 64
 KEEP_H = not LOW_MEMORY
 # ``_wy_bwd_kernel`` as two kernels: ``dA`` (with dv) first, then dk from the stored ``dA * beta``
 # ([B, T, H, 64] float32 written and read once more). The one kernel holds Ai, dAi, k k^T and dA
-# in registers at once and spills ~0.9-1 KB per thread at its 4 warps (sm_90 AOT). Untimed.
+# in registers at once and spills 560 B (gated: 672 B) per thread at its 4 warps, the two kernels
+# 304 + 96 B (344 + 104 B) (sm_90 AOT, docs/benchmarks/kernels_aot_warps.md). Untimed.
 WY_BWD_SPLIT = False
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_BWD_SPLIT": (False, True)}
