@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One GPU session's kernel work in two calls of the device tool (10 minutes each at most):
+#
+#   1  both GPU kernel test files and the decode-measurement GPU tests (pytest-xdist, 14 workers)
+#   2  the launch sweep's module switches only (`--only switch`), every linear family, 2k and 32k:
+#      which alternative kernels win (docs/benchmarks/README.md, "Ready to time")
+#   3  the full benchmark (`gpu_kernels.py`, fla skipped) with what the checkout has now
+#
+# Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
+# step), so a step that overruns costs only itself. Steps 1-2 take ~5 min on the H200 and step 3
+# ~4.5 min (most of it compiling for its correctness section), hence two calls: flip the switches
+# the sweep shows winning in the modules, then run the benchmark.
+#
+#   OUT=$OUT bash benchmarks/gpu_session.sh               # from the repository root: tests, sweep
+#   OUT=$OUT STEPS=bench bash benchmarks/gpu_session.sh   # then the benchmark
+#
+# Knobs (environment): STEPS (comma list of tests,sweep,bench; default tests,sweep),
+# TESTS_S (cap, 200), SWEEP_S (cap, 300), BENCH_S (cap, 540), FAMILIES (sweep's, all five).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/bench_out/gpu_session}
+mkdir -p "$OUT"
+STEPS=${STEPS:-tests,sweep}
+TESTS_S=${TESTS_S:-200}
+SWEEP_S=${SWEEP_S:-300}
+BENCH_S=${BENCH_S:-540}
+FAMILIES=${FAMILIES:-linear_attn,simple_gla,gla,delta_rule,gated_delta_rule}
+export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1
+. benchmarks/gpu_host_env.sh >/dev/null 2>&1 || { echo "gpu_session: set-up failed (see gpu_host_env.sh)" >&2; exit 1; }
+
+step() {  # name, cap (s), command...: run it capped, log to $OUT/<name>.log, say how it ended
+  local name=$1 cap=$2; shift 2
+  local t0=$SECONDS
+  echo "[$(date -u +%H:%M:%S)] $name (cap ${cap} s)"
+  timeout "$cap" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "[$(date -u +%H:%M:%S)] $name: exit $rc after $((SECONDS - t0)) s$([ $rc -eq 124 ] && echo ' (cap reached)')"
+  tail -3 "$OUT/$name.log"
+}
+
+if [[ ,$STEPS, == *,tests,* ]]; then
+  if ! $PY -c "import xdist" >/dev/null 2>&1 && ls .whl/pytest_xdist*.whl >/dev/null 2>&1; then
+    pip install -q --no-index --no-deps --target /tmp/site .whl/pytest_xdist*.whl .whl/execnet*.whl >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  step tests "$TESTS_S" $PY -m pytest -p no:cacheprovider -q -n 14 tests/blocks/test_kernels_gpu.py \
+    tests/blocks/test_kernels_gpu_gla_delta.py tests/archsearch/test_measure.py
+fi
+if [[ ,$STEPS, == *,sweep,* ]]; then
+  step sweep "$SWEEP_S" $PY benchmarks/kernel_launch_sweep.py --families "$FAMILIES" --lengths 2048,32768 \
+    --workers 14 --only switch --out "$OUT/sweep"
+fi
+if [[ ,$STEPS, == *,bench,* ]]; then
+  step bench "$BENCH_S" $PY benchmarks/gpu_kernels.py --out "$OUT/bench" --skip fla --deadline $((BENCH_S - 200))
+fi
