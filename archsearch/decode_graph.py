@@ -102,7 +102,7 @@ class GraphDecoder:
         CPU tests check the static path against ``HybridLM.decode_step`` this way. ``compile``: False,
         True (= ``"default"``) or ``"max-autotune"`` (Inductor also times Triton GEMM templates
         against cuBLAS for the step's skinny matmuls; minutes of compiling)."""
-        if compile not in (False, True, *COMPILE_MODES):
+        if not (isinstance(compile, bool) or compile in COMPILE_MODES):
             raise UserError(f"compile: must be true, false or one of {', '.join(COMPILE_MODES)}, got {compile!r}")
         if use_graph and not available():
             raise UserError("decode graph: needs a CUDA device (none found)")

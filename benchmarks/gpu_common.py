@@ -151,6 +151,6 @@ def kernel_settings() -> dict:
 
 
 def switches_line(settings: dict) -> str:
-    """``delta: KEEP_WU=True, ...; gla: ...`` from ``kernel_settings()``."""
+    """``scalar_decay: KEEP_H=False; gla: ...; delta: ...`` from ``kernel_settings()``."""
     return "; ".join(f"{m}: " + ", ".join(f"{k}={v}" for k, v in s["switches"].items())
                      for m, s in settings.items() if s["switches"])

@@ -291,7 +291,7 @@ def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes
     from archsearch.model import HybridLM
 
     out = {}
-    runs = [(name, block, every, ctx, mode) for mode in modes.split(",")
+    runs = [(name, block, every, ctx, mode) for mode in filter(None, modes.split(","))
             for name, block, every, ctx in (("gated_deltanet x24", "gated_deltanet", 0, 4096),
                                             ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, 4096),
                                             ("simple_gla x24", "simple_gla", 0, 4096))
