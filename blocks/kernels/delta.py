@@ -474,81 +474,6 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     _store_rows(dw, -b_dw, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
 
 
-@triton.jit(do_not_specialize=["T", "B"])  # one compile for every length
-def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
-                   USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
-    the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
-    ``NK_G`` key-slice shares are summed here).
-
-    Two passes over key slices of ``BK`` keep the live float32 tiles at [BT, BT] / [BT, BK]:
-    the first sums ``dAi = dw X_w^T + du X_u^T`` and ``k k^T``, the second (after
-    ``dA = -Ai^T dAi Ai^T``) writes ``dk`` slice by slice."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < T
-    r0 = i_t * BT
-    b_T = _load_rows(Ai, i_b, i_h, r0, T, H, BT, 0, BT, BT)  # [BT, BT] float32
-    b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32)
-    if USE_G:
-        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        b_be = b_b * tl.exp(b_g)
-    else:
-        b_be = b_b
-    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
-    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-        b_dT += tl.dot(b_dW, tl.trans(b_kf * b_be[:, None]), input_precision=DOT_PREC)
-        b_kk += tl.dot(b_kf, tl.trans(b_kf), input_precision=DOT_PREC)
-    b_db = tl.zeros([BT], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        b_vf = _load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
-        b_du = _load_rows(du, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
-        b_dXu = tl.dot(tl.trans(b_T), b_du, input_precision=DOT_PREC)
-        b_dT += tl.dot(b_du, tl.trans(b_vf * b_b[:, None]), input_precision=DOT_PREC)
-        b_db += tl.sum(b_vf * b_dXu, 1)
-        _store_rows(dv, b_dXu * b_b[:, None], i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
-    # dA = -Ai^T dAi Ai^T on the strictly lower part (A's support), times exp(G_i - G_j)
-    o_i = tl.arange(0, BT)
-    m_s = o_i[:, None] > o_i[None, :]
-    b_dA = -tl.dot(tl.trans(b_T), tl.dot(b_dT, tl.trans(b_T), input_precision=DOT_PREC), input_precision=DOT_PREC)
-    if USE_G:
-        b_dA = b_dA * tl.exp(tl.where(m_s, b_g[:, None] - b_g[None, :], float("-inf")))
-    b_dA = tl.where(m_s, b_dA, 0.)
-    b_dAb = b_dA * b_b[:, None]
-    b_db += tl.sum(b_dA * b_kk, 1)
-    b_kdXw = tl.zeros([BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-        b_dXw = tl.dot(tl.trans(b_T), b_dW, input_precision=DOT_PREC)
-        b_kdXw += tl.sum(b_kf * b_dXw, 1)
-        b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) + b_dXw * b_be[:, None] \
-            + tl.dot(b_dAb, b_kf, input_precision=DOT_PREC) + tl.dot(tl.trans(b_dAb), b_kf, input_precision=DOT_PREC)
-        _store_rows(dk, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-    if USE_G:
-        b_db += b_kdXw * tl.exp(b_g)
-    else:
-        b_db += b_kdXw
-    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
-    if USE_G:
-        b_M = b_dAb * b_kk  # dA * A
-        b_dG = b_kdXw * b_be + tl.sum(b_M, 1) - tl.sum(b_M, 0)
-        for i_s in range(NK_G):
-            b_dG += tl.load(dG_in + ((i_s * B + i_b) * T + o_t) * H + i_h, mask=m_t, other=0.)
-        b_dG = tl.where(m_t, b_dG, 0.)
-        # dg_s = sum_{t >= s in the chunk} dG_t
-        b_rev = tl.sum(b_dG, 0) - tl.cumsum(b_dG, axis=0) + b_dG
-        tl.store(dg + (i_b * T + o_t) * H + i_h, b_rev.to(dg.dtype.element_ty), mask=m_t)
-
-
 @triton.jit
 def _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, USE_G: tl.constexpr):
     """Chunk ``i_t``'s ``(Ai [BT, BT], beta [BT], beta exp(G) [BT], G [BT] (0 without gates))``, float32."""
@@ -561,22 +486,14 @@ def _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constex
     return b_T, b_b, b_b * tl.exp(b_g), b_g
 
 
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _wy_bwd_da_kernel(k, v, beta, gc, Ai, dw, du, dv, dAb, db_part, dG_part, T,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), first half of ``_wy_bwd_kernel`` (``WY_BWD_SPLIT``): the final ``dv``, the
-    chunk's ``dA * beta`` (``dAb``, [B, T, H, BT] float32) and the parts of ``dbeta`` and of the
-    chunk-local ``dG`` that need ``k k^T`` (``db_part``, ``dG_part``: [B, T, H] float32)."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    r0 = i_t * BT
-    o_t = r0 + tl.arange(0, BT)
-    m_t = o_t < T
-    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H, BT, USE_G)
+@triton.jit
+def _wy_bwd_da(k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """First half of the WY backward of one chunk: writes the final ``dv``; returns ``dA``
+    (``-Ai^T dAi Ai^T`` on A's strictly lower support, times ``exp(G_i - G_j)``), ``k k^T``
+    ([BT, BT] each) and the ``dbeta`` terms through ``v`` and ``A`` ([BT]), float32. A pass over key
+    slices of ``BK`` sums ``dAi = dw X_w^T + du X_u^T`` and ``k k^T``."""
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -598,29 +515,14 @@ def _wy_bwd_da_kernel(k, v, beta, gc, Ai, dw, du, dv, dAb, db_part, dG_part, T,
     if USE_G:
         b_dA = b_dA * tl.exp(tl.where(m_s, b_g[:, None] - b_g[None, :], float("-inf")))
     b_dA = tl.where(m_s, b_dA, 0.)
-    b_dAb = b_dA * b_b[:, None]
-    _store_rows(dAb, b_dAb, i_b, i_h, r0, T, H, BT, 0, BT, BT)
-    tl.store(db_part + (i_b * T + o_t) * H + i_h, b_db + tl.sum(b_dA * b_kk, 1), mask=m_t)
-    if USE_G:
-        b_M = b_dAb * b_kk  # dA * A
-        tl.store(dG_part + (i_b * T + o_t) * H + i_h, tl.sum(b_M, 1) - tl.sum(b_M, 0), mask=m_t)
+    return b_dA, b_kk, b_db + tl.sum(b_dA * b_kk, 1)
 
 
-@triton.jit(do_not_specialize=["T", "B"])  # one compile for every length
-def _wy_bwd_dk_kernel(k, beta, gc, Ai, dw, dk_in, dAb, db_part, dG_part, dG_in, dk, dbeta, dg, T, B,
-                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      NK_G: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), second half of ``_wy_bwd_kernel`` (``WY_BWD_SPLIT``): the final ``dk`` from
-    ``dAb`` slice by slice, ``dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``)."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    r0 = i_t * BT
-    o_t = r0 + tl.arange(0, BT)
-    m_t = o_t < T
-    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H, BT, USE_G)
-    b_dAb = _load_rows(dAb, i_b, i_h, r0, T, H, BT, 0, BT, BT)
+@triton.jit
+def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_be, b_dAb, i_b, i_h, r0, T,
+               H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Second half: writes the final ``dk`` key slice by key slice from ``dAb = dA * beta``;
+    returns ``sum_c k dXw`` ([BT], the ``dbeta``/``dG`` term through ``w``)."""
     b_kdXw = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
@@ -630,16 +532,94 @@ def _wy_bwd_dk_kernel(k, beta, gc, Ai, dw, dk_in, dAb, db_part, dG_part, dG_in, 
         b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) + b_dXw * b_be[:, None] \
             + tl.dot(b_dAb, b_kf, input_precision=DOT_PREC) + tl.dot(tl.trans(b_dAb), b_kf, input_precision=DOT_PREC)
         _store_rows(dk, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+    return b_kdXw
+
+
+@triton.jit
+def _wy_bwd_dg(b_dG, dG_in, dg, i_b, i_h, o_t, T, B, H: tl.constexpr, NK_G: tl.constexpr):
+    """Add the ``NK_G`` key-slice shares of the chunk-local ``dG`` ([BT]) and write
+    ``dg_s = sum_{t >= s in the chunk} dG_t``."""
+    m_t = o_t < T
+    for i_s in range(NK_G):
+        b_dG += tl.load(dG_in + ((i_s * B + i_b) * T + o_t) * H + i_h, mask=m_t, other=0.)
+    b_dG = tl.where(m_t, b_dG, 0.)
+    b_rev = tl.sum(b_dG, 0) - tl.cumsum(b_dG, axis=0) + b_dG
+    tl.store(dg + (i_b * T + o_t) * H + i_h, b_rev.to(dg.dtype.element_ty), mask=m_t)
+
+
+@triton.jit(do_not_specialize=["T", "B"])  # one compile for every length
+def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
+                   USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
+    the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
+    ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
+    float32 tiles at [BT, BT] / [BT, BK]: ``_wy_bwd_da``, then ``_wy_bwd_dk``."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    r0 = i_t * BT
+    o_t = r0 + tl.arange(0, BT)
+    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H, BT, USE_G)
+    b_dA, b_kk, b_db = _wy_bwd_da(k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
+                                  H, K, V, BT, BK, BV, USE_G, DOT_PREC)
+    b_dAb = b_dA * b_b[:, None]
+    b_kdXw = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_be, b_dAb, i_b, i_h, r0, T, H, K, BT, BK, DOT_PREC)
+    b_db += b_kdXw * tl.exp(b_g)
+    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=o_t < T)
+    if USE_G:
+        b_M = b_dAb * b_kk  # dA * A
+        _wy_bwd_dg(b_kdXw * b_be + tl.sum(b_M, 1) - tl.sum(b_M, 0), dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
+
+
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
+def _wy_bwd_da_kernel(k, v, beta, gc, Ai, dw, du, dv, dAb, db_part, dG_part, T,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H), ``_wy_bwd_kernel``'s first half (``WY_BWD_SPLIT``): the final ``dv``, the
+    chunk's ``dA * beta`` (``dAb``, [B, T, H, BT] float32) and the parts of ``dbeta`` and of the
+    chunk-local ``dG`` that need ``k k^T`` (``db_part``, ``dG_part``: [B, T, H] float32)."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    r0 = i_t * BT
+    o_t = r0 + tl.arange(0, BT)
+    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H, BT, USE_G)
+    b_dA, b_kk, b_db = _wy_bwd_da(k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
+                                  H, K, V, BT, BK, BV, USE_G, DOT_PREC)
+    b_dAb = b_dA * b_b[:, None]
+    _store_rows(dAb, b_dAb, i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    tl.store(db_part + (i_b * T + o_t) * H + i_h, b_db, mask=o_t < T)
+    if USE_G:
+        b_M = b_dAb * b_kk  # dA * A
+        tl.store(dG_part + (i_b * T + o_t) * H + i_h, tl.sum(b_M, 1) - tl.sum(b_M, 0), mask=o_t < T)
+
+
+@triton.jit(do_not_specialize=["T", "B"])  # one compile for every length
+def _wy_bwd_dk_kernel(k, beta, gc, Ai, dw, dk_in, dAb, db_part, dG_part, dG_in, dk, dbeta, dg, T, B,
+                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      NK_G: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (NT, B*H), ``_wy_bwd_kernel``'s second half (``WY_BWD_SPLIT``): the final ``dk`` from
+    ``dAb``, ``dbeta`` and ``dg``."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    r0 = i_t * BT
+    o_t = r0 + tl.arange(0, BT)
+    m_t = o_t < T
+    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H, BT, USE_G)
+    b_dAb = _load_rows(dAb, i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    b_kdXw = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_be, b_dAb, i_b, i_h, r0, T, H, K, BT, BK, DOT_PREC)
     b_db = tl.load(db_part + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.) + b_kdXw * tl.exp(b_g)
     tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
     if USE_G:
         b_dG = b_kdXw * b_be + tl.load(dG_part + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.)
-        for i_s in range(NK_G):
-            b_dG += tl.load(dG_in + ((i_s * B + i_b) * T + o_t) * H + i_h, mask=m_t, other=0.)
-        b_dG = tl.where(m_t, b_dG, 0.)
-        b_rev = tl.sum(b_dG, 0) - tl.cumsum(b_dG, axis=0) + b_dG
-        tl.store(dg + (i_b * T + o_t) * H + i_h, b_rev.to(dg.dtype.element_ty), mask=m_t)
-
+        _wy_bwd_dg(b_dG, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
 
 # --- host side -------------------------------------------------------------------------------
 def _walk_bv(x: torch.Tensor, B: int, H: int, V: int) -> int:
