@@ -142,8 +142,10 @@ def kernel_settings() -> dict:
     they stand: what a benchmark or sweep ran with (the switches change which kernels run)."""
     import importlib
 
+    from blocks.kernels import KERNEL_MODULES
+
     out = {}
-    for name in ("scalar_decay", "gla", "delta"):
+    for name in dict.fromkeys(KERNEL_MODULES.values()):
         mod = importlib.import_module(f"blocks.kernels.{name}")
         out[name] = {"switches": {k: getattr(mod, k) for k in getattr(mod, "SWITCHES", {})},
                      "launch": {k: dict(v) for k, v in mod.LAUNCH.items()}}

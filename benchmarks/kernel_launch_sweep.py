@@ -31,17 +31,11 @@ import torch  # noqa: E402
 from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, cuda_time, fwd_bwd,  # noqa: E402
                         kernel_settings, positional, switches_line, train_inputs)
 
-MODULE_OF = {"linear_attn": "scalar_decay", "simple_gla": "scalar_decay", "gla": "gla",
-             "delta_rule": "delta", "gated_delta_rule": "delta"}
+from blocks.kernels import kernel_module, other_switch_values  # noqa: E402
+
 WARPS = (4, 8, 16)
 STAGES = (1, 2, 3)
 WALK_BV = (16, 32, 64)
-
-
-def kernel_module(family: str):
-    import importlib
-
-    return importlib.import_module(f"blocks.kernels.{MODULE_OF[family]}")
 
 
 ONLY: set[str] = set()  # --only: entries to sweep (empty: all)
@@ -63,8 +57,7 @@ def _all_variants(family: str) -> list[tuple[str, str, int]]:
         out += [(entry, "num_warps", w) for w in WARPS if w != cfg["num_warps"]]
         out += [(entry, "num_stages", s) for s in STAGES if s != cfg["num_stages"]]
     out += [("walk_bv", "BV", bv) for bv in WALK_BV]
-    for name, values in getattr(mod, "SWITCHES", {}).items():
-        out += [("switch", name, v) for v in values if v != getattr(mod, name)]
+    out += [("switch", name, v) for name, v in other_switch_values(mod).items()]
     return out
 
 

@@ -51,6 +51,24 @@ def disabled() -> Iterator[None]:
 
 _loaded = False
 
+# The module holding each family's chunk kernels, and through it their LAUNCH table and SWITCHES.
+KERNEL_MODULES = {"linear_attn": "scalar_decay", "simple_gla": "scalar_decay", "gla": "gla",
+                  "delta_rule": "delta", "gated_delta_rule": "delta"}
+
+
+def kernel_module(family: str):
+    """``blocks.kernels.<module>`` of ``family``'s chunk kernels (imports Triton)."""
+    import importlib
+
+    return importlib.import_module(f"{__name__}.{KERNEL_MODULES[family]}")
+
+
+def other_switch_values(mod, only: str | None = None) -> dict:
+    """``{NAME: the value it does not have now}`` for each of ``mod.SWITCHES`` (or ``only`` that
+    one): the alternatives the launch sweep times and the tests flip."""
+    return {name: next(v for v in values if v != getattr(mod, name))
+            for name, values in mod.SWITCHES.items() if only is None or name == only}
+
 LOW_MEMORY_ENV = "ARCHSEARCH_LOW_MEMORY_KERNELS"
 
 

@@ -87,10 +87,10 @@ def test_chunk_kernel_matches_reference(family, dtype, shape, decays):
 @pytest.mark.parametrize("family", ["linear_attn", "simple_gla"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_scalar_decay_kernels_with_switches_flipped_match_reference(family, dtype, monkeypatch):
-    from blocks.kernels import scalar_decay
+    from blocks.kernels import other_switch_values, scalar_decay
 
-    for name, values in scalar_decay.SWITCHES.items():
-        monkeypatch.setattr(scalar_decay, name, next(v for v in values if v != getattr(scalar_decay, name)))
+    for name, value in other_switch_values(scalar_decay).items():
+        monkeypatch.setattr(scalar_decay, name, value)
     check_against_reference(family, dtype, (2, 130, 2, 64, 64), [(1.0, True), (10.0, False)])
 
 
@@ -293,12 +293,12 @@ def test_chunk_kernels_in_interpreter(family, switches, monkeypatch):
     its ``SWITCHES`` (the alternatives the launch sweep times) set to its other value."""
     import importlib
 
-    from blocks.kernels import delta, gla, scalar_decay
+    from blocks.kernels import delta, gla, kernel_module, other_switch_values, scalar_decay
 
     if switches == "flipped":
-        mod = {"gla": gla, "delta_rule": delta, "gated_delta_rule": delta}.get(family, scalar_decay)
-        for name, values in mod.SWITCHES.items():
-            monkeypatch.setattr(mod, name, next(v for v in values if v != getattr(mod, name)))
+        mod = kernel_module(family)
+        for name, value in other_switch_values(mod).items():
+            monkeypatch.setattr(mod, name, value)
 
     kernel = {"linear_attn": scalar_decay.linear_attn_chunk, "simple_gla": scalar_decay.simple_gla_chunk,
               "gla": gla.gla_chunk, "delta_rule": delta.delta_rule_chunk,

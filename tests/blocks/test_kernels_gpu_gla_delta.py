@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from interpreter_bounds import checked_memory
 
+import blocks.kernels as blocks_kernels
 from blocks.ops import delta_rule as delta_ops
 from blocks.ops import gated_delta_rule as gated_ops
 from blocks.ops import gla as gla_ops
@@ -159,25 +160,17 @@ def test_gpu_kernel_matches_reference(family, shape, dtype):
         assert not bad, f"{family} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
-def switch_module(family: str):
-    from blocks.kernels import delta, gla
-
-    return gla if family == "gla" else delta
-
-
 def flip_switches(family: str, monkeypatch, only: str | None = None) -> list[str]:
     """Turn every alternative the family's kernel module offers (its ``SWITCHES``, which the launch
     sweep times against the defaults), or ``only`` that one, to its other value; returns
     ``NAME=value`` strings."""
-    mod = switch_module(family)
-    flipped = []
-    for name, values in mod.SWITCHES.items():
-        if only is not None and name != only:
-            continue
-        other = next(v for v in values if v != getattr(mod, name))
-        monkeypatch.setattr(mod, name, other)
-        flipped.append(f"{name}={other}")
-    return flipped
+    from blocks.kernels import kernel_module, other_switch_values
+
+    mod = kernel_module(family)
+    flipped = other_switch_values(mod, only)
+    for name, value in flipped.items():
+        monkeypatch.setattr(mod, name, value)
+    return [f"{name}={value}" for name, value in flipped.items()]
 
 
 @gpu
@@ -283,7 +276,7 @@ def test_interpreter_kernels_with_switches_flipped(family, shape, decay, with_h0
 # each switch alone too (the sweep times them one at a time; "all flipped" misses e.g. KEEP_H with
 # the default KEEP_WU): the first interpreter case of each family
 ONE_SWITCH_CASES = [(c, name) for c in {c[0]: c for c in reversed(INTERPRETER_CASES)}.values()
-                    for name in (switch_module(c[0]).SWITCHES if HAS_TRITON else ())]
+                    for name in (blocks_kernels.kernel_module(c[0]).SWITCHES if HAS_TRITON else ())]
 
 
 @interpreter
