@@ -29,7 +29,8 @@ from blocks.kernels import delta as d  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
 
-# the delta backward's inter-kernel gradients (dv2, dw, dk_in, du) are in the activations' dtype
+# the delta backward's inter-kernel gradients (dv2, dw, dk_in, du) are in the activations' dtype,
+# and so is the WY inverse Ai with delta.WY_INPUT_DTYPE_DOTS
 ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv", "dv2", "dw", "dk_in", "du")
 
 
@@ -37,9 +38,11 @@ def arg_types(act: str) -> dict[str, str]:
     """Triton signature types by argument name: activations and chunk states in ``act``,
     everything else float32, sizes int32."""
     types = {n: f"*{act}" for n in ACTIVATIONS}
-    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "dAb", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x",
-              "dbeta", "dg", "dq_i", "dk_i", "dg_i", "db_part", "dG_part"):
+    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x",
+              "dbeta", "dg", "dq_i", "dk_i", "dg_i"):
         types[n] = "*fp32"
+    if d.WY_INPUT_DTYPE_DOTS:
+        types["Ai"] = f"*{act}"
     types.update(T="i32", NT="i32", B="i32", scale="fp32")
     return types
 
@@ -66,7 +69,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
             yield ("delta.solve_tril", d._solve_tril_kernel, dict(H=H, BT=64, BC=16), *table(d.LAUNCH, "solve_tril", s))
-        yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, DOT_PREC=prec),
+        lowp = d.WY_INPUT_DTYPE_DOTS and act != "fp32"
+        yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec),
                *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
                                                      DOT_PREC=prec), 4, 2)
@@ -78,11 +82,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g,
                                                              DOT_PREC=prec), *table(d.LAUNCH, "bwd_dqkwg", s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
-                                                       USE_G=use_g, DOT_PREC=prec), *table(d.LAUNCH, "wy_bwd", s))
-        yield (f"{tag}.wy_bwd_da", d._wy_bwd_da_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), USE_G=use_g,
-                                                             DOT_PREC=prec), *table(d.LAUNCH, "wy_bwd_da", s))
-        yield (f"{tag}.wy_bwd_dk", d._wy_bwd_dk_kernel, dict(H=H, K=K, BT=64, BK=min(32, BK), NK_G=triton.cdiv(K, 64),
-                                                             USE_G=use_g, DOT_PREC=prec), *table(d.LAUNCH, "wy_bwd_dk", s))
+                                                       USE_G=use_g, LOWP=lowp, DOT_PREC=prec), *table(d.LAUNCH, "wy_bwd", s))
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"
         yield (f"{tag}.fwd_h", sd._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g, USE_H0=True,
@@ -104,10 +104,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec), *table(g.LAUNCH, "bwd_dv", s))
     yield ("gla.bwd_inter", g._bwd_inter_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec),
            *table(g.LAUNCH, "bwd_inter", s))
-    yield ("gla.bwd_intra", g._bwd_intra_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.BKD, BK),
-                                                      DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_intra", s))
     yield ("gla.bwd_intra_sub", g._bwd_intra_sub_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.INTRA_SUB_BK, BK),
-                                                              DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX, SUB=-1),
+                                                              DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX),
            *table(g.LAUNCH, "bwd_intra_sub", s))
     yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), *table(g.LAUNCH, "rev_cumsum", s))
 

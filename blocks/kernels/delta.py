@@ -62,8 +62,6 @@ LAUNCH = {
     "bwd_dh": dict(num_warps=4, num_stages=3),
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
-    "wy_bwd_da": dict(num_warps=4, num_stages=None),  # WY_BWD_SPLIT's two kernels: untimed
-    "wy_bwd_dk": dict(num_warps=4, num_stages=None),
 }
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU and KEEP_H off: the backward
 # then recomputes what they keep (measured: +8% and +11% per fwd+bwd step; 16 KB less saved
@@ -83,13 +81,30 @@ DQKWG_BK = 64
 # Sweep 2026-11-30 15:20 (H200): fwd+bwd -10.3 / -11.2% (delta_rule, 2k / 32k), -10.4 / -11.6%
 # (gated).
 KEEP_H = not LOW_MEMORY
-# ``_wy_bwd_kernel`` as two kernels: ``dA`` (with dv) first, then dk from the stored ``dA * beta``
-# ([B, T, H, 64] float32 written and read once more). The one kernel holds Ai, dAi, k k^T and dA
-# in registers at once and spills 560 B (gated: 672 B) per thread at its 4 warps, the two kernels
-# 304 + 96 B (344 + 104 B) (sm_90 AOT, docs/benchmarks/kernels_aot_warps.md). Untimed.
-WY_BWD_SPLIT = False
+# (``WY_BWD_SPLIT``, ``_wy_bwd_kernel`` as two kernels, was removed: +7.4 / +7.7% fwd+bwd at 2k /
+# 32k in the 2026-11-30 16:49 sweep.)
+# The WY kernels (``_wu_kernel``, ``_wy_bwd_kernel``) take their dot operands in the activations'
+# dtype and ``Ai`` is stored in it ([B, T, H, 64]: half the bytes in bf16), as fla 0.6 does;
+# accumulation stays float32. False: float32 operands (TF32 dots) and a float32 ``Ai``. Makes no
+# difference for float32 inputs. Untimed.
+WY_INPUT_DTYPE_DOTS = True
+# The ungated rule's chunk walks (``fwd_h``, ``bwd_dh``) at a V block of at most this (None:
+# ``tiles.walk_bv`` as for the gated rule). Sweep 2026-11-30 15:03 (H200, before KEEP_H): V block
+# 32 instead of 64 made delta_rule's fwd+bwd -5.3% at 2k (gated: +2.4%); at 32k both already run 32.
+UNGATED_WALK_BV = 32
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
-            "WY_BWD_SPLIT": (False, True)}
+            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_WALK_BV": (None, 32)}
+
+
+@triton.jit
+def _op(x, ref, LOWP: tl.constexpr):
+    """``x`` as a ``tl.dot`` operand: in ``ref``'s element dtype when ``LOWP`` (bf16 activations:
+    bf16 tensor-core dots with float32 accumulation, half the registers per tile), else as it is."""
+    if LOWP:
+        x = x.to(ref.dtype.element_ty)
+    return x
+
+
 @triton.jit
 def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     """Chunk-local cumulative log decay of chunk ``i_t``: ``([BT] with padded rows = the last
@@ -131,7 +146,8 @@ def _store_block(Ai, blk, i_b, i_h, i_t, T, ri: tl.constexpr, cj: tl.constexpr,
                  H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     o_i = i_t * BT + ri * BC + tl.arange(0, BC)
     o_c = cj * BC + tl.arange(0, BC)
-    tl.store(Ai + ((i_b * T + o_i[:, None]) * H + i_h) * BT + o_c[None, :], blk, mask=(o_i < T)[:, None])
+    tl.store(Ai + ((i_b * T + o_i[:, None]) * H + i_h) * BT + o_c[None, :], blk.to(Ai.dtype.element_ty),
+             mask=(o_i < T)[:, None])
 
 
 @triton.jit
@@ -234,16 +250,17 @@ def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.const
 def _wu_kernel(k, v, beta, gc, Ai, w, u, T,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+               USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (NT, B*H): ``w = Ai (beta exp(G) k)`` and ``u = Ai (beta v)`` of chunk ``i_t``
-    (``[BT, K]``, ``[BT, V]``), ``[BT, BT]`` x ``[BT, BK|BV]`` products."""
+    (``[BT, K]``, ``[BT, V]``), ``[BT, BT]`` x ``[BT, BK|BV]`` products (operands in ``k``'s dtype
+    when ``LOWP``)."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
-    b_T = _load_rows(Ai, i_b, i_h, r0, T, H, BT, 0, BT, BT)  # [BT, BT] float32
+    b_T = _op(_load_rows(Ai, i_b, i_h, r0, T, H, BT, 0, BT, BT).to(tl.float32), k, LOWP)  # [BT, BT]
     b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
@@ -251,10 +268,10 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T,
     else:
         b_be = b_b
     for i_k in range(tl.cdiv(K, BK)):
-        b_x = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) * b_be[:, None]
+        b_x = _op(_load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) * b_be[:, None], k, LOWP)
         _store_rows(w, tl.dot(b_T, b_x, input_precision=DOT_PREC), i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
     for i_v in range(tl.cdiv(V, BV)):
-        b_x = _load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32) * b_b[:, None]
+        b_x = _op(_load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32) * b_b[:, None], k, LOWP)
         _store_rows(u, tl.dot(b_T, b_x, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
@@ -475,10 +492,12 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
 
 
 @triton.jit
-def _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, USE_G: tl.constexpr):
-    """Chunk ``i_t``'s ``(Ai [BT, BT], beta [BT], beta exp(G) [BT], G [BT] (0 without gates))``, float32."""
+def _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr,
+                 USE_G: tl.constexpr, LOWP: tl.constexpr):
+    """Chunk ``i_t``'s ``(Ai [BT, BT] as a dot operand, beta [BT], beta exp(G) [BT], G [BT] (0
+    without gates))``, the vectors float32."""
     o_t = i_t * BT + tl.arange(0, BT)
-    b_T = _load_rows(Ai, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
+    b_T = _op(_load_rows(Ai, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT).to(tl.float32), k, LOWP)
     b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
     b_g = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
@@ -489,50 +508,61 @@ def _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constex
 @triton.jit
 def _wy_bwd_da(k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+               BV: tl.constexpr, USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
     """First half of the WY backward of one chunk: writes the final ``dv``; returns ``dA``
-    (``-Ai^T dAi Ai^T`` on A's strictly lower support, times ``exp(G_i - G_j)``), ``k k^T``
-    ([BT, BT] each) and the ``dbeta`` terms through ``v`` and ``A`` ([BT]), float32. A pass over key
-    slices of ``BK`` sums ``dAi = dw X_w^T + du X_u^T`` and ``k k^T``."""
+    (``-Ai^T dAi Ai^T`` on A's strictly lower support, times ``exp(G_i - G_j)``, [BT, BT]) and the
+    ``dbeta`` term through ``v`` ([BT]), float32. ``dAi = dw X_w^T + du X_u^T`` is summed over key
+    and value slices of ``BK`` / ``BV``."""
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
-    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-        b_dT += tl.dot(b_dW, tl.trans(b_kf * b_be[:, None]), input_precision=DOT_PREC)
-        b_kk += tl.dot(b_kf, tl.trans(b_kf), input_precision=DOT_PREC)
+        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+        b_dT += tl.dot(_op(b_dW.to(tl.float32), k, LOWP), tl.trans(_op(b_kf * b_be[:, None], k, LOWP)),
+                       input_precision=DOT_PREC)
     b_db = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         b_vf = _load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
-        b_du = _load_rows(du, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_du = _op(_load_rows(du, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32), k, LOWP)
         b_dXu = tl.dot(tl.trans(b_T), b_du, input_precision=DOT_PREC)
-        b_dT += tl.dot(b_du, tl.trans(b_vf * b_b[:, None]), input_precision=DOT_PREC)
+        b_dT += tl.dot(b_du, tl.trans(_op(b_vf * b_b[:, None], k, LOWP)), input_precision=DOT_PREC)
         b_db += tl.sum(b_vf * b_dXu, 1)
         _store_rows(dv, b_dXu * b_b[:, None], i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
     o_i = tl.arange(0, BT)
     m_s = o_i[:, None] > o_i[None, :]
-    b_dA = -tl.dot(tl.trans(b_T), tl.dot(b_dT, tl.trans(b_T), input_precision=DOT_PREC), input_precision=DOT_PREC)
+    b_dA = -tl.dot(tl.trans(b_T), _op(tl.dot(_op(b_dT, k, LOWP), tl.trans(b_T), input_precision=DOT_PREC), k, LOWP),
+                   input_precision=DOT_PREC)
     if USE_G:
         b_dA = b_dA * tl.exp(tl.where(m_s, b_g[:, None] - b_g[None, :], float("-inf")))
-    b_dA = tl.where(m_s, b_dA, 0.)
-    return b_dA, b_kk, b_db + tl.sum(b_dA * b_kk, 1)
+    return tl.where(m_s, b_dA, 0.), b_db
 
 
 @triton.jit
-def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_be, b_dAb, i_b, i_h, r0, T,
-               H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Second half: writes the final ``dk`` key slice by key slice from ``dAb = dA * beta``;
-    returns ``sum_c k dXw`` ([BT], the ``dbeta``/``dG`` term through ``w``)."""
+def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_dA, i_b, i_h, r0, T,
+               H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Second half: writes the final ``dk`` key slice by key slice. With ``P = dA k`` and
+    ``Q = (beta dA)^T k`` ([BT, BK] per slice), ``dk += beta P + Q``; returns the [BT] row sums
+    ``(sum_c k dXw, sum_c k P, sum_c k Q)``: the ``dbeta``/``dG`` terms through ``w`` and through
+    ``A`` (``sum_j dA_ij k_i.k_j`` and its column twin, without a [BT, BT] ``k k^T`` tile)."""
+    b_dAc = _op(b_dA, k, LOWP)
+    b_dAbT = _op(tl.trans(b_dA * b_b[:, None]), k, LOWP)
     b_kdXw = tl.zeros([BT], dtype=tl.float32)
+    b_kP = tl.zeros([BT], dtype=tl.float32)
+    b_kQ = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-        b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+        b_kc = _op(b_kf, k, LOWP)
+        b_dW = _op(_load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32), k, LOWP)
         b_dXw = tl.dot(tl.trans(b_T), b_dW, input_precision=DOT_PREC)
+        b_P = tl.dot(b_dAc, b_kc, input_precision=DOT_PREC)
+        b_Q = tl.dot(b_dAbT, b_kc, input_precision=DOT_PREC)
         b_kdXw += tl.sum(b_kf * b_dXw, 1)
-        b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) + b_dXw * b_be[:, None] \
-            + tl.dot(b_dAb, b_kf, input_precision=DOT_PREC) + tl.dot(tl.trans(b_dAb), b_kf, input_precision=DOT_PREC)
+        b_kP += tl.sum(b_kf * b_P, 1)
+        b_kQ += tl.sum(b_kf * b_Q, 1)
+        b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) \
+            + b_dXw * b_be[:, None] + b_P * b_b[:, None] + b_Q
         _store_rows(dk, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-    return b_kdXw
+    return b_kdXw, b_kP, b_kQ
 
 
 @triton.jit
@@ -551,7 +581,7 @@ def _wy_bwd_dg(b_dG, dG_in, dg, i_b, i_h, o_t, T, B, H: tl.constexpr, NK_G: tl.c
 def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
-                   USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+                   USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
     the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
     ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
@@ -562,69 +592,28 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     i_h = i_bh % H
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
-    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H, BT, USE_G)
-    b_dA, b_kk, b_db = _wy_bwd_da(k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
-                                  H, K, V, BT, BK, BV, USE_G, DOT_PREC)
-    b_dAb = b_dA * b_b[:, None]
-    b_kdXw = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_be, b_dAb, i_b, i_h, r0, T, H, K, BT, BK, DOT_PREC)
-    b_db += b_kdXw * tl.exp(b_g)
+    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP)
+    b_dA, b_db = _wy_bwd_da(k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
+                            H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC)
+    b_kdXw, b_kP, b_kQ = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_dA, i_b, i_h, r0, T,
+                                    H, K, BT, BK, LOWP, DOT_PREC)
+    b_db += b_kP + b_kdXw * tl.exp(b_g)
     tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=o_t < T)
     if USE_G:
-        b_M = b_dAb * b_kk  # dA * A
-        _wy_bwd_dg(b_kdXw * b_be + tl.sum(b_M, 1) - tl.sum(b_M, 0), dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
-
-
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _wy_bwd_da_kernel(k, v, beta, gc, Ai, dw, du, dv, dAb, db_part, dG_part, T,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), ``_wy_bwd_kernel``'s first half (``WY_BWD_SPLIT``): the final ``dv``, the
-    chunk's ``dA * beta`` (``dAb``, [B, T, H, BT] float32) and the parts of ``dbeta`` and of the
-    chunk-local ``dG`` that need ``k k^T`` (``db_part``, ``dG_part``: [B, T, H] float32)."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    r0 = i_t * BT
-    o_t = r0 + tl.arange(0, BT)
-    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H, BT, USE_G)
-    b_dA, b_kk, b_db = _wy_bwd_da(k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
-                                  H, K, V, BT, BK, BV, USE_G, DOT_PREC)
-    b_dAb = b_dA * b_b[:, None]
-    _store_rows(dAb, b_dAb, i_b, i_h, r0, T, H, BT, 0, BT, BT)
-    tl.store(db_part + (i_b * T + o_t) * H + i_h, b_db, mask=o_t < T)
-    if USE_G:
-        b_M = b_dAb * b_kk  # dA * A
-        tl.store(dG_part + (i_b * T + o_t) * H + i_h, tl.sum(b_M, 1) - tl.sum(b_M, 0), mask=o_t < T)
-
-
-@triton.jit(do_not_specialize=["T", "B"])  # one compile for every length
-def _wy_bwd_dk_kernel(k, beta, gc, Ai, dw, dk_in, dAb, db_part, dG_part, dG_in, dk, dbeta, dg, T, B,
-                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      NK_G: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), ``_wy_bwd_kernel``'s second half (``WY_BWD_SPLIT``): the final ``dk`` from
-    ``dAb``, ``dbeta`` and ``dg``."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    r0 = i_t * BT
-    o_t = r0 + tl.arange(0, BT)
-    m_t = o_t < T
-    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, i_b, i_h, i_t, T, H, BT, USE_G)
-    b_dAb = _load_rows(dAb, i_b, i_h, r0, T, H, BT, 0, BT, BT)
-    b_kdXw = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_be, b_dAb, i_b, i_h, r0, T, H, K, BT, BK, DOT_PREC)
-    b_db = tl.load(db_part + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.) + b_kdXw * tl.exp(b_g)
-    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
-    if USE_G:
-        b_dG = b_kdXw * b_be + tl.load(dG_part + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.)
-        _wy_bwd_dg(b_dG, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
+        # row sums minus column sums of dA * beta * k k^T, plus the term through w
+        _wy_bwd_dg(b_kdXw * b_be + b_kP * b_b - b_kQ, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
 
 # --- host side -------------------------------------------------------------------------------
-def _walk_bv(x: torch.Tensor, B: int, H: int, V: int) -> int:
-    """V block of the sequential walks (grid ``(V/BV, B*H)``, full K per program; ``tiles.walk_bv``)."""
-    return walk_bv(x, B * H, V)
+def _walk_bv(x: torch.Tensor, B: int, H: int, V: int, gated: bool) -> int:
+    """V block of the sequential walks (grid ``(V/BV, B*H)``, full K per program; ``tiles.walk_bv``,
+    capped at ``UNGATED_WALK_BV`` for the ungated rule)."""
+    bv = walk_bv(x, B * H, V)
+    return min(bv, UNGATED_WALK_BV) if UNGATED_WALK_BV and not gated else bv
+
+
+def _lowp(x: torch.Tensor) -> bool:
+    """Whether the WY kernels take dot operands in ``x``'s dtype (``WY_INPUT_DTYPE_DOTS``)."""
+    return WY_INPUT_DTYPE_DOTS and x.dtype != torch.float32
 
 
 def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:
@@ -635,14 +624,15 @@ def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:
 
 
 def wy_fwd(k, v, beta, gc):
-    """``(Ai [B, T, H, BT] float32, w [B, T, H, K], u [B, T, H, V])``: the chunks' ``(I + A)^-1`` and
+    """``(Ai [B, T, H, BT], w [B, T, H, K], u [B, T, H, V])``: the chunks' ``(I + A)^-1`` (float32, or
+    the activations' dtype with ``WY_INPUT_DTYPE_DOTS``) and
     the WY factors, in three kernels (``A``, its inverse, ``w, u``)."""
     B, T, H, K = k.shape
     NT = triton.cdiv(T, BT)
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
     _kkt_kernel[(NT, B * H)](k, beta, gc, A, T, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
                              USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "kkt", k))
-    Ai = torch.empty_like(A)
+    Ai = torch.empty_like(A, dtype=k.dtype if _lowp(k) else torch.float32)
     _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, **_launch(LAUNCH, "solve_tril", k))
     return (Ai,) + wu(k, v, beta, gc, Ai)
 
@@ -655,7 +645,7 @@ def wu(k, v, beta, gc, Ai):
     u = torch.empty_like(v)
     _wu_kernel[(triton.cdiv(T, BT), B * H)](
         k, v, beta, gc, Ai, w, u, T, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-        USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "wu", k))
+        USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), **_launch(LAUNCH, "wu", k))
     return w, u
 
 
@@ -663,7 +653,7 @@ def fwd_h(k, w, u, gc, h0, output_final_state):
     B, T, H, K = k.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, BT)
-    BV = _walk_bv(k, B, H, V)
+    BV = _walk_bv(k, B, H, V, gc is not None)
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     vn = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
@@ -707,7 +697,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
         q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
         USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
-    BV = _walk_bv(q, B, H, V)
+    BV = _walk_bv(q, B, H, V, use_g)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dv2 = torch.empty_like(v)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
@@ -730,20 +720,9 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
-    if WY_BWD_SPLIT:
-        dAb = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
-        db_part = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
-        dG_part = torch.empty_like(db_part) if use_g else None
-        _wy_bwd_da_kernel[(NT, B * H)](
-            k, v, beta, gc, Ai, dw, dv2, dv, dAb, db_part, dG_part, T, H=H, K=K, V=V, BT=BT,
-            BK=min(32, BKf), BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "wy_bwd_da", q))
-        _wy_bwd_dk_kernel[(NT, B * H)](
-            k, beta, gc, Ai, dw, dk_p, dAb, db_part, dG_part, dG, dk, dbeta, dg, T, B, H=H, K=K, BT=BT,
-            BK=min(32, BKf), NK_G=NK, USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "wy_bwd_dk", q))
-        return dq, dk, dv, dbeta, dg, dh0
     _wy_bwd_kernel[(NT, B * H)](
         k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT,
-        BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, DOT_PREC=prec,
+        BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
         **_launch(LAUNCH, "wy_bwd", q))
     return dq, dk, dv, dbeta, dg, dh0
 
@@ -758,11 +737,11 @@ class ChunkDeltaRule(torch.autograd.Function):
         Ai, w, u = wy_fwd(k, v, beta, gc)
         h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
         o = fwd_o(q, k, vn, gc, h, scale)
-        # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64] float32; fla
-        # keeps its inverse too, in the activations' dtype; rebuilding it costs two kernels) and,
-        # with KEEP_WU, w (and u, which only the state walk reads: not with KEEP_H). The chunk
-        # states and U are recomputed by the state walk unless KEEP_H (a [B, T/64, H, K, V]
-        # tensor per layer).
+        # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64]; fla keeps its
+        # inverse too, in the activations' dtype, as WY_INPUT_DTYPE_DOTS does; rebuilding it costs
+        # two kernels) and, with KEEP_WU, w (and u, which only the state walk reads: not with
+        # KEEP_H). The chunk states and U are recomputed by the state walk unless KEEP_H (a
+        # [B, T/64, H, K, V] tensor per layer).
         ctx.kept = (KEEP_WU, KEEP_H)  # as at forward time: the switches may change before backward
         kept_wu = ((w,) if KEEP_H else (w, u)) if KEEP_WU else ()
         ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *kept_wu, *((h, vn) if KEEP_H else ()))

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from blocks.ops.utils import check_gate, check_qkv
 
-from . import register_kernel
+from . import low_memory_from_env, register_kernel
 from .tiles import launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv
@@ -59,32 +59,29 @@ LAUNCH = {
     "fwd_o": dict(num_warps=8, num_stages=None),
     "bwd_dv": dict(num_warps=8, num_stages=None),
     "bwd_inter": dict(num_warps=8, num_stages=None),
-    "bwd_intra": dict(num_warps=4, num_stages=3),
     "bwd_intra_sub": dict(num_warps=4, num_stages=1),  # 1 stage: -4.7 / -3.8% at 2k / 32k (sweep 14:56)
     "rev_cumsum": dict(num_warps=4, num_stages=3),
 }
-# The intra-chunk backward as one program per chunk (``_bwd_intra_kernel``, measured: 6.3 ms of a
-# 12 ms step) or one per sub-chunk plus a reverse-cumsum pass (``_bwd_intra_sub_kernel``,
-# ``_rev_cumsum_kernel``: a quarter of the live tiles per program). Both are tested (interpreter,
-# GPU); the split one won the 2026-11-30 14:47 sweep (H200): fwd+bwd 12.36 -> 10.81 ms at 2k,
-# 14.21 -> 12.60 at 32k. ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of
-# every name in ``SWITCHES``.
-SPLIT_BWD_INTRA = True
+# The intra-chunk backward runs one program per sub-chunk (``_bwd_intra_sub_kernel``: a quarter of
+# the live tiles of a whole chunk) plus a reverse-cumsum pass (``_rev_cumsum_kernel``). The fused
+# one-program-per-chunk intra backward was removed after three H200 sweeps measured it 13-21% slower
+# fwd+bwd (2026-11-30, 2k / 32k: 14:47 +14 / +13%, 14:56 +15 / +14%, 16:49 +21 / +18%); launching
+# the sub-chunk kernel once per sub-chunk position (static trip counts) was removed after it
+# measured 1.1% slower (sweep 16:49: 10.23 -> 10.34 ms at 2k, 11.97 -> 12.10 at 32k).
+# ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of every name in ``SWITCHES``.
+# ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment: the backward recomputes what the switches
+# below keep from the forward.
+LOW_MEMORY = low_memory_from_env()
 # Keep the forward's chunk states h ([B, T/64, H, K, V], 8 KB per token at 16 heads of 128 in
 # bf16) for the backward instead of rerunning the state walk (``fwd_h``: 0.87 ms for both calls of a 9.9 ms step
-# at 64k tokens). The delta rules' KEEP_H measured -10..-12%; this one is untimed, hence off.
-KEEP_H = False
+# at 64k tokens). Sweep 2026-11-30 16:49 (H200): fwd+bwd -4.6 / -9.0% (2k / 32k). Off under
+# ARCHSEARCH_LOW_MEMORY_KERNELS=1.
+KEEP_H = not LOW_MEMORY
 # Key slice of ``_bwd_intra_sub_kernel``: 32 (4 programs per sub-chunk at K=128) or 64 (half the
 # programs, half the re-reads of the dA tiles; [BC, BC, 64] float32 temporaries on the exact
-# diagonal path). Untimed.
-INTRA_SUB_BK = 32
-# One launch of ``_bwd_intra_sub_kernel`` per sub-chunk position (the sub-chunk a compile-time
-# constant: its loops over the earlier / later sub-chunks unroll, their loads can be issued
-# together) instead of one launch with ``a`` from the program id (runtime trip counts, each
-# iteration's loads wait on the previous one). Untimed.
-INTRA_SUB_STATIC = False
-SWITCHES = {"SPLIT_BWD_INTRA": (False, True), "KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64),
-            "INTRA_SUB_STATIC": (False, True)}
+# diagonal path). Sweep 2026-11-30 16:49 (H200): 64 is -8.3 / -7.4% fwd+bwd (2k / 32k).
+INTRA_SUB_BK = 64
+SWITCHES = {"KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -386,78 +383,20 @@ def _bwd_inter_kernel(q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT
 
 
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _bwd_intra_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T,
-                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                      NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr):
-    """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` (every quantity here is per key channel
-    once ``dA`` is known): add the intra-chunk parts to ``dq, dk`` (final) and the gate gradient,
-    then ``dg`` = reverse cumsum of the chunk-local gradient, sub-chunks last to first."""
-    i_k = tl.program_id(0)
-    i_t = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    c0 = i_k * BK
-    last = tl.minimum(i_t * BT + BT, T) - 1
-    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
-    o_c = tl.arange(0, BC)
-    carry = tl.zeros([BK], dtype=tl.float32)
-    for a_r in tl.static_range(NC):
-        a = NC - 1 - a_r  # constexpr: sub-chunks last to first
-        ra = i_t * BT + a * BC
-        b_q = _rows(q, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
-        b_k = _rows(k, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
-        b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, c0, BC, BK)
-        # keys in earlier sub-chunks b < a, through the first row n of a
-        b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, c0, BK)
-        b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
-        # queries in later sub-chunks c > a, through the last row m of a
-        b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)
-        b_dks = tl.zeros([BC, BK], dtype=tl.float32)
-        for b in tl.static_range(NC):
-            if b < a:
-                b_dqs += _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H, K, c0, BT, BC, BK,
-                                          DOT_PREC)
-            if b > a:
-                b_dks += _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, b, T, H, K, c0, BT, BC, BK,
-                                        DOT_PREC)
-        b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
-        b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
-        b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
-        b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
-        b_dq = _rows(dq_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dqs + b_diag[:, None] * b_k
-        b_dk = _rows(dk_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dks + b_diag[:, None] * b_q
-        _store(dq, b_dq, i_b, i_h, ra, T, H, K, c0, BC, BK)
-        _store(dk, b_dk, i_b, i_h, ra, T, H, K, c0, BC, BK)
-        b_dG = _rows(dg_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_q * b_dqs - b_k * b_dks
-        b_dG = tl.where((ra + o_c < T)[:, None], b_dG, 0.)
-        b_tot = tl.sum(b_dG, axis=0)
-        b_rev = carry[None, :] + b_tot[None, :] - tl.cumsum(b_dG, axis=0) + b_dG
-        carry += b_tot
-        _store(dg, b_rev, i_b, i_h, ra, T, H, K, c0, BC, BK)
-
-
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _bwd_intra_sub_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dG, T,
                           H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                          NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr,
-                          SUB: tl.constexpr = -1):
-    """Grid (K/BK, NT*NC, B*H): ``_bwd_intra_kernel``'s work for ONE sub-chunk ``a`` (four times the
-    programs, a quarter of the live tiles each): final ``dq, dk`` of its rows and their chunk-local
-    gate gradient ``dG`` (float32, before the reverse cumsum ``_rev_cumsum_kernel`` applies).
-    ``SUB >= 0``: grid (K/BK, NT, B*H), every program on sub-chunk ``SUB`` (one launch per
-    sub-chunk), so the loops over the other sub-chunks have static trip counts and unroll."""
+                          NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr):
+    """Grid (K/BK, NT*NC, B*H): the intra-chunk backward of ONE sub-chunk ``a`` (sub-chunk
+    ``i_tc % NC`` of chunk ``i_tc // NC``; key columns ``i_k*BK ..``): add the intra-chunk parts to
+    ``dq, dk`` of its rows (final) and write their chunk-local gate gradient ``dG`` (float32, before
+    the reverse cumsum ``_rev_cumsum_kernel`` applies)."""
     i_k = tl.program_id(0)
     i_tc = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    if SUB >= 0:
-        i_t = i_tc
-        a = SUB
-    else:
-        i_t = i_tc // NC
-        a = i_tc % NC
+    i_t = i_tc // NC
+    a = i_tc % NC
     c0 = i_k * BK
     last = tl.minimum(i_t * BT + BT, T) - 1
     g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
@@ -469,16 +408,10 @@ def _bwd_intra_sub_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dG, T,
     b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)  # last row of a: queries in c > a
     b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
     b_dks = tl.zeros([BC, BK], dtype=tl.float32)
-    if SUB >= 0:
-        for b in tl.static_range(SUB):
-            b_dqs += _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
-        for c in tl.static_range(SUB + 1, NC):
-            b_dks += _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
-    else:
-        for b in range(0, a):
-            b_dqs += _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
-        for c in range(a + 1, NC):
-            b_dks += _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
+    for b in range(0, a):
+        b_dqs += _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
+    for c in range(a + 1, NC):
+        b_dks += _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
     b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
     b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
     b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
@@ -584,24 +517,13 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     del h, dh
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-    BKi = min(BKD, _pow2(K))
-    if SPLIT_BWD_INTRA:
-        BKi = min(INTRA_SUB_BK, _pow2(K))
-        intra_args = (q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T)
-        intra_meta = dict(H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi, DOT_PREC=prec, SPAN_MAX=SPAN_MAX,
-                          **_launch(LAUNCH, "bwd_intra_sub", q))
-        if INTRA_SUB_STATIC:
-            for sub in range(NC):
-                _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT, B * H)](*intra_args, SUB=sub, **intra_meta)
-        else:
-            _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT * NC, B * H)](*intra_args, **intra_meta)
-        BKr = min(64, _pow2(K))
-        _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, T, H=H, K=K, BT=BT, BK=BKr,
-                                                             **_launch(LAUNCH, "rev_cumsum", q))
-    else:
-        _bwd_intra_kernel[(triton.cdiv(K, BKi), NT, B * H)](
-            q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
-            DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra", q))
+    BKi = min(INTRA_SUB_BK, _pow2(K))
+    _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT * NC, B * H)](
+        q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
+        DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra_sub", q))
+    BKr = min(64, _pow2(K))
+    _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, T, H=H, K=K, BT=BT, BK=BKr,
+                                                         **_launch(LAUNCH, "rev_cumsum", q))
     return dq, dk, dv, dg, dh0
 
 

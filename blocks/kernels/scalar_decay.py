@@ -26,7 +26,7 @@ import triton.language as tl
 
 from blocks.ops.utils import check_qkv
 
-from . import register_kernel
+from . import low_memory_from_env, register_kernel
 from .tiles import dot_prec as _prec, launch as _launch, pow2 as _pow2, state_dtype as _state_dtype
 from .tiles import walk_bv
 
@@ -42,10 +42,14 @@ LAUNCH = {
     "fwd_o": dict(num_warps=8, num_stages=None),
     "bwd_dqkv": dict(num_warps=8, num_stages=3),
 }
+# ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment: the backward recomputes what the switches
+# below keep from the forward.
+LOW_MEMORY = low_memory_from_env()
 # Keep the forward's chunk states h ([B, T/64, H, K, V], 8 KB per token at 16 heads of 128 in
 # bf16) for the backward instead of rerunning the state walk (``fwd_h``: 0.60 ms for both calls of a 2.4 ms step at
-# 64k tokens). The delta rules' KEEP_H measured -10..-12%; this one is untimed, hence off.
-KEEP_H = False
+# 64k tokens). Sweep 2026-11-30 16:49 (H200): fwd+bwd -12.5 / -10.7% (linear_attn, 2k / 32k),
+# -12.1 / -14.6% (simple_gla). Off under ARCHSEARCH_LOW_MEMORY_KERNELS=1.
+KEEP_H = not LOW_MEMORY
 SWITCHES = {"KEEP_H": (False, True)}
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_h_kernel(k, v, g, h, h0, ht, T, NT,

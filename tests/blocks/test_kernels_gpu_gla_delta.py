@@ -290,6 +290,23 @@ def test_interpreter_kernels_with_one_switch_flipped(case, switch, monkeypatch):
     assert not bad, f"{flipped} {decay}: {bad} (all: {errs})"
 
 
+@interpreter
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("input_dtype_dots", [True, False])
+def test_interpreter_wy_dots_in_half_precision(family, input_dtype_dots, monkeypatch):
+    """``delta.WY_INPUT_DTYPE_DOTS`` only acts on 16-bit inputs (float32 ones keep float32
+    operands), which the float32 cases above never reach. The interpreter multiplies float16
+    correctly (not bfloat16), so float16 inputs run that path here: a float16 ``Ai`` and float16
+    dot operands in the WY kernels, against the float64 reference (measured 2e-4 .. 7e-4)."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "WY_INPUT_DTYPE_DOTS", input_dtype_dots)
+    with checked_memory():
+        errs = run_case(chunk_kernel(family), family, (1, 70, 2, 32, 48), torch.float16, "random", True, "cpu")
+    bad = {n: e for n, e in errs.items() if e > 3e-3}
+    assert not bad, f"{family} WY_INPUT_DTYPE_DOTS={input_dtype_dots}: {bad} (all: {errs})"
+
+
 # --- CPU, anywhere triton imports ---------------------------------------------------------------
 @needs_triton
 @pytest.mark.parametrize("family", FAMILIES)

@@ -65,17 +65,17 @@ def test_sweep_variants_restore_the_module_after_each_run(sweep):
     before = {k: dict(v) for k, v in gla.LAUNCH.items()}
     walk = gla.walk_bv
     variants = sweep.variants("gla")
-    assert ("bwd_intra", "num_warps", 8) in variants and ("walk_bv", "BV", 16) in variants
+    assert ("bwd_intra_sub", "num_warps", 8) in variants and ("walk_bv", "BV", 16) in variants
     assert not any(v == (e, s, gla.LAUNCH[e][s]) for v in variants for e, s, _ in [v] if e in gla.LAUNCH)
-    with sweep.Applied("gla", ("bwd_intra", "num_warps", 8)):
-        assert gla.LAUNCH["bwd_intra"]["num_warps"] == 8
+    with sweep.Applied("gla", ("bwd_intra_sub", "num_warps", 8)):
+        assert gla.LAUNCH["bwd_intra_sub"]["num_warps"] == 8
     with sweep.Applied("gla", ("walk_bv", "BV", 16)):
         assert gla.walk_bv(None, 1, 128) == 16 and gla.walk_bv(None, 1, 8) == 16
-    split = gla.SPLIT_BWD_INTRA
-    assert ("switch", "SPLIT_BWD_INTRA", not split) in variants
-    with sweep.Applied("gla", ("switch", "SPLIT_BWD_INTRA", not split)):
-        assert gla.SPLIT_BWD_INTRA is (not split)
-    assert gla.LAUNCH == before and gla.walk_bv is walk and gla.SPLIT_BWD_INTRA is split
+    keep = gla.KEEP_H
+    assert ("switch", "KEEP_H", not keep) in variants
+    with sweep.Applied("gla", ("switch", "KEEP_H", not keep)):
+        assert gla.KEEP_H is (not keep)
+    assert gla.LAUNCH == before and gla.walk_bv is walk and gla.KEEP_H is keep
 
 
 def test_sweep_goes_on_after_a_variant_poisons_or_kills_its_child(sweep, monkeypatch):
@@ -122,16 +122,17 @@ def test_sweep_only_restricts_the_variants_to_the_named_entries(sweep, monkeypat
 
 
 @pytest.mark.parametrize("env, kept", [("1", False), ("", True)])
-def test_low_memory_environment_turns_the_delta_keeps_off(env, kept):
+def test_low_memory_environment_turns_every_keep_off(env, kept):
     import os
     import subprocess
 
-    code = "from blocks.kernels import delta; print(delta.KEEP_WU, delta.KEEP_H)"
+    code = ("from blocks.kernels import delta, gla, scalar_decay; "
+            "print(delta.KEEP_WU, delta.KEEP_H, gla.KEEP_H, scalar_decay.KEEP_H)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, ARCHSEARCH_LOW_MEMORY_KERNELS=env,
                                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
                          cwd=Path(__file__).resolve().parents[2])
-    assert out.stdout.split() == [str(kept)] * 2
+    assert out.stdout.split() == [str(kept)] * 4
 
 
 def test_benchmarks_record_the_switches_they_ran_with():
@@ -148,7 +149,7 @@ def test_benchmarks_record_the_switches_they_ran_with():
     assert settings["delta"]["switches"] == {k: getattr(delta, k) for k in delta.SWITCHES}
     assert settings["gla"]["launch"] == gla.LAUNCH and settings["scalar_decay"]["launch"] == scalar_decay.LAUNCH
     line = gpu_common.switches_line(settings)
-    assert f"delta: KEEP_WU={delta.KEEP_WU}" in line and "gla: SPLIT_BWD_INTRA=" in line
+    assert f"delta: KEEP_WU={delta.KEEP_WU}" in line and "gla: KEEP_H=" in line
     res = json.loads((Path(__file__).resolve().parents[2] / "docs/benchmarks/gpu_results.json").read_text())
     res["kernel_settings"] = settings
     assert f"Kernel switches: {line}" in gpu_kernels.markdown(res)
