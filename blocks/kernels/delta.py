@@ -81,19 +81,18 @@ DQKWG_BK = 64
 # Sweep 2026-11-30 15:20 (H200): fwd+bwd -10.3 / -11.2% (delta_rule, 2k / 32k), -10.4 / -11.6%
 # (gated).
 KEEP_H = not LOW_MEMORY
-# (``WY_BWD_SPLIT``, ``_wy_bwd_kernel`` as two kernels, was removed: +7.4 / +7.7% fwd+bwd at 2k /
-# 32k in the 2026-11-30 16:49 sweep.)
+# Removed after losing in H200 sweeps: ``WY_BWD_SPLIT`` (``_wy_bwd_kernel`` as two kernels: +7.4 /
+# +7.7% fwd+bwd at 2k / 32k, 16:49) and ``UNGATED_WALK_BV`` (the ungated walks capped at V block
+# 32: won 5.3% at 2k at 15:03, lost 3.1% at 17:09 once the WY kernels took bf16 operands).
 # The WY kernels (``_wu_kernel``, ``_wy_bwd_kernel``) take their dot operands in the activations'
 # dtype and ``Ai`` is stored in it ([B, T, H, 64]: half the bytes in bf16), as fla 0.6 does;
 # accumulation stays float32. False: float32 operands (TF32 dots) and a float32 ``Ai``. Makes no
-# difference for float32 inputs. Untimed.
+# difference for float32 inputs. Sweep 2026-11-30 17:09 (H200): False is +19.2 / +13.7% fwd+bwd
+# (delta_rule, 2k / 32k), +14.2 / +10.3% (gated); with it (and wy_bwd's k k^T tile gone) delta_rule
+# runs 5.27 ms per 64k-token step at 2k, 6.19 before.
 WY_INPUT_DTYPE_DOTS = True
-# The ungated rule's chunk walks (``fwd_h``, ``bwd_dh``) at a V block of at most this (None:
-# ``tiles.walk_bv`` as for the gated rule). Sweep 2026-11-30 15:03 (H200, before KEEP_H): V block
-# 32 instead of 64 made delta_rule's fwd+bwd -5.3% at 2k (gated: +2.4%); at 32k both already run 32.
-UNGATED_WALK_BV = 32
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
-            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_WALK_BV": (None, 32)}
+            "WY_INPUT_DTYPE_DOTS": (False, True)}
 
 
 @triton.jit
@@ -604,11 +603,9 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
         _wy_bwd_dg(b_kdXw * b_be + b_kP * b_b - b_kQ, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
 
 # --- host side -------------------------------------------------------------------------------
-def _walk_bv(x: torch.Tensor, B: int, H: int, V: int, gated: bool) -> int:
-    """V block of the sequential walks (grid ``(V/BV, B*H)``, full K per program; ``tiles.walk_bv``,
-    capped at ``UNGATED_WALK_BV`` for the ungated rule)."""
-    bv = walk_bv(x, B * H, V)
-    return min(bv, UNGATED_WALK_BV) if UNGATED_WALK_BV and not gated else bv
+def _walk_bv(x: torch.Tensor, B: int, H: int, V: int) -> int:
+    """V block of the sequential walks (grid ``(V/BV, B*H)``, full K per program; ``tiles.walk_bv``)."""
+    return walk_bv(x, B * H, V)
 
 
 def _lowp(x: torch.Tensor) -> bool:
@@ -653,7 +650,7 @@ def fwd_h(k, w, u, gc, h0, output_final_state):
     B, T, H, K = k.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, BT)
-    BV = _walk_bv(k, B, H, V, gc is not None)
+    BV = _walk_bv(k, B, H, V)
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     vn = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
@@ -697,7 +694,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
         q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
         USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
-    BV = _walk_bv(q, B, H, V, use_g)
+    BV = _walk_bv(q, B, H, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dv2 = torch.empty_like(v)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
