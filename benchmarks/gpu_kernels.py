@@ -554,20 +554,16 @@ def _md_model(res: dict) -> list[str]:
     return lines
 
 
-def plots(res: dict, out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
+def _train_plot(res: dict, train: dict, out: Path, plt) -> str:
+    """``gpu_train.png``: Mtok/s vs sequence length per family, ours next to fla and SDPA."""
     fams = res["families"]
-    fig, axes = plt.subplots(1, len(fams), figsize=(4 * len(fams), 3.6), sharey=True)
+    fig, axes = plt.subplots(1, len(fams), figsize=(4 * len(fams), 3.6), sharey=True, squeeze=False)
+    axes = axes[0]
     for ax, family in zip(axes, fams):
-        for label, table, style in (("ours", res["train"][family], "o-"),
+        for label, table, style in (("ours", train[family], "o-"),
                                     ("fla", res.get("fla", {}).get("train", {}).get(family, {}), "s--"),
-                                    ("cuDNN SDPA", res["train"]["sdpa_cudnn"], "^:"),
-                                    ("Flash SDPA", res["train"]["sdpa_flash"], "v:")):
+                                    ("cuDNN SDPA", train["sdpa_cudnn"], "^:"),
+                                    ("Flash SDPA", train["sdpa_flash"], "v:")):
             pts = [(int(T), r["mtok_s"]) for T, r in table.items() if "mtok_s" in r]
             if pts:
                 ax.plot(*zip(*sorted(pts)), style, label=label)
@@ -580,8 +576,20 @@ def plots(res: dict, out: Path) -> list[str]:
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "gpu_train.png", dpi=110)
-    files.append("gpu_train.png")
     plt.close(fig)
+    return "gpu_train.png"
+
+
+def plots(res: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    train = res.get("train")
+    if isinstance(train, dict) and "error" not in train:  # a run with --skip train has no such plot
+        files.append(_train_plot(res, train, out, plt))
     sd, st = res.get("softmax_decode", {}), res.get("step", {})
     if sd and st:
         fig, ax = plt.subplots(figsize=(6, 4))

@@ -153,3 +153,22 @@ def test_benchmarks_record_the_switches_they_ran_with():
     res = json.loads((Path(__file__).resolve().parents[2] / "docs/benchmarks/gpu_results.json").read_text())
     res["kernel_settings"] = settings
     assert f"Kernel switches: {line}" in gpu_kernels.markdown(res)
+
+
+def test_benchmark_plots_only_what_the_run_measured(tmp_path):
+    """A run with ``--skip train`` (e.g. only the compiled-decode section) has no training plot
+    and must not fail making the others; one family still gets its training plot."""
+    import json
+
+    pytest.importorskip("matplotlib")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import gpu_kernels
+    finally:
+        sys.path.pop(0)
+    res = json.loads((Path(__file__).resolve().parents[2] / "docs/benchmarks/gpu_results.json").read_text())
+    no_train = {k: v for k, v in res.items() if k != "train"}
+    assert gpu_kernels.plots(no_train, tmp_path) == ["gpu_decode.png"]
+    one = dict(res, families=["gla"])
+    assert gpu_kernels.plots(one, tmp_path) == ["gpu_train.png", "gpu_decode.png"]
+    assert (tmp_path / "gpu_train.png").stat().st_size > 0
