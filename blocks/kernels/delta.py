@@ -91,8 +91,16 @@ KEEP_H = not LOW_MEMORY
 # (delta_rule, 2k / 32k), +14.2 / +10.3% (gated); with it (and wy_bwd's k k^T tile gone) delta_rule
 # runs 5.27 ms per 64k-token step at 2k, 6.19 before.
 WY_INPUT_DTYPE_DOTS = True
+# The ungated rule's ``_bwd_dh_kernel`` runs the gated code on a zero gate (same results: every
+# factor is exp(0) = 1). Why: Triton 3.6 software-pipelines the gated loop (its small gate loads
+# become async copies, and the next chunk's k tile is then loaded during the current chunk) but
+# leaves the ungated loop unpipelined (no async-copy candidate: every chunk waits for its loads);
+# sm_90 TTGIR of both, 4 warps, 3 stages: 9 async copies and k carried across iterations vs none.
+# Measured before this switch (17:13, 2k): ungated bwd_dh 0.93 ms, gated 0.58 ms. Costs a zeroed
+# [B, T, H] float32 tensor per backward. Untimed.
+UNGATED_DH_ZERO_GATE = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
-            "WY_INPUT_DTYPE_DOTS": (False, True)}
+            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True)}
 
 
 @triton.jit
@@ -698,9 +706,12 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dv2 = torch.empty_like(v)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
+    gc_dh = gc
+    if gc_dh is None and UNGATED_DH_ZERO_GATE:
+        gc_dh = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
     _bwd_dh_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, w, gc, do, dv_loc, dv2, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf, BV=BV,
-        USE_G=use_g, USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec,
+        q, k, w, gc_dh, do, dv_loc, dv2, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf, BV=BV,
+        USE_G=gc_dh is not None, USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec,
         **_launch(LAUNCH, "bwd_dh", q))
     del dv_loc
     dq = torch.empty_like(q)
