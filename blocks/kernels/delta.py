@@ -96,8 +96,9 @@ WY_INPUT_DTYPE_DOTS = True
 # become async copies, and the next chunk's k tile is then loaded during the current chunk) but
 # leaves the ungated loop unpipelined (no async-copy candidate: every chunk waits for its loads);
 # sm_90 TTGIR of both, 4 warps, 3 stages: 9 async copies and k carried across iterations vs none.
-# Measured before this switch (17:13, 2k): ungated bwd_dh 0.93 ms, gated 0.58 ms. Costs a zeroed
-# [B, T, H] float32 tensor per backward. Untimed.
+# Before this switch (17:13, 2k): ungated bwd_dh 0.93 ms, gated 0.58 ms. Sweep 2026-11-30 17:25
+# (H200): turning it off costs +8.0 / +9.3% fwd+bwd (delta_rule, 2k / 32k). Costs a zeroed
+# [B, T, H] float32 tensor per backward.
 UNGATED_DH_ZERO_GATE = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True)}
