@@ -172,3 +172,28 @@ def test_benchmark_plots_only_what_the_run_measured(tmp_path):
     one = dict(res, families=["gla"])
     assert gpu_kernels.plots(one, tmp_path) == ["gpu_train.png", "gpu_decode.png"]
     assert (tmp_path / "gpu_train.png").stat().st_size > 0
+
+
+def test_aot_tool_reports_whether_a_loop_was_pipelined():
+    """``benchmarks/kernels_aot_regs.py`` compiles for sm_90 without a GPU (Triton's bundled
+    ptxas) and reads the TTGIR: the gated ``bwd_dh`` walk is software-pipelined (async copies of
+    its gate rows, loads carried across iterations), which is what ``delta.UNGATED_DH_ZERO_GATE``
+    relies on. If a Triton upgrade changes that, this says so before a GPU run does. In a
+    subprocess without ``TRITON_INTERPRET`` (interpreted kernels cannot be compiled)."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    code = """
+import kernels_aot_regs as aot
+from blocks.kernels import delta
+cx = dict(H=16, K=128, V=128, BT=64, BK=128, BV=32, USE_G=True, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32")
+k = aot.compile_one(delta._bwd_dh_kernel, aot.arg_types("bf16"), cx, 4, 3, 90)
+print(*aot.pipelining(k), aot.resources(k)["REG"])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "benchmarks"), *(p for p in sys.path if p)])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    copies, carried, regs = out.stdout.split()
+    assert int(copies) > 0 and int(carried) > 1 and int(regs) > 0, out.stdout
