@@ -92,10 +92,11 @@ KEEP_H = not LOW_MEMORY
 # runs 5.27 ms per 64k-token step at 2k, 6.19 before.
 WY_INPUT_DTYPE_DOTS = True
 # The ungated rule's ``_bwd_dh_kernel`` runs the gated code on a zero gate (same results: every
-# factor is exp(0) = 1). Why: Triton 3.6 software-pipelines the gated loop (its small gate loads
+# factor is exp(0) = 1). Why: Triton software-pipelines the gated loop (its small gate loads
 # become async copies, and the next chunk's k tile is then loaded during the current chunk) but
 # leaves the ungated loop unpipelined (no async-copy candidate: every chunk waits for its loads);
-# sm_90 TTGIR of both, 4 warps, 3 stages: 9 async copies and k carried across iterations vs none.
+# sm_90 TTGIR of both from Triton 3.9 without a GPU (the H200 host runs 3.6, where the timing
+# below agrees), 4 warps, 3 stages: 9 async copies and k carried across iterations vs none.
 # Before this switch (17:13, 2k): ungated bwd_dh 0.93 ms, gated 0.58 ms. Sweep 2026-11-30 17:25
 # (H200): turning it off costs +8.0 / +9.3% fwd+bwd (delta_rule, 2k / 32k). Costs a zeroed
 # [B, T, H] float32 tensor per backward.
