@@ -33,7 +33,7 @@ from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, cuda_time, fwd
 
 from blocks.kernels import kernel_module, other_switch_values  # noqa: E402
 
-WARPS = (4, 8, 16)
+WARPS = [4, 8, 16]  # --warps (e.g. 2,4,8,16: 2 warps for the small-tile kernels such as solve_tril)
 STAGES = (1, 2, 3)
 WALK_BV = (16, 32, 64)
 
@@ -163,7 +163,8 @@ def sweep_one(family: str, T: int, start: int = 0) -> None:
 
 def _child(family: str, T: int, start: int, timeout: float) -> tuple[list[dict], str]:
     """Run ``sweep_one`` in a fresh process: ``(rows, error line or "")``."""
-    cmd = [sys.executable, __file__, "--child", f"{family}:{T}:{start}", "--only", ",".join(sorted(ONLY))]
+    cmd = [sys.executable, __file__, "--child", f"{family}:{T}:{start}", "--only", ",".join(sorted(ONLY)),
+           "--warps", ",".join(map(str, WARPS))]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         out = proc.stdout
@@ -237,9 +238,17 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=12, help="compile processes")
     ap.add_argument("--only", default="", help="comma list of entries to sweep, e.g. 'switch' or "
                     "'wy_bwd,walk_bv' (default: every launch-table entry, walk_bv and switch)")
+    ap.add_argument("--warps", default="4,8,16", help="warp counts to try per kernel (default 4,8,16)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # FAMILY:T:START, see sweep()
     opts = ap.parse_args(argv)
     ONLY.update(filter(None, opts.only.split(",")))
+    try:
+        warps = [int(w) for w in opts.warps.split(",") if w]
+    except ValueError:
+        warps = []
+    if not warps or any(w < 1 or w & (w - 1) for w in warps):
+        ap.error(f"--warps: a comma list of powers of two, got {opts.warps!r}")
+    WARPS[:] = warps
     if opts.child:
         family, T, start = opts.child.split(":")
         sweep_one(family, int(T), int(start))

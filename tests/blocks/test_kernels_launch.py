@@ -197,3 +197,13 @@ print(*aot.pipelining(k), aot.resources(k)["REG"])
     assert out.returncode == 0, out.stderr[-2000:]
     copies, carried, regs = out.stdout.split()
     assert int(copies) > 0 and int(carried) > 1 and int(regs) > 0, out.stdout
+
+
+def test_sweep_warps_option_adds_warp_counts_and_rejects_bad_ones(sweep, monkeypatch, capsys):
+    monkeypatch.setattr(sweep, "WARPS", [4, 8, 16])
+    assert ("solve_tril", "num_warps", 2) not in sweep.variants("delta_rule")
+    monkeypatch.setattr(sweep, "WARPS", [2, 4, 8, 16])
+    assert ("solve_tril", "num_warps", 2) in sweep.variants("delta_rule")
+    with pytest.raises(SystemExit):
+        sweep.main(["--warps", "3,4"])
+    assert "--warps: a comma list of powers of two, got '3,4'" in capsys.readouterr().err
