@@ -20,7 +20,7 @@
 #
 # Knobs (environment): STEPS (comma list of tests,sweep,bench; default tests,sweep),
 # TESTS_S (cap, 200), SWEEP_S (cap, 300), BENCH_S (cap, 540), FAMILIES (sweep's, all five),
-# ONLY (the sweep's --only entries, default switch; e.g. switch,wy_bwd,wu).
+# ONLY (the sweep's --only entries, default switch; e.g. switch,wy_bwd,wu), WARPS (its --warps, 4,8,16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench_out/gpu_session}
@@ -31,6 +31,7 @@ SWEEP_S=${SWEEP_S:-300}
 BENCH_S=${BENCH_S:-540}
 FAMILIES=${FAMILIES:-linear_attn,simple_gla,gla,delta_rule,gated_delta_rule}
 ONLY=${ONLY:-switch}
+WARPS=${WARPS:-4,8,16}
 export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1
 # sourced: a set-up failure exits here, with gpu_host_env.sh's message on stderr
 . benchmarks/gpu_host_env.sh >/dev/null
@@ -59,7 +60,7 @@ if [[ ,$STEPS, == *,tests,* ]]; then
 fi
 if [[ ,$STEPS, == *,sweep,* ]]; then
   step sweep "$SWEEP_S" $PY benchmarks/kernel_launch_sweep.py --families "$FAMILIES" --lengths 2048,32768 \
-    --workers 14 --only "$ONLY" --out "$OUT/sweep" || failed=1
+    --workers 14 --only "$ONLY" --warps "$WARPS" --out "$OUT/sweep" || failed=1
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
   deadline=$((BENCH_S > 260 ? BENCH_S - 200 : 60))  # sections starting later are skipped
