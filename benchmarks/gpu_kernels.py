@@ -430,7 +430,7 @@ def fmt(x, scale=1.0, digits=2):
 def markdown(res: dict) -> str:
     """The results as markdown; a section that failed shows its error instead of a table."""
     lines: list[str] = []
-    for part in (_md_train, _md_check, _md_step, _md_softmax, _md_model):
+    for part in (_md_header, _md_train, _md_check, _md_step, _md_softmax, _md_model):
         try:
             lines += part(res)
         except Exception as exc:  # a missing/failed section must not hide the others
@@ -438,18 +438,28 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _md_train(res: dict) -> list[str]:
-    env, tr, fla = res["env"], res["train"], res.get("fla", {})
+def _md_header(res: dict) -> list[str]:
+    """Title, environment, ceilings (when measured) and the kernel switches: every run has them."""
+    env, fla = res["env"], res.get("fla", {})
     if not isinstance(fla, dict) or "error" in fla:
         fla = {}
-    lines = [f"# GPU benchmark: {env['device']}",
-             "",
-             f"{env['when']} · torch {env['torch']} · triton {env['triton']} · fla {fla.get('version')} ({fla.get('note', '')}) · "
-             f"copy {res['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s · bf16 matmul "
-             f"{res['ceilings']['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s",
-             "",
-             *([f"Kernel switches: {switches_line(res['kernel_settings'])}", ""] if "kernel_settings" in res else []),
-             f"## Training, forward + backward (Mtok/s; bf16, H={HEADS}, D={HEAD_DIM}, {TOKENS} tokens per batch; "
+    ceil = res.get("ceilings", {})
+    parts = [env["when"], f"torch {env['torch']}", f"triton {env['triton']}",
+             f"fla {fla.get('version')} ({fla.get('note', '')})"]
+    if "copy_bytes_per_s" in ceil:
+        parts += [f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s",
+                  f"bf16 matmul {ceil['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s"]
+    return [f"# GPU benchmark: {env['device']}", "", " · ".join(parts), "",
+            *([f"Kernel switches: {switches_line(res['kernel_settings'])}", ""] if "kernel_settings" in res else [])]
+
+
+def _md_train(res: dict) -> list[str]:
+    if "train" not in res:  # skipped (--skip train): no table, no complaint
+        return []
+    tr, fla = res["train"], res.get("fla", {})
+    if not isinstance(fla, dict) or "error" in fla:
+        fla = {}
+    lines = [f"## Training, forward + backward (Mtok/s; bf16, H={HEADS}, D={HEAD_DIM}, {TOKENS} tokens per batch; "
              f"target >= {TARGET_MTOK:g} and > cuDNN from 2k)",
              "",
              "| method | " + " | ".join(str(T) for T in res["lengths"]) + " |",

@@ -89,7 +89,8 @@ KEEP_H = not LOW_MEMORY
 # accumulation stays float32. False: float32 operands (TF32 dots) and a float32 ``Ai``. Makes no
 # difference for float32 inputs. Sweep 2026-11-30 17:09 (H200): False is +19.2 / +13.7% fwd+bwd
 # (delta_rule, 2k / 32k), +14.2 / +10.3% (gated); with it (and wy_bwd's k k^T tile gone) delta_rule
-# runs 5.27 ms per 64k-token step at 2k, 6.19 before.
+# ran 5.27 ms per 64k-token step at 2k in that sweep (with UNGATED_WALK_BV, since removed), 6.19
+# before.
 WY_INPUT_DTYPE_DOTS = True
 # The ungated rule's ``_bwd_dh_kernel`` runs the gated code on a zero gate (same results: every
 # factor is exp(0) = 1). Why: Triton software-pipelines the gated loop (its small gate loads
@@ -212,7 +213,7 @@ def _kkt_kernel(k, beta, gc, A, T,
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
-    ``[B, T, H, BT]`` float32). Diagonal ``[BC, BC]`` blocks by ``_inv_unit_lower``, the rest by
+    ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]`` blocks by ``_inv_unit_lower``, the rest by
     ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for block rows ``i > j`` (16x16 dots)."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)

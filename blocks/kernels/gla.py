@@ -19,7 +19,8 @@ exp(G_ic - G_jc)`` is
 So the exponentials per chunk are ``4 * 16 * 16 * K`` on the diagonal plus ``O(64 K)`` elsewhere,
 a quarter of the ``64 * 64 * K`` that exact pairwise scores over the whole chunk take; the rest is
 tensor-core matmuls. The chunk states come from one sequential walk over the chunks inside a
-kernel (``_fwd_h``), recomputed in the backward; a reverse walk gives their gradients.
+kernel (``_fwd_h``), kept for the backward (``KEEP_H``; recomputed under
+``ARCHSEARCH_LOW_MEMORY_KERNELS=1``); a reverse walk gives their gradients.
 
 Gate gradient: chunk-local, term by term (through ``exp(G) q`` for the state read, ``exp(G_C - G) k``
 and ``exp(G_C)`` for the state write, and the strictly lower pairs of the scores), then a reverse

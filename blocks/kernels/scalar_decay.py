@@ -11,8 +11,9 @@ stores the state at every chunk start (``h: [B, NT, H, K, V]``); a second, fully
 computes every chunk's output from its start state plus the masked intra-chunk scores. The
 backward is the mirror: a reverse walk stores the state gradient at every chunk end, then a
 parallel kernel computes ``dq, dk, dv`` and ``dA_t = q_t.dq_t - k_t.dk_t``, the gradient of the
-cumulative log decay, whose reverse cumsum (plus ``<dS_T, S_T>``) is ``dg``. The chunk states are
-recomputed in the backward instead of kept, so training memory stays that of the activations.
+cumulative log decay, whose reverse cumsum (plus ``<dS_T, S_T>``) is ``dg``. The backward reuses
+the forward's chunk states (``KEEP_H``; recomputed instead under ``ARCHSEARCH_LOW_MEMORY_KERNELS=1``,
+so training memory stays that of the activations).
 
 Inside a chunk ``G_i`` is the inclusive prefix sum of ``g``; every exponent used is <= 0 (the
 ``j > i`` pairs are masked to -inf before ``exp``), so strong decay underflows instead of

@@ -1,5 +1,5 @@
-"""``ARCHSEARCH_LOW_MEMORY_KERNELS``: parsed by ``blocks.kernels.low_memory_from_env`` (the delta
-kernels read it at import), checked by the CLI before any verb runs. CPU only."""
+"""``ARCHSEARCH_LOW_MEMORY_KERNELS``: parsed by ``blocks.kernels.low_memory_from_env`` (the delta,
+gla and scalar-decay kernel modules read it at import), checked by the CLI before any verb runs. CPU only."""
 from __future__ import annotations
 
 import pytest

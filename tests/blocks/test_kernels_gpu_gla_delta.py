@@ -6,8 +6,8 @@ dispatch to them on CUDA.
 * Interpreter tests run the kernels on CPU tensors through Triton's interpreter. They
   run only when ``triton`` is importable AND ``TRITON_INTERPRET=1`` was set before the test process
   started (Triton reads it when the kernels are defined, at import, so a test cannot switch it on),
-  and skip otherwise. They check float32 only: the interpreter's ``tl.dot`` multiplies bfloat16
-  tiles as their raw 16-bit integers, so bf16 is covered by the GPU tests alone. Run them with
+  and skip otherwise. They check float32 (and float16 for the WY path): the interpreter's ``tl.dot``
+  multiplies bfloat16 tiles as their raw 16-bit integers, so bf16 is covered by the GPU tests alone. Run them with
   ``TRITON_INTERPRET=1 python -m pytest -q tests/blocks/test_kernels_gpu_gla_delta.py -k interpreter``.
 
 Inputs are seeded draws (made on the CPU, so every device sees the same values) at lengths that are
@@ -305,6 +305,45 @@ def test_interpreter_wy_dots_in_half_precision(family, input_dtype_dots, monkeyp
         errs = run_case(chunk_kernel(family), family, (1, 70, 2, 32, 48), torch.float16, "random", True, "cpu")
     bad = {n: e for n, e in errs.items() if e > 3e-3}
     assert not bad, f"{family} WY_INPUT_DTYPE_DOTS={input_dtype_dots}: {bad} (all: {errs})"
+    (_, k, v, *_, beta), _ = make_inputs(family, 1, 70, 2, 32, 48, "random", False, seed=0)
+    Ai = delta.wy_fwd(k.half(), v.half(), beta, None)[0]  # the switch decides the stored inverse's dtype
+    assert Ai.dtype == (torch.float16 if input_dtype_dots else torch.float32)
+
+
+class _LaunchSpy:
+    """Stands in for a Triton kernel: records each launch's arguments, then launches it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@interpreter
+@pytest.mark.parametrize("zero_gate", [True, False])
+def test_interpreter_ungated_bwd_dh_runs_on_a_zero_gate(zero_gate, monkeypatch):
+    """``delta.UNGATED_DH_ZERO_GATE``: the ungated rule's state-gradient walk is launched as the
+    gated kernel (``USE_G``) on an all-zero [B, T, H] gate, which Triton pipelines, with the same
+    results; off, as the ungated kernel without a gate."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "UNGATED_DH_ZERO_GATE", zero_gate)
+    spy = _LaunchSpy(delta._bwd_dh_kernel)
+    monkeypatch.setattr(delta, "_bwd_dh_kernel", spy)
+    with checked_memory():
+        errs = run_case(chunk_kernel("delta_rule"), "delta_rule", (1, 70, 2, 32, 48), torch.float32, "random", True, "cpu")
+    assert max(errs.values()) < 2e-5, errs
+    (args, kwargs), = spy.calls
+    gate = args[3]
+    assert kwargs["USE_G"] is zero_gate
+    if zero_gate:
+        assert gate.shape == (1, 70, 2) and gate.dtype == torch.float32 and not gate.any()
+    else:
+        assert gate is None
 
 
 # --- CPU, anywhere triton imports ---------------------------------------------------------------

@@ -157,7 +157,8 @@ def test_benchmarks_record_the_switches_they_ran_with():
 
 def test_benchmark_plots_only_what_the_run_measured(tmp_path):
     """A run with ``--skip train`` (e.g. only the compiled-decode section) has no training plot
-    and must not fail making the others; one family still gets its training plot."""
+    or table and must not fail making the others or lose the report's header; one family still
+    gets its training plot."""
     import json
 
     pytest.importorskip("matplotlib")
@@ -169,6 +170,9 @@ def test_benchmark_plots_only_what_the_run_measured(tmp_path):
     res = json.loads((Path(__file__).resolve().parents[2] / "docs/benchmarks/gpu_results.json").read_text())
     no_train = {k: v for k, v in res.items() if k != "train"}
     assert gpu_kernels.plots(no_train, tmp_path) == ["gpu_decode.png"]
+    text = gpu_kernels.markdown(no_train)  # the header (date, environment, switches) stays
+    assert text.startswith(f"# GPU benchmark: {res['env']['device']}\n\n{res['env']['when']} ")
+    assert "Kernel switches:" in text and "not available" not in text and "## Training" not in text
     one = dict(res, families=["gla"])
     assert gpu_kernels.plots(one, tmp_path) == ["gpu_train.png", "gpu_decode.png"]
     assert (tmp_path / "gpu_train.png").stat().st_size > 0
@@ -207,3 +211,8 @@ def test_sweep_warps_option_adds_warp_counts_and_rejects_bad_ones(sweep, monkeyp
     with pytest.raises(SystemExit):
         sweep.main(["--warps", "3,4"])
     assert "--warps: a comma list of powers of two, got '3,4'" in capsys.readouterr().err
+    seen = []  # the child processes time the same warp counts as the parent lists
+    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or
+                        type("P", (), {"stdout": "", "stderr": "", "returncode": 0})())
+    sweep._child("delta_rule", 2048, 0, 10)
+    assert seen[0][seen[0].index("--warps") + 1] == "2,4,8,16"
