@@ -21,6 +21,15 @@ LINEAR_FAMILIES = ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delt
 SLOW_S = 0.25
 
 
+def comma_ints(text: str) -> list[int] | None:
+    """``"4,8,16"`` -> ``[4, 8, 16]`` (empty items skipped); None if an item is not an integer.
+    The scripts' options say in their own one-line error what they expected."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        return None
+
+
 def cuda_time(fn: Callable[[], object], budget_s: float = 0.6, max_iters: int = 50) -> tuple[float, int]:
     """Median seconds of ``fn()`` over CUDA events, after one warm-up call; ``(seconds, iters)``."""
     fn()

@@ -438,11 +438,15 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _fla(res: dict) -> dict:
+    """The fla section's results, or ``{}`` when it was skipped or failed as a whole."""
+    fla = res.get("fla", {})
+    return fla if isinstance(fla, dict) and "error" not in fla else {}
+
+
 def _md_header(res: dict) -> list[str]:
     """Title, environment, ceilings (when measured) and the kernel switches: every run has them."""
-    env, fla = res["env"], res.get("fla", {})
-    if not isinstance(fla, dict) or "error" in fla:
-        fla = {}
+    env, fla = res["env"], _fla(res)
     ceil = res.get("ceilings", {})
     parts = [env["when"], f"torch {env['torch']}", f"triton {env['triton']}",
              f"fla {fla.get('version')} ({fla.get('note', '')})"]
@@ -456,9 +460,7 @@ def _md_header(res: dict) -> list[str]:
 def _md_train(res: dict) -> list[str]:
     if "train" not in res:  # skipped (--skip train): no table, no complaint
         return []
-    tr, fla = res["train"], res.get("fla", {})
-    if not isinstance(fla, dict) or "error" in fla:
-        fla = {}
+    tr, fla = res["train"], _fla(res)
     lines = [f"## Training, forward + backward (Mtok/s; bf16, H={HEADS}, D={HEAD_DIM}, {TOKENS} tokens per batch; "
              f"target >= {TARGET_MTOK:g} and > cuDNN from 2k)",
              "",
@@ -501,7 +503,7 @@ def _md_check(res: dict) -> list[str]:
 
 def _md_step(res: dict) -> list[str]:
     lines: list[str] = []
-    fla = res.get("fla", {})
+    fla = _fla(res)
     st = res.get("step", {})
     if st:
         lines += ["", "## One decode-state update (batch 16, 16 heads, 128x128 fp32 state = 16.8 MB; us)", "",
@@ -571,7 +573,7 @@ def _train_plot(res: dict, train: dict, out: Path, plt) -> str:
     axes = axes[0]
     for ax, family in zip(axes, fams):
         for label, table, style in (("ours", train[family], "o-"),
-                                    ("fla", res.get("fla", {}).get("train", {}).get(family, {}), "s--"),
+                                    ("fla", _fla(res).get("train", {}).get(family, {}), "s--"),
                                     ("cuDNN SDPA", train["sdpa_cudnn"], "^:"),
                                     ("Flash SDPA", train["sdpa_flash"], "v:")):
             pts = [(int(T), r["mtok_s"]) for T, r in table.items() if "mtok_s" in r]

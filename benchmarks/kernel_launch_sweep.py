@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, cuda_time, fwd_bwd,  # noqa: E402
+from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, comma_ints, cuda_time, fwd_bwd,  # noqa: E402
                         kernel_settings, positional, switches_line, train_inputs)
 
 from blocks.kernels import kernel_module, other_switch_values  # noqa: E402
@@ -242,10 +242,7 @@ def main(argv=None) -> int:
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # FAMILY:T:START, see sweep()
     opts = ap.parse_args(argv)
     ONLY.update(filter(None, opts.only.split(",")))
-    try:
-        warps = [int(w) for w in opts.warps.split(",") if w]
-    except ValueError:
-        warps = []
+    warps = comma_ints(opts.warps)
     if not warps or any(w < 1 or w & (w - 1) for w in warps):
         ap.error(f"--warps: a comma list of powers of two, got {opts.warps!r}")
     WARPS[:] = warps
@@ -257,9 +254,8 @@ def main(argv=None) -> int:
     bad = [f for f in families if f not in LINEAR_FAMILIES]
     if bad:
         ap.error(f"--families: unknown {bad}; choose from {', '.join(LINEAR_FAMILIES)}")
-    try:
-        lengths = [int(t) for t in opts.lengths.split(",") if t]
-    except ValueError:
+    lengths = comma_ints(opts.lengths)
+    if lengths is None:
         ap.error(f"--lengths: a comma list of integers, got {opts.lengths!r}")
     if not torch.cuda.is_available():
         print("kernel_launch_sweep: needs a CUDA GPU (the settings are per-GPU)", file=sys.stderr)

@@ -29,6 +29,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from blocks.kernels import delta as d  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
+from gpu_common import comma_ints  # noqa: E402 - benchmarks/ is this script's own folder
 
 # the delta backward's inter-kernel gradients (dv2, dw, dk_in, du) are in the activations' dtype,
 # and so is the WY inverse Ai with delta.WY_INPUT_DTYPE_DOTS
@@ -155,9 +156,8 @@ def main() -> int:
     ap.add_argument("--warps", default="", help="comma list of warp counts to compile each kernel at "
                     "instead of the host code's (e.g. 4,8,16: where do the spills go?)")
     opts = ap.parse_args()
-    try:
-        warp_counts = [int(w) for w in opts.warps.split(",") if w]
-    except ValueError:
+    warp_counts = comma_ints(opts.warps)
+    if warp_counts is None:
         ap.error(f"--warps: a comma list of integers, got {opts.warps!r}")
     keep = [k for k in opts.kernels.split(",") if k]
     dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
