@@ -51,14 +51,23 @@ def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
     assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
 
 
-@pytest.fixture
-def sweep():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _benchmark(name: str):
+    """Import ``benchmarks/<name>.py`` (a script folder, not a package)."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import kernel_launch_sweep
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    return kernel_launch_sweep
+
+
+@pytest.fixture
+def sweep():
+    return _benchmark("kernel_launch_sweep")
 
 
 def test_sweep_variants_restore_the_module_after_each_run(sweep):
@@ -121,36 +130,43 @@ def test_sweep_only_restricts_the_variants_to_the_named_entries(sweep, monkeypat
     assert len(sweep.variants("delta_rule")) > len(got)
 
 
-@pytest.mark.parametrize("env, kept", [("1", False), ("", True)])
-def test_low_memory_environment_turns_every_keep_off(env, kept):
+def _python(code: str, env: dict[str, str | None]) -> str:
+    """Run ``code`` in a fresh interpreter from the project root, with this process's import path
+    plus ``benchmarks/`` and ``env`` applied (None removes a variable); its stdout."""
     import os
     import subprocess
 
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "benchmarks"), *(p for p in sys.path if p)]))
+    for name, value in env.items():
+        if value is None:
+            full.pop(name, None)
+        else:
+            full[name] = value
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, cwd=ROOT,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("env, kept", [("1", False), ("", True)])
+def test_low_memory_environment_turns_every_keep_off(env, kept):
     code = ("from blocks.kernels import delta, gla, scalar_decay; "
             "print(delta.KEEP_WU, delta.KEEP_H, gla.KEEP_H, scalar_decay.KEEP_H)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env=dict(os.environ, ARCHSEARCH_LOW_MEMORY_KERNELS=env,
-                                  PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
-                         cwd=Path(__file__).resolve().parents[2])
-    assert out.stdout.split() == [str(kept)] * 4
+    out = _python(code, {"ARCHSEARCH_LOW_MEMORY_KERNELS": env})
+    assert out.split() == [str(kept)] * 4
 
 
 def test_benchmarks_record_the_switches_they_ran_with():
     import json
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    try:
-        import gpu_common
-        import gpu_kernels
-    finally:
-        sys.path.pop(0)
+    gpu_common, gpu_kernels = _benchmark("gpu_common"), _benchmark("gpu_kernels")
 
     settings = gpu_common.kernel_settings()
     assert settings["delta"]["switches"] == {k: getattr(delta, k) for k in delta.SWITCHES}
     assert settings["gla"]["launch"] == gla.LAUNCH and settings["scalar_decay"]["launch"] == scalar_decay.LAUNCH
     line = gpu_common.switches_line(settings)
     assert f"delta: KEEP_WU={delta.KEEP_WU}" in line and "gla: KEEP_H=" in line
-    res = json.loads((Path(__file__).resolve().parents[2] / "docs/benchmarks/gpu_results.json").read_text())
+    res = json.loads((ROOT / "docs/benchmarks/gpu_results.json").read_text())
     res["kernel_settings"] = settings
     assert f"Kernel switches: {line}" in gpu_kernels.markdown(res)
 
@@ -162,12 +178,8 @@ def test_benchmark_plots_only_what_the_run_measured(tmp_path):
     import json
 
     pytest.importorskip("matplotlib")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    try:
-        import gpu_kernels
-    finally:
-        sys.path.pop(0)
-    res = json.loads((Path(__file__).resolve().parents[2] / "docs/benchmarks/gpu_results.json").read_text())
+    gpu_kernels = _benchmark("gpu_kernels")
+    res = json.loads((ROOT / "docs/benchmarks/gpu_results.json").read_text())
     no_train = {k: v for k, v in res.items() if k != "train"}
     assert gpu_kernels.plots(no_train, tmp_path) == ["gpu_decode.png"]
     text = gpu_kernels.markdown(no_train)  # the header (date, environment, switches) stays
@@ -184,10 +196,6 @@ def test_aot_tool_reports_whether_a_loop_was_pipelined():
     its gate rows, loads carried across iterations), which is what ``delta.UNGATED_DH_ZERO_GATE``
     relies on. If a Triton upgrade changes that, this says so before a GPU run does. In a
     subprocess without ``TRITON_INTERPRET`` (interpreted kernels cannot be compiled)."""
-    import os
-    import subprocess
-
-    root = Path(__file__).resolve().parents[2]
     code = """
 import kernels_aot_regs as aot
 from blocks.kernels import delta
@@ -195,12 +203,9 @@ cx = dict(H=16, K=128, V=128, BT=64, BK=128, BV=32, USE_G=True, USE_DHT=False, S
 k = aot.compile_one(delta._bwd_dh_kernel, aot.arg_types("bf16"), cx, 4, 3, 90)
 print(*aot.pipelining(k), aot.resources(k)["REG"])
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "benchmarks"), *(p for p in sys.path if p)])
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    copies, carried, regs = out.stdout.split()
-    assert int(copies) > 0 and int(carried) > 1 and int(regs) > 0, out.stdout
+    out = _python(code, {"TRITON_INTERPRET": None})
+    copies, carried, regs = out.split()
+    assert int(copies) > 0 and int(carried) > 1 and int(regs) > 0, out
 
 
 def test_sweep_warps_option_adds_warp_counts_and_rejects_bad_ones(sweep, monkeypatch, capsys):
