@@ -269,14 +269,7 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T,
     i_b = i_bh // H
     i_h = i_bh % H
     r0 = i_t * BT
-    o_t = r0 + tl.arange(0, BT)
-    b_T = _op(_load_rows(Ai, i_b, i_h, r0, T, H, BT, 0, BT, BT).to(tl.float32), k, LOWP)  # [BT, BT]
-    b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
-    if USE_G:
-        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        b_be = b_b * tl.exp(b_g)
-    else:
-        b_be = b_b
+    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP)
     for i_k in range(tl.cdiv(K, BK)):
         b_x = _op(_load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) * b_be[:, None], k, LOWP)
         _store_rows(w, tl.dot(b_T, b_x, input_precision=DOT_PREC), i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
@@ -505,7 +498,8 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
 def _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr,
                  USE_G: tl.constexpr, LOWP: tl.constexpr):
     """Chunk ``i_t``'s ``(Ai [BT, BT] as a dot operand, beta [BT], beta exp(G) [BT], G [BT] (0
-    without gates))``, the vectors float32."""
+    without gates))``, the vectors float32; the loads of ``_wu_kernel`` and ``_wy_bwd_kernel``
+    (without gates ``beta exp(0)`` is ``beta`` exactly, and the compiler folds the ``exp``)."""
     o_t = i_t * BT + tl.arange(0, BT)
     b_T = _op(_load_rows(Ai, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT).to(tl.float32), k, LOWP)
     b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
