@@ -40,7 +40,7 @@ def arg_types(act: str) -> dict[str, str]:
     """Triton signature types by argument name: activations and chunk states in ``act``,
     everything else float32, sizes int32."""
     types = {n: f"*{act}" for n in ACTIVATIONS}
-    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x",
+    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x", "P",
               "dbeta", "dg", "dq_i", "dk_i", "dg_i"):
         types[n] = "*fp32"
     if d.WY_INPUT_DTYPE_DOTS:
@@ -100,7 +100,9 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     yield ("gla.fwd_h", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_H0=True, STORE_HT=True,
                                               DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
-                                                  DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "intra_a", s))
+                                                  DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX,
+                                                  LOWP=g.INTRA_A_INPUT_DTYPE_DOTS and act != "fp32"),
+           *table(g.LAUNCH, "intra_a", s))
     yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec), *table(g.LAUNCH, "fwd_o", s))
     yield ("gla.bwd_dh", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_DHT=True, STORE_DH0=True,
                                                 DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
@@ -110,7 +112,10 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     yield ("gla.bwd_intra_sub", g._bwd_intra_sub_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.INTRA_SUB_BK, BK),
                                                               DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX),
            *table(g.LAUNCH, "bwd_intra_sub", s))
-    yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), *table(g.LAUNCH, "rev_cumsum", s))
+    yield ("gla.bwd_sub", g._bwd_sub_kernel, dict(C, BC=16, NC=4, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec,
+                                                  SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_sub", s))
+    yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), NP=4 if g.FUSED_BWD else 0),
+           *table(g.LAUNCH, "rev_cumsum", s))
 
 
 def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int):

@@ -40,7 +40,7 @@ from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, register_kernel
 from .tiles import INTERPRET as _INTERPRET
-from .tiles import launch as _launch
+from .tiles import dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, walk_bv, warps as _warps
 
@@ -53,7 +53,7 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K run
 # benchmarks/kernels_aot_regs.py for wy_bwd, wu and bwd_dqkwg (4 warps spill there, yet ran faster).
 LAUNCH = {
     "kkt": dict(num_warps=4, num_stages=None),
-    "solve_tril": dict(num_warps=4, num_stages=1),
+    "solve_tril": dict(num_warps=2, num_stages=1),  # 2 warps: -2.0 / -2.0% (delta_rule), -1.3 / -1.6% (gated) at 2k / 32k (sweep 19:13)
     "wu": dict(num_warps=4, num_stages=None),
     "fwd_o": dict(num_warps=8, num_stages=None),
     "bwd_dv_local": dict(num_warps=8, num_stages=None),
@@ -104,15 +104,6 @@ WY_INPUT_DTYPE_DOTS = True
 UNGATED_DH_ZERO_GATE = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True)}
-
-
-@triton.jit
-def _op(x, ref, LOWP: tl.constexpr):
-    """``x`` as a ``tl.dot`` operand: in ``ref``'s element dtype when ``LOWP`` (bf16 activations:
-    bf16 tensor-core dots with float32 accumulation, half the registers per tile), else as it is."""
-    if LOWP:
-        x = x.to(ref.dtype.element_ty)
-    return x
 
 
 @triton.jit

@@ -37,7 +37,7 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, register_kernel
-from .tiles import launch as _launch
+from .tiles import dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv
 
@@ -60,7 +60,10 @@ LAUNCH = {
     "fwd_o": dict(num_warps=8, num_stages=None),
     "bwd_dv": dict(num_warps=8, num_stages=None),
     "bwd_inter": dict(num_warps=8, num_stages=None),
-    "bwd_intra_sub": dict(num_warps=4, num_stages=1),  # 1 stage: -4.7 / -3.8% at 2k / 32k (sweep 14:56)
+    # 2 warps: -3.8 / -3.9% at 2k / 32k (sweep 19:13, [16, 64] tiles leave 4 warps idle); 1 stage
+    # was -4.7 / -3.8% at 4 warps (14:56), but at 19:13 3 stages measured -3.7 / -3.4% (at 4 warps)
+    "bwd_intra_sub": dict(num_warps=2, num_stages=1),
+    "bwd_sub": dict(num_warps=4, num_stages=2),  # FUSED_BWD's kernel, not swept yet
     "rev_cumsum": dict(num_warps=4, num_stages=3),
 }
 # The intra-chunk backward runs one program per sub-chunk (``_bwd_intra_sub_kernel``: a quarter of
@@ -82,7 +85,18 @@ KEEP_H = not LOW_MEMORY
 # programs, half the re-reads of the dA tiles; [BC, BC, 64] float32 temporaries on the exact
 # diagonal path). Sweep 2026-11-30 16:49 (H200): 64 is -8.3 / -7.4% fwd+bwd (2k / 32k).
 INTRA_SUB_BK = 64
-SWITCHES = {"KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64)}
+# One program per sub-chunk does the state and intra-chunk parts of dq, dk and the gate gradient
+# (``_bwd_sub_kernel``) instead of ``_bwd_inter_kernel`` per chunk writing float32 partials (dq, dk,
+# dg: 1.5 KB per token and head at K=128) and the score gradients dA for ``_bwd_intra_sub_kernel`` to
+# read back: ~3.5 GB less memory traffic per step at 64k tokens x 16 heads; the [16, 16] dA blocks are
+# recomputed from do, v per program instead (8 per chunk vs 1). Not timed on a GPU yet.
+FUSED_BWD = True
+# ``_intra_a_kernel``'s dots on operands in the activations' dtype (bf16 tensor-core dots; the
+# exponent factors are <= 1 off the diagonal and <= exp(SPAN_MAX) on it, in bf16's range), as
+# fla's intra-chunk forward does; else float32 operands (TF32 dots). Not timed on a GPU yet.
+INTRA_A_INPUT_DTYPE_DOTS = True
+SWITCHES = {"KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64), "FUSED_BWD": (False, True),
+            "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -102,27 +116,40 @@ def _g_rows(gc, g_last, i_b, i_h, r0, T, H: tl.constexpr, K: tl.constexpr, c0,
 
 
 @triton.jit
-def _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H: tl.constexpr, K: tl.constexpr,
+def _dq_from_earlier(b_dAab, k, gc, g_last, b_gn, i_b, i_h, i_t, b, T, H: tl.constexpr, K: tl.constexpr,
                      c0, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Query sub-chunk at row ``ra``, key sub-chunk ``b`` before it: ``dA_ab (k_b exp(G_n - G_b))``,
-    ``[BC, BK]`` (times ``exp(G_a - G_n)`` later, ``n`` = the first row of ``a``)."""
+    """Query sub-chunk ``a``, key sub-chunk ``b`` before it, their score gradients ``b_dAab: [BC, BC]``:
+    ``dA_ab (k_b exp(G_n - G_b))``, ``[BC, BK]`` (times ``exp(G_a - G_n)`` later, ``n`` = the first
+    row of ``a``)."""
     rb = i_t * BT + b * BC
-    b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
     b_kb = _rows(k, i_b, i_h, rb, T, H, K, c0, BC, BK).to(tl.float32)
     b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, c0, BC, BK)
     return tl.dot(b_dAab, b_kb * tl.exp(b_gn[None, :] - b_gb), input_precision=DOT_PREC)
 
 
 @triton.jit
-def _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, c, T, H: tl.constexpr, K: tl.constexpr,
+def _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H: tl.constexpr, K: tl.constexpr,
                    c0, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Key sub-chunk ``a``, query sub-chunk ``c`` after it: ``dA_ca^T (q_c exp(G_c - G_m))``,
-    ``[BC, BK]`` (times ``exp(G_m - G_a)`` later, ``m`` = the last row of ``a``)."""
+    """Key sub-chunk ``a``, query sub-chunk ``c`` after it, their score gradients ``b_dAca: [BC, BC]``:
+    ``dA_ca^T (q_c exp(G_c - G_m))``, ``[BC, BK]`` (times ``exp(G_m - G_a)`` later, ``m`` = the last
+    row of ``a``)."""
     rc = i_t * BT + c * BC
-    b_dAca = _rows(dA, i_b, i_h, rc, T, H, BT, a * BC, BC, BC)
     b_qc = _rows(q, i_b, i_h, rc, T, H, K, c0, BC, BK).to(tl.float32)
     b_gc = _g_rows(gc, g_last, i_b, i_h, rc, T, H, K, c0, BC, BK)
     return tl.dot(tl.trans(b_dAca), b_qc * tl.exp(b_gc - b_gm[None, :]), input_precision=DOT_PREC)
+
+
+@triton.jit
+def _dA_block(do, v, i_b, i_h, ri, rj, scale, T, H: tl.constexpr, V: tl.constexpr,
+              BC: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Score gradients of query rows ``ri ..`` against key rows ``rj ..`` (sub-chunks of one chunk),
+    unmasked: ``scale do_i v_j^T``, ``[BC, BC]`` float32 (``_bwd_inter_kernel``'s ``dA`` block)."""
+    b_dA = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_do = _rows(do, i_b, i_h, ri, T, H, V, i_v * BV, BC, BV)
+        b_v = _rows(v, i_b, i_h, rj, T, H, V, i_v * BV, BC, BV)
+        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+    return b_dA * scale
 
 
 @triton.jit
@@ -197,9 +224,9 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
 def _intra_a_kernel(q, k, gc, A, scale, T,
                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr):
+                    SPAN_MAX: tl.constexpr, LOWP: tl.constexpr):
     """Grid (NT, B*H), BK >= K: the chunk's scores ``A: [B, T, H, BT]`` float32 (scale included,
-    zero above the diagonal)."""
+    zero above the diagonal); ``LOWP``: dots on operands in ``q``'s dtype."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -212,13 +239,13 @@ def _intra_a_kernel(q, k, gc, A, scale, T,
         b_q = _rows(q, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
         b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, 0, BC, BK)
         b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, 0, BK)
-        b_qs = b_q * tl.exp(b_ga - b_gn[None, :])
+        b_qs = _op(b_q * tl.exp(b_ga - b_gn[None, :]), q, LOWP)
         for b in tl.static_range(NC):
             if b < a:
                 rb = i_t * BT + b * BC
                 b_kb = _rows(k, i_b, i_h, rb, T, H, K, 0, BC, BK).to(tl.float32)
                 b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, 0, BC, BK)
-                b_ks = b_kb * tl.exp(b_gn[None, :] - b_gb)
+                b_ks = _op(b_kb * tl.exp(b_gn[None, :] - b_gb), q, LOWP)
                 b_A = tl.dot(b_qs, tl.trans(b_ks), input_precision=DOT_PREC) * scale
                 _store(A, b_A, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
             if b > a:
@@ -229,7 +256,7 @@ def _intra_a_kernel(q, k, gc, A, scale, T,
         # [BC, BC, BKD] tiles over key slices.
         b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, 0, BK)
         if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
-            b_ka = _rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32) * tl.exp(b_gn[None, :] - b_ga)
+            b_ka = _op(_rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32) * tl.exp(b_gn[None, :] - b_ga), q, LOWP)
             b_A = tl.dot(b_qs, tl.trans(b_ka), input_precision=DOT_PREC)
             b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A, 0.)
         else:
@@ -410,9 +437,11 @@ def _bwd_intra_sub_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dG, T,
     b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
     b_dks = tl.zeros([BC, BK], dtype=tl.float32)
     for b in range(0, a):
-        b_dqs += _dq_from_earlier(dA, k, gc, g_last, b_gn, i_b, i_h, i_t, ra, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
+        b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+        b_dqs += _dq_from_earlier(b_dAab, k, gc, g_last, b_gn, i_b, i_h, i_t, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
     for c in range(a + 1, NC):
-        b_dks += _dk_from_later(dA, q, gc, g_last, b_gm, i_b, i_h, i_t, a, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
+        b_dAca = _rows(dA, i_b, i_h, i_t * BT + c * BC, T, H, BT, a * BC, BC, BC)
+        b_dks += _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
     b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
     b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
     b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
@@ -425,10 +454,84 @@ def _bwd_intra_sub_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dG, T,
            i_b, i_h, ra, T, H, K, c0, BC, BK)
 
 
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                    NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+                    SPAN_MAX: tl.constexpr):
+    """Grid (K/BK, NT*NC, B*H): ``_bwd_inter_kernel`` and ``_bwd_intra_sub_kernel`` in one program
+    per sub-chunk ``a`` (``FUSED_BWD``): the state parts of ``dq, dk`` for its 16 rows from
+    ``h, dh`` and the score gradients it needs (``dA_ab``, ``b <= a``; ``dA_ca``, ``c > a``) from
+    ``do, v`` on the fly, so neither ``dA`` nor float32 ``dq/dk/dg`` partials go through memory.
+    Writes ``dq, dk`` (final), ``dG`` (float32, before the reverse cumsum) and ``P: [B, NT*NC, H, K]``
+    float32, the sub-chunk's share of the chunk-wide gate term ``sum_{j<last} k_j dk_j + exp(G_C)
+    <S, dS'>`` that ``_rev_cumsum_kernel`` adds to every row of the chunk."""
+    i_k = tl.program_id(0)
+    i_tc = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    i_t = i_tc // NC
+    a = i_tc % NC
+    c0 = i_k * BK
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
+    ra = i_t * BT + a * BC
+    b_q = _rows(q, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
+    b_k = _rows(k, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
+    b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, c0, BC, BK)
+    b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, c0, BK)  # first row of a: keys in b < a
+    b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)  # last row of a: queries in c > a
+    # state parts (``_bwd_inter_kernel`` for these rows): do h^T, v dh^T and <h, dh> per key channel
+    o_k = c0 + tl.arange(0, BK)
+    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
+        b_do = _rows(do, i_b, i_h, ra, T, H, V, i_v * BV, BC, BV)
+        b_v = _rows(v, i_b, i_h, ra, T, H, V, i_v * BV, BC, BV)
+        b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
+        b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
+        b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
+        b_dk += tl.dot(b_v, b_dhT.to(b_v.dtype), input_precision=DOT_PREC)
+        if a == 0:  # one program per chunk and key slice adds <h, dh>
+            b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
+    b_dq = b_dq * tl.exp(b_ga) * scale
+    b_dk = b_dk * tl.exp(g_last[None, :] - b_ga)
+    # gate, as in _bwd_inter_kernel: row j < last moves k_j dk_j to the chunk-wide term (row last:
+    # exponent 0, no gradient)
+    o_r = ra + tl.arange(0, BC)
+    b_kdk = tl.where((o_r < last)[:, None], b_k * b_dk, 0.)
+    tl.store(P + ((i_b * NT * NC + i_tc) * H + i_h) * K + o_k, tl.sum(b_kdk, axis=0) + tl.exp(g_last) * b_hdh,
+             mask=o_k < K)
+    b_dg = b_q * b_dq - b_kdk
+    # intra-chunk parts (``_bwd_intra_sub_kernel``), the dA blocks computed here
+    b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
+    b_dks = tl.zeros([BC, BK], dtype=tl.float32)
+    for b in range(0, a):
+        b_dAab = _dA_block(do, v, i_b, i_h, ra, i_t * BT + b * BC, scale, T, H, V, BC, BV, DOT_PREC)
+        b_dqs += _dq_from_earlier(b_dAab, k, gc, g_last, b_gn, i_b, i_h, i_t, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
+    for c in range(a + 1, NC):
+        b_dAca = _dA_block(do, v, i_b, i_h, i_t * BT + c * BC, ra, scale, T, H, V, BC, BV, DOT_PREC)
+        b_dks += _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
+    b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
+    b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
+    b_dAaa = _dA_block(do, v, i_b, i_h, ra, ra, scale, T, H, V, BC, BV, DOT_PREC)  # masked in _diag_grads
+    b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
+    _store(dq, b_dq + b_dqs + b_diag[:, None] * b_k, i_b, i_h, ra, T, H, K, c0, BC, BK)
+    _store(dk, b_dk + b_dks + b_diag[:, None] * b_q, i_b, i_h, ra, T, H, K, c0, BC, BK)
+    _store(dG, b_dg + b_q * b_dqs - b_k * b_dks, i_b, i_h, ra, T, H, K, c0, BC, BK)
+
+
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _rev_cumsum_kernel(x, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+def _rev_cumsum_kernel(x, P, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       NP: tl.constexpr):
     """Grid (K/BK, NT, B*H): in place, ``x[t] <- sum_{s >= t in t's chunk} x[s]`` (float32
-    ``[B, T, H, K]``; rows past ``T`` count as zero)."""
+    ``[B, T, H, K]``; rows past ``T`` count as zero), plus, with ``NP > 0``, the sum of the chunk's
+    ``NP`` rows of ``P: [B, NT*NP, H, K]`` on every row."""
     i_k = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -436,6 +539,8 @@ def _rev_cumsum_kernel(x, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     i_h = i_bh % H
     b_x = _rows(x, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     b_rev = tl.sum(b_x, axis=0)[None, :] - tl.cumsum(b_x, axis=0) + b_x
+    if NP > 0:
+        b_rev += tl.sum(_rows(P, i_b, i_h, i_t * NP, NT * NP, H, K, i_k * BK, NP, BK), axis=0)[None, :]
     _store(x, b_rev, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
 
 
@@ -471,9 +576,10 @@ def fwd_h(k, v, gc, h0, output_final_state):
 def intra_a(q, k, gc, scale):
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
+    lowp = INTRA_A_INPUT_DTYPE_DOTS and q.dtype != torch.float32
     _intra_a_kernel[(triton.cdiv(T, BT), B * H)](q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC,
                                                  BK=_pow2(K), BKD=min(_pow2(K), BKD), DOT_PREC=_prec(q),
-                                                 SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "intra_a", q))
+                                                 SPAN_MAX=SPAN_MAX, LOWP=lowp, **_launch(LAUNCH, "intra_a", q))
     return A
 
 
@@ -508,22 +614,32 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     _bwd_dv_kernel[(triton.cdiv(V, BVd), NT, B * H)](
         k, gc, A, do, dh, dv, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd, DOT_PREC=prec,
         **_launch(LAUNCH, "bwd_dv", q))
-    dA = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
-    dq_i = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-    dk_i, dg_i = torch.empty_like(dq_i), torch.empty_like(dq_i)
-    BKs = min(64, _pow2(K))
-    _bwd_inter_kernel[(triton.cdiv(K, BKs), NT, B * H)](
-        q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT, H=H, K=K, V=V, BT=BT,
-        BK=BKs, BV=min(64, _pow2(V)), DOT_PREC=prec, **_launch(LAUNCH, "bwd_inter", q))
-    del h, dh
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-    BKi = min(INTRA_SUB_BK, _pow2(K))
-    _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT * NC, B * H)](
-        q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
-        DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra_sub", q))
+    if FUSED_BWD:
+        P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)
+        BKf = min(64, _pow2(K))
+        _bwd_sub_kernel[(triton.cdiv(K, BKf), NT * NC, B * H)](
+            q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
+            BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
+        del h, dh
+    else:
+        P = None
+        dA = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
+        dq_i = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+        dk_i, dg_i = torch.empty_like(dq_i), torch.empty_like(dq_i)
+        BKs = min(64, _pow2(K))
+        _bwd_inter_kernel[(triton.cdiv(K, BKs), NT, B * H)](
+            q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT, H=H, K=K, V=V, BT=BT,
+            BK=BKs, BV=min(64, _pow2(V)), DOT_PREC=prec, **_launch(LAUNCH, "bwd_inter", q))
+        del h, dh
+        BKi = min(INTRA_SUB_BK, _pow2(K))
+        _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT * NC, B * H)](
+            q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
+            DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra_sub", q))
     BKr = min(64, _pow2(K))
-    _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, T, H=H, K=K, BT=BT, BK=BKr,
+    _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, dg if P is None else P, T, NT, H=H, K=K, BT=BT,
+                                                         BK=BKr, NP=0 if P is None else NC,
                                                          **_launch(LAUNCH, "rev_cumsum", q))
     return dq, dk, dv, dg, dh0
 

@@ -4,6 +4,8 @@ and stores of ``[B, T, H, D]`` tensors inside the kernels.
 Host side: ``pow2`` (block sizes; ``tl.dot`` needs every dim >= 16), ``warps``/``stages`` (one
 warp and no pipelining under Triton's CPU interpreter), ``dot_prec`` (full-precision dots for
 float32 inputs, TF32 otherwise), ``state_dtype`` (chunk-start states in the activation dtype).
+Device side: ``load_rows``/``store_rows`` and ``dot_operand`` (a tile cast to the activations' dtype
+for a bf16 tensor-core dot).
 """
 from __future__ import annotations
 
@@ -92,3 +94,12 @@ def store_rows(x, val, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0
     base = x + (i_b * T * H + i_h) * D
     tl.store(base + o_r[:, None] * (H * D) + o_d[None, :], val.to(x.dtype.element_ty),
              mask=(o_r < T)[:, None] & (o_d < D)[None, :])
+
+
+@triton.jit
+def dot_operand(x, ref, LOWP: tl.constexpr):
+    """``x`` as a ``tl.dot`` operand: in ``ref``'s element dtype when ``LOWP`` (bf16 activations:
+    bf16 tensor-core dots with float32 accumulation, half the registers per tile), else as it is."""
+    if LOWP:
+        x = x.to(ref.dtype.element_ty)
+    return x

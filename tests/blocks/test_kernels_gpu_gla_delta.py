@@ -346,6 +346,51 @@ def test_interpreter_ungated_bwd_dh_runs_on_a_zero_gate(zero_gate, monkeypatch):
         assert gate is None
 
 
+@interpreter
+@pytest.mark.parametrize("fused", [True, False])
+def test_interpreter_gla_backward_fused_or_split(fused, monkeypatch):
+    """``gla.FUSED_BWD``: one program per sub-chunk (``_bwd_sub_kernel``, score gradients recomputed,
+    the chunk-wide gate term through ``P``) or the per-chunk ``_bwd_inter_kernel`` then
+    ``_bwd_intra_sub_kernel``; the same gradients either way, at a length whose last chunk ends in
+    its third sub-chunk (100 = 64 + 36), with a strong decay (the exact diagonal path) and with none
+    (where the chunk-wide gate term ``exp(G_C) <S, dS'>`` is not negligible)."""
+    from blocks.kernels import gla
+
+    monkeypatch.setattr(gla, "FUSED_BWD", fused)
+    spies = {name: _LaunchSpy(getattr(gla, name)) for name in ("_bwd_sub_kernel", "_bwd_intra_sub_kernel")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(gla, name, spy)
+    for decay in ("random", "strong", "none"):
+        with checked_memory():
+            errs = run_case(chunk_kernel("gla"), "gla", (1, 100, 2, 32, 48), torch.float32, decay, True, "cpu")
+        assert max(errs.values()) < 2e-5, (decay, errs)
+    assert bool(spies["_bwd_sub_kernel"].calls) is fused
+    assert bool(spies["_bwd_intra_sub_kernel"].calls) is not fused
+
+
+@interpreter
+def test_interpreter_gla_scores_on_half_precision_dots(monkeypatch):
+    """``gla.INTRA_A_INPUT_DTYPE_DOTS`` only acts on 16-bit inputs. The interpreter multiplies
+    float16 correctly (not bfloat16), so float16 inputs run it here: the scores differ from the
+    float32-operand ones (the switch is wired) by float16 rounding, and the whole op stays as close
+    to the float64 reference as with float32 operands."""
+    from blocks.kernels import gla
+
+    (q, k, _, gk, *_), _ = make_inputs("gla", 1, 100, 2, 32, 48, "random", False, seed=0)
+    q, k = q.half(), k.half()
+    gc = gla.chunk_cumsum(gk)
+    scores, worst = {}, {}
+    for lowp in (True, False):
+        monkeypatch.setattr(gla, "INTRA_A_INPUT_DTYPE_DOTS", lowp)
+        scores[lowp] = gla.intra_a(q, k, gc, 32 ** -0.5)
+        with checked_memory():
+            errs = run_case(chunk_kernel("gla"), "gla", (1, 100, 2, 32, 48), torch.float16, "random", True, "cpu")
+        worst[lowp] = max(errs.values())
+    gap = (scores[True] - scores[False]).abs().max().item()
+    assert 0 < gap < 1e-2 * scores[False].abs().max().item(), gap
+    assert worst[True] < 3e-3 and worst[True] < 2 * worst[False] + 1e-4, worst
+
+
 # --- CPU, anywhere triton imports ---------------------------------------------------------------
 @needs_triton
 @pytest.mark.parametrize("family", FAMILIES)
