@@ -112,7 +112,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     yield ("gla.bwd_intra_sub", g._bwd_intra_sub_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=min(g.INTRA_SUB_BK, BK),
                                                               DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX),
            *table(g.LAUNCH, "bwd_intra_sub", s))
-    yield ("gla.bwd_sub", g._bwd_sub_kernel, dict(C, BC=16, NC=4, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec,
+    yield ("gla.bwd_sub", g._bwd_sub_kernel, dict(C, BC=16, NC=4, BK=min(g.FUSED_BWD_BK, BK), BV=min(64, BV), DOT_PREC=prec,
                                                   SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_sub", s))
     yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), NP=4 if g.FUSED_BWD else 0),
            *table(g.LAUNCH, "rev_cumsum", s))

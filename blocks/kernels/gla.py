@@ -63,7 +63,7 @@ LAUNCH = {
     # 2 warps: -3.8 / -3.9% at 2k / 32k (sweep 19:13, [16, 64] tiles leave 4 warps idle); 1 stage
     # was -4.7 / -3.8% at 4 warps (14:56), but at 19:13 3 stages measured -3.7 / -3.4% (at 4 warps)
     "bwd_intra_sub": dict(num_warps=2, num_stages=1),
-    "bwd_sub": dict(num_warps=4, num_stages=2),  # FUSED_BWD's kernel, not swept yet
+    "bwd_sub": dict(num_warps=8, num_stages=2),  # FUSED_BWD's kernel, not swept yet (8 warps: no spills at BK 64 in sm_90 AOT, 232 B at 4)
     "rev_cumsum": dict(num_warps=4, num_stages=3),
 }
 # The intra-chunk backward runs one program per sub-chunk (``_bwd_intra_sub_kernel``: a quarter of
@@ -91,12 +91,15 @@ INTRA_SUB_BK = 64
 # read back: ~3.5 GB less memory traffic per step at 64k tokens x 16 heads; the [16, 16] dA blocks are
 # recomputed from do, v per program instead (8 per chunk vs 1). Not timed on a GPU yet.
 FUSED_BWD = True
+# Key slice of ``_bwd_sub_kernel``: 64 (two programs per sub-chunk) or 128 (one: the dA blocks and
+# the do, v rows behind them once instead of twice, [16, 128] float32 tiles). Not timed yet.
+FUSED_BWD_BK = 64
 # ``_intra_a_kernel``'s dots on operands in the activations' dtype (bf16 tensor-core dots; the
 # exponent factors are <= 1 off the diagonal and <= exp(SPAN_MAX) on it, in bf16's range), as
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Not timed on a GPU yet.
 INTRA_A_INPUT_DTYPE_DOTS = True
 SWITCHES = {"KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64), "FUSED_BWD": (False, True),
-            "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
+            "FUSED_BWD_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -618,7 +621,7 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     if FUSED_BWD:
         P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)
-        BKf = min(64, _pow2(K))
+        BKf = min(FUSED_BWD_BK, _pow2(K))
         _bwd_sub_kernel[(triton.cdiv(K, BKf), NT * NC, B * H)](
             q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
             BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))

@@ -347,16 +347,18 @@ def test_interpreter_ungated_bwd_dh_runs_on_a_zero_gate(zero_gate, monkeypatch):
 
 
 @interpreter
-@pytest.mark.parametrize("fused", [True, False])
-def test_interpreter_gla_backward_fused_or_split(fused, monkeypatch):
+@pytest.mark.parametrize("fused,key_slice", [(True, 16), (True, 64), (False, 64)])
+def test_interpreter_gla_backward_fused_or_split(fused, key_slice, monkeypatch):
     """``gla.FUSED_BWD``: one program per sub-chunk (``_bwd_sub_kernel``, score gradients recomputed,
     the chunk-wide gate term through ``P``) or the per-chunk ``_bwd_inter_kernel`` then
     ``_bwd_intra_sub_kernel``; the same gradients either way, at a length whose last chunk ends in
     its third sub-chunk (100 = 64 + 36), with a strong decay (the exact diagonal path) and with none
-    (where the chunk-wide gate term ``exp(G_C) <S, dS'>`` is not negligible)."""
+    (where the chunk-wide gate term ``exp(G_C) <S, dS'>`` is not negligible); the fused kernel over
+    two key slices (``FUSED_BWD_BK`` 16 at K = 32) and over all keys in one."""
     from blocks.kernels import gla
 
     monkeypatch.setattr(gla, "FUSED_BWD", fused)
+    monkeypatch.setattr(gla, "FUSED_BWD_BK", key_slice)
     spies = {name: _LaunchSpy(getattr(gla, name)) for name in ("_bwd_sub_kernel", "_bwd_intra_sub_kernel")}
     for name, spy in spies.items():
         monkeypatch.setattr(gla, name, spy)
