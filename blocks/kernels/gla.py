@@ -63,7 +63,7 @@ LAUNCH = {
     # 2 warps: -3.8 / -3.9% at 2k / 32k (sweep 19:13, [16, 64] tiles leave 4 warps idle); 1 stage
     # was -4.7 / -3.8% at 4 warps (14:56), but at 19:13 3 stages measured -3.7 / -3.4% (at 4 warps)
     "bwd_intra_sub": dict(num_warps=2, num_stages=1),
-    "bwd_sub": dict(num_warps=8, num_stages=2),  # FUSED_BWD's kernel, not swept yet (8 warps: no spills at BK 64 in sm_90 AOT, 232 B at 4)
+    "bwd_sub": dict(num_warps=2, num_stages=2),  # FUSED_BWD's: 2 warps -43.5 / -40.5% vs 8 (sweep 19:35)
     "rev_cumsum": dict(num_warps=4, num_stages=3),
 }
 # The intra-chunk backward runs one program per sub-chunk (``_bwd_intra_sub_kernel``: a quarter of
@@ -89,14 +89,19 @@ INTRA_SUB_BK = 64
 # (``_bwd_sub_kernel``) instead of ``_bwd_inter_kernel`` per chunk writing float32 partials (dq, dk,
 # dg: 1.5 KB per token and head at K=128) and the score gradients dA for ``_bwd_intra_sub_kernel`` to
 # read back: ~3.5 GB less memory traffic per step at 64k tokens x 16 heads; the [16, 16] dA blocks are
-# recomputed from do, v per program instead (8 per chunk vs 1). Not timed on a GPU yet.
-FUSED_BWD = True
+# recomputed from do, v per program instead (8 per chunk vs 1). Off: sweep 2026-11-30 19:35 (H200)
+# measured the split pair 47 / 43% faster than the fused kernel at 8 warps (8.34 vs 15.63 ms at 2k,
+# 9.47 vs 16.65 at 32k) and 6 / 4% faster than it at its best, 2 warps (8.83 / 9.90 ms): each
+# program re-reads [64, 64] tiles of h and dh for 16 rows of small dots (M = 16).
+FUSED_BWD = False
 # Key slice of ``_bwd_sub_kernel``: 64 (two programs per sub-chunk) or 128 (one: the dA blocks and
-# the do, v rows behind them once instead of twice, [16, 128] float32 tiles). Not timed yet.
+# the do, v rows behind them once instead of twice, [16, 128] float32 tiles). 128 measured +36 /
+# +31% at 2k / 32k (fused, 8 warps; sweep 19:35).
 FUSED_BWD_BK = 64
 # ``_intra_a_kernel``'s dots on operands in the activations' dtype (bf16 tensor-core dots; the
 # exponent factors are <= 1 off the diagonal and <= exp(SPAN_MAX) on it, in bf16's range), as
-# fla's intra-chunk forward does; else float32 operands (TF32 dots). Not timed on a GPU yet.
+# fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
+# at 2k / 32k (sweep 19:35).
 INTRA_A_INPUT_DTYPE_DOTS = True
 SWITCHES = {"KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64), "FUSED_BWD": (False, True),
             "FUSED_BWD_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
