@@ -63,7 +63,8 @@ LAUNCH = {
     # 2 warps: -3.8 / -3.9% at 2k / 32k (sweep 19:13, [16, 64] tiles leave 4 warps idle); 1 stage
     # was -4.7 / -3.8% at 4 warps (14:56), but at 19:13 3 stages measured -3.7 / -3.4% (at 4 warps)
     "bwd_intra_sub": dict(num_warps=2, num_stages=1),
-    "bwd_sub": dict(num_warps=2, num_stages=2),  # FUSED_BWD's: 2 warps -43.5 / -40.5% vs 8 (sweep 19:35)
+    # FUSED_BWD's: 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46)
+    "bwd_sub": dict(num_warps=2, num_stages=1),
     "rev_cumsum": dict(num_warps=4, num_stages=3),
 }
 # The intra-chunk backward runs one program per sub-chunk (``_bwd_intra_sub_kernel``: a quarter of
@@ -89,11 +90,12 @@ INTRA_SUB_BK = 64
 # (``_bwd_sub_kernel``) instead of ``_bwd_inter_kernel`` per chunk writing float32 partials (dq, dk,
 # dg: 1.5 KB per token and head at K=128) and the score gradients dA for ``_bwd_intra_sub_kernel`` to
 # read back: ~3.5 GB less memory traffic per step at 64k tokens x 16 heads; the [16, 16] dA blocks are
-# recomputed from do, v per program instead (8 per chunk vs 1). Off: sweep 2026-11-30 19:35 (H200)
-# measured the split pair 47 / 43% faster than the fused kernel at 8 warps (8.34 vs 15.63 ms at 2k,
-# 9.47 vs 16.65 at 32k) and 6 / 4% faster than it at its best, 2 warps (8.83 / 9.90 ms): each
-# program re-reads [64, 64] tiles of h and dh for 16 rows of small dots (M = 16).
-FUSED_BWD = False
+# recomputed from do, v per program instead (4 per program). Its launch decides it (sweeps 2026-11-30,
+# H200, ms per fwd+bwd step at 2k / 32k): at 8 warps the fused kernel took 15.63 / 16.65 vs the
+# split pair's 8.34 / 9.47 (19:35), at 2 warps 8.81 / 9.90, at 2 warps and 1 stage 8.12 / 9.23 vs
+# the split pair's 8.23-8.31 / 9.44-9.45 (19:46, two runs): -1.4..-2.4% and no float32 partials
+# (3.25 KB per token and head less transient memory in the backward).
+FUSED_BWD = True
 # Key slice of ``_bwd_sub_kernel``: 64 (two programs per sub-chunk) or 128 (one: the dA blocks and
 # the do, v rows behind them once instead of twice, [16, 128] float32 tiles). 128 measured +36 /
 # +31% at 2k / 32k (fused, 8 warps; sweep 19:35).
