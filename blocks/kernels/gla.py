@@ -176,11 +176,16 @@ def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
         b_dqs += tl.dot(b_dAm, b_k / b_en, input_precision=DOT_PREC) * b_en
         b_dks += tl.dot(tl.trans(b_dAm), b_q * b_en, input_precision=DOT_PREC) / b_en
     else:
-        m_ij = (o_c[:, None] > o_c[None, :])[:, :, None]  # strictly below the diagonal: [i, j, 1]
-        b_e = tl.exp(tl.where(m_ij, b_ga[:, None, :] - b_ga[None, :, :], float("-inf")))
-        b_de = b_dAaa[:, :, None] * b_e
-        b_dqs += tl.sum(b_de * b_k[None, :, :], axis=1)
-        b_dks += tl.sum(b_de * b_q[:, None, :], axis=0)
+        # one key row j at a time: [BC, BK] temporaries, not an [i, j, c] tile (16 KB of float32
+        # at BK = 64, which the compiler reserves registers for even though this path is rare)
+        for j in range(BC):
+            sel_j = o_c == j
+            b_kj = tl.sum(tl.where(sel_j[:, None], b_k, 0.), axis=0)  # [BK]
+            b_gj = tl.sum(tl.where(sel_j[:, None], b_ga, 0.), axis=0)
+            b_dAj = tl.sum(tl.where(sel_j[None, :], b_dAaa, 0.), axis=1)  # dA_ij over rows i: [BC]
+            b_de = b_dAj[:, None] * tl.exp(tl.where((o_c > j)[:, None], b_ga - b_gj[None, :], float("-inf")))
+            b_dqs += b_de * b_kj[None, :]
+            b_dks += tl.where(sel_j[:, None], tl.sum(b_de * b_q, axis=0)[None, :], 0.)
     b_diag = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dAaa, 0.), axis=1)
     return b_dqs, b_dks, b_diag
 
@@ -487,8 +492,9 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
     last = tl.minimum(i_t * BT + BT, T) - 1
     g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
     ra = i_t * BT + a * BC
-    b_q = _rows(q, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
-    b_k = _rows(k, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
+    # q, k rows kept in their own dtype (at 2 warps a [16, 64] float32 tile is 16 registers a thread)
+    b_q = _rows(q, i_b, i_h, ra, T, H, K, c0, BC, BK)
+    b_k = _rows(k, i_b, i_h, ra, T, H, K, c0, BC, BK)
     b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, c0, BC, BK)
     b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, c0, BK)  # first row of a: keys in b < a
     b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)  # last row of a: queries in c > a
@@ -512,12 +518,11 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
     b_dq = b_dq * tl.exp(b_ga) * scale
     b_dk = b_dk * tl.exp(g_last[None, :] - b_ga)
     # gate, as in _bwd_inter_kernel: row j < last moves k_j dk_j to the chunk-wide term (row last:
-    # exponent 0, no gradient)
+    # exponent 0, no gradient); the row terms are formed at the end
     o_r = ra + tl.arange(0, BC)
-    b_kdk = tl.where((o_r < last)[:, None], b_k * b_dk, 0.)
-    tl.store(P + ((i_b * NT * NC + i_tc) * H + i_h) * K + o_k, tl.sum(b_kdk, axis=0) + tl.exp(g_last) * b_hdh,
-             mask=o_k < K)
-    b_dg = b_q * b_dq - b_kdk
+    b_dk_moved = tl.where((o_r < last)[:, None], b_dk, 0.)
+    tl.store(P + ((i_b * NT * NC + i_tc) * H + i_h) * K + o_k,
+             tl.sum(b_k.to(tl.float32) * b_dk_moved, axis=0) + tl.exp(g_last) * b_hdh, mask=o_k < K)
     # intra-chunk parts (``_bwd_intra_sub_kernel``), the dA blocks computed here
     b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
     b_dks = tl.zeros([BC, BK], dtype=tl.float32)
@@ -530,10 +535,13 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
     b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
     b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
     b_dAaa = _dA_block(do, v, i_b, i_h, ra, ra, scale, T, H, V, BC, BV, DOT_PREC)  # masked in _diag_grads
-    b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
-    _store(dq, b_dq + b_dqs + b_diag[:, None] * b_k, i_b, i_h, ra, T, H, K, c0, BC, BK)
-    _store(dk, b_dk + b_dks + b_diag[:, None] * b_q, i_b, i_h, ra, T, H, K, c0, BC, BK)
-    _store(dG, b_dg + b_q * b_dqs - b_k * b_dks, i_b, i_h, ra, T, H, K, c0, BC, BK)
+    b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
+    b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_qf, b_kf, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
+    # gate: q . dq through the state read and the intra-chunk pairs, minus k . dk of what leaves
+    # the row (rows < last: the state write; every row: the later queries in the chunk)
+    _store(dG, b_qf * (b_dq + b_dqs) - b_kf * (b_dk_moved + b_dks), i_b, i_h, ra, T, H, K, c0, BC, BK)
+    _store(dq, b_dq + b_dqs + b_diag[:, None] * b_kf, i_b, i_h, ra, T, H, K, c0, BC, BK)
+    _store(dk, b_dk + b_dks + b_diag[:, None] * b_qf, i_b, i_h, ra, T, H, K, c0, BC, BK)
 
 
 @triton.jit(do_not_specialize=["T"])  # one compile for every length

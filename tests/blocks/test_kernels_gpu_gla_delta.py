@@ -95,6 +95,10 @@ def make_inputs(family, B, T, H, K, V, decay, with_h0, seed):
         g = F.logsigmoid(rnd(*gate_shape) + (1.0 if family == "gla" else 0.0))
     elif decay == "strong":
         g = torch.full(gate_shape, -30.0)
+    elif decay == "steep":  # -3 a step on half the channels: a 16-row block spans 45 > gla.SPAN_MAX (its
+        # exact diagonal path) while neighbours still weigh exp(-3) and the other channels decay mildly
+        g = F.logsigmoid(rnd(*gate_shape) + 2.0)
+        g[..., ::2] = -3.0
     else:
         g = torch.zeros(gate_shape)
     if family == "gla":
@@ -231,6 +235,7 @@ INTERPRETER_CASES = [  # family, shape, decay, with_h0
     ("gla", (1, 70, 1, 16, 16), "random", True),
     ("gla", (1, 70, 1, 32, 16), "strong", False),
     ("gla", (1, 70, 1, 64, 16), "random", True),  # two key slices of the diagonal-block tiles
+    ("gla", (1, 70, 1, 32, 16), "steep", True),  # the exact diagonal path with weights that matter
 ]
 
 
@@ -352,7 +357,7 @@ def test_interpreter_gla_backward_fused_or_split(fused, key_slice, monkeypatch):
     """``gla.FUSED_BWD``: one program per sub-chunk (``_bwd_sub_kernel``, score gradients recomputed,
     the chunk-wide gate term through ``P``) or the per-chunk ``_bwd_inter_kernel`` then
     ``_bwd_intra_sub_kernel``; the same gradients either way, at a length whose last chunk ends in
-    its third sub-chunk (100 = 64 + 36), with a strong decay (the exact diagonal path) and with none
+    its third sub-chunk (100 = 64 + 36), with a steep decay (the exact diagonal path) and with none
     (where the chunk-wide gate term ``exp(G_C) <S, dS'>`` is not negligible); the fused kernel over
     two key slices (``FUSED_BWD_BK`` 16 at K = 32) and over all keys in one."""
     from blocks.kernels import gla
@@ -362,7 +367,7 @@ def test_interpreter_gla_backward_fused_or_split(fused, key_slice, monkeypatch):
     spies = {name: _LaunchSpy(getattr(gla, name)) for name in ("_bwd_sub_kernel", "_bwd_intra_sub_kernel")}
     for name, spy in spies.items():
         monkeypatch.setattr(gla, name, spy)
-    for decay in ("random", "strong", "none"):
+    for decay in ("random", "steep", "none"):
         with checked_memory():
             errs = run_case(chunk_kernel("gla"), "gla", (1, 100, 2, 32, 48), torch.float32, decay, True, "cpu")
         assert max(errs.values()) < 2e-5, (decay, errs)
