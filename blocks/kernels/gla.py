@@ -63,12 +63,14 @@ LAUNCH = {
     # 2 warps: -3.8 / -3.9% at 2k / 32k (sweep 19:13, [16, 64] tiles leave 4 warps idle); 1 stage
     # was -4.7 / -3.8% at 4 warps (14:56), but at 19:13 3 stages measured -3.7 / -3.4% (at 4 warps)
     "bwd_intra_sub": dict(num_warps=2, num_stages=1),
-    # FUSED_BWD's: 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46)
+    # FUSED_BWD's: 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
+    # at 19:59 (fewer spills) 4 warps +14.6 / +13.1%, 2 or 3 stages +10%
     "bwd_sub": dict(num_warps=2, num_stages=1),
     "rev_cumsum": dict(num_warps=4, num_stages=3),
 }
-# The intra-chunk backward runs one program per sub-chunk (``_bwd_intra_sub_kernel``: a quarter of
-# the live tiles of a whole chunk) plus a reverse-cumsum pass (``_rev_cumsum_kernel``). The fused
+# The backward of dq, dk and the gate runs one program per sub-chunk (``_bwd_sub_kernel`` with
+# ``FUSED_BWD``, else ``_bwd_inter_kernel`` per chunk then ``_bwd_intra_sub_kernel`` per sub-chunk: a
+# quarter of the live tiles of a whole chunk) plus a reverse-cumsum pass (``_rev_cumsum_kernel``). The fused
 # one-program-per-chunk intra backward was removed after three H200 sweeps measured it 13-21% slower
 # fwd+bwd (2026-11-30, 2k / 32k: 14:47 +14 / +13%, 14:56 +15 / +14%, 16:49 +21 / +18%); launching
 # the sub-chunk kernel once per sub-chunk position (static trip counts) was removed after it
@@ -93,17 +95,19 @@ INTRA_SUB_BK = 64
 # recomputed from do, v per program instead (4 per program). Its launch decides it (sweeps 2026-11-30,
 # H200, ms per fwd+bwd step at 2k / 32k): at 8 warps the fused kernel took 15.63 / 16.65 vs the
 # split pair's 8.34 / 9.47 (19:35), at 2 warps 8.81 / 9.90, at 2 warps and 1 stage 8.12 / 9.23 vs
-# the split pair's 8.23-8.31 / 9.44-9.45 (19:46, two runs): -1.4..-2.4% and no float32 partials
-# (3.25 KB per token and head less transient memory in the backward).
+# the split pair's 8.23-8.31 / 9.44-9.45 (19:46, two runs); since the exact diagonal path stopped
+# reserving registers for a [16, 16, 64] tile (sm_90 spills at 2 warps 1320 -> 744 B) 7.70 / 8.82 vs
+# 8.35 / 9.43 split (19:59): -7.8 / -6.5%, and no float32 partials (3.25 KB per token and head less
+# transient memory in the backward).
 FUSED_BWD = True
 # Key slice of ``_bwd_sub_kernel``: 64 (two programs per sub-chunk) or 128 (one: the dA blocks and
 # the do, v rows behind them once instead of twice, [16, 128] float32 tiles). 128 measured +36 /
-# +31% at 2k / 32k (fused, 8 warps; sweep 19:35).
+# +31% at 2k / 32k (fused, 8 warps; sweep 19:35), +18.7 / +16.0% (2 warps, 1 stage; 19:59).
 FUSED_BWD_BK = 64
 # ``_intra_a_kernel``'s dots on operands in the activations' dtype (bf16 tensor-core dots; the
 # exponent factors are <= 1 off the diagonal and <= exp(SPAN_MAX) on it, in bf16's range), as
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
-# at 2k / 32k (sweep 19:35).
+# at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
 SWITCHES = {"KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64), "FUSED_BWD": (False, True),
             "FUSED_BWD_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
