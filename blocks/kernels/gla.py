@@ -59,22 +59,20 @@ LAUNCH = {
     "intra_a": dict(num_warps=4, num_stages=3),
     "fwd_o": dict(num_warps=8, num_stages=None),
     "bwd_dv": dict(num_warps=8, num_stages=None),
-    "bwd_inter": dict(num_warps=8, num_stages=None),
-    # 2 warps: -3.8 / -3.9% at 2k / 32k (sweep 19:13, [16, 64] tiles leave 4 warps idle); 1 stage
-    # was -4.7 / -3.8% at 4 warps (14:56), but at 19:13 3 stages measured -3.7 / -3.4% (at 4 warps)
-    "bwd_intra_sub": dict(num_warps=2, num_stages=1),
-    # FUSED_BWD's: 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
+    # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
     # at 19:59 (fewer spills) 4 warps +14.6 / +13.1%, 2 or 3 stages +10%
     "bwd_sub": dict(num_warps=2, num_stages=1),
     "rev_cumsum": dict(num_warps=4, num_stages=3),
 }
-# The backward of dq, dk and the gate runs one program per sub-chunk (``_bwd_sub_kernel`` with
-# ``FUSED_BWD``, else ``_bwd_inter_kernel`` per chunk then ``_bwd_intra_sub_kernel`` per sub-chunk: a
-# quarter of the live tiles of a whole chunk) plus a reverse-cumsum pass (``_rev_cumsum_kernel``). The fused
-# one-program-per-chunk intra backward was removed after three H200 sweeps measured it 13-21% slower
-# fwd+bwd (2026-11-30, 2k / 32k: 14:47 +14 / +13%, 14:56 +15 / +14%, 16:49 +21 / +18%); launching
-# the sub-chunk kernel once per sub-chunk position (static trip counts) was removed after it
-# measured 1.1% slower (sweep 16:49: 10.23 -> 10.34 ms at 2k, 11.97 -> 12.10 at 32k).
+# The backward of dq, dk and the gate runs one program per 16-row sub-chunk (``_bwd_sub_kernel``)
+# plus a reverse-cumsum pass (``_rev_cumsum_kernel``). Removed after H200 sweeps (2026-11-30, ms per
+# fwd+bwd step at 2k / 32k): a one-program-per-chunk intra backward (+13..21% in three sweeps); the
+# sub-chunk kernel launched once per sub-chunk position (+1.1%, 16:49); the split pair this kernel
+# fuses, ``_bwd_inter_kernel`` per chunk writing float32 partials of dq, dk, dg (1.5 KB per token
+# and head at K=128) and the score gradients dA for a per-sub-chunk intra kernel to read back:
+# 8.35 / 9.43 vs the fused 7.70 / 8.82 (19:59), with 3.25 KB per token and head more transient
+# memory. (At 8 warps the fused kernel took twice the split pair's time, 19:35: each program
+# re-reads [64, 64] tiles of h and dh for dots of 16 rows; 2 warps and 1 stage suit it.)
 # ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of every name in ``SWITCHES``.
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment: the backward recomputes what the switches
 # below keep from the forward.
@@ -84,33 +82,16 @@ LOW_MEMORY = low_memory_from_env()
 # at 64k tokens). Sweep 2026-11-30 16:49 (H200): fwd+bwd -4.6 / -9.0% (2k / 32k). Off under
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1.
 KEEP_H = not LOW_MEMORY
-# Key slice of ``_bwd_intra_sub_kernel``: 32 (4 programs per sub-chunk at K=128) or 64 (half the
-# programs, half the re-reads of the dA tiles; [BC, BC, 64] float32 temporaries on the exact
-# diagonal path). Sweep 2026-11-30 16:49 (H200): 64 is -8.3 / -7.4% fwd+bwd (2k / 32k).
-INTRA_SUB_BK = 64
-# One program per sub-chunk does the state and intra-chunk parts of dq, dk and the gate gradient
-# (``_bwd_sub_kernel``) instead of ``_bwd_inter_kernel`` per chunk writing float32 partials (dq, dk,
-# dg: 1.5 KB per token and head at K=128) and the score gradients dA for ``_bwd_intra_sub_kernel`` to
-# read back: ~3.5 GB less memory traffic per step at 64k tokens x 16 heads; the [16, 16] dA blocks are
-# recomputed from do, v per program instead (4 per program). Its launch decides it (sweeps 2026-11-30,
-# H200, ms per fwd+bwd step at 2k / 32k): at 8 warps the fused kernel took 15.63 / 16.65 vs the
-# split pair's 8.34 / 9.47 (19:35), at 2 warps 8.81 / 9.90, at 2 warps and 1 stage 8.12 / 9.23 vs
-# the split pair's 8.23-8.31 / 9.44-9.45 (19:46, two runs); since the exact diagonal path stopped
-# reserving registers for a [16, 16, 64] tile (sm_90 spills at 2 warps 1320 -> 744 B) 7.70 / 8.82 vs
-# 8.35 / 9.43 split (19:59): -7.8 / -6.5%, and no float32 partials (3.25 KB per token and head less
-# transient memory in the backward).
-FUSED_BWD = True
 # Key slice of ``_bwd_sub_kernel``: 64 (two programs per sub-chunk) or 128 (one: the dA blocks and
 # the do, v rows behind them once instead of twice, [16, 128] float32 tiles). 128 measured +36 /
 # +31% at 2k / 32k (fused, 8 warps; sweep 19:35), +18.7 / +16.0% (2 warps, 1 stage; 19:59).
-FUSED_BWD_BK = 64
+BWD_SUB_BK = 64
 # ``_intra_a_kernel``'s dots on operands in the activations' dtype (bf16 tensor-core dots; the
 # exponent factors are <= 1 off the diagonal and <= exp(SPAN_MAX) on it, in bf16's range), as
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
 # at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
-SWITCHES = {"KEEP_H": (False, True), "INTRA_SUB_BK": (32, 64), "FUSED_BWD": (False, True),
-            "FUSED_BWD_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
+SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -157,7 +138,7 @@ def _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H: tl.const
 def _dA_block(do, v, i_b, i_h, ri, rj, scale, T, H: tl.constexpr, V: tl.constexpr,
               BC: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
     """Score gradients of query rows ``ri ..`` against key rows ``rj ..`` (sub-chunks of one chunk),
-    unmasked: ``scale do_i v_j^T``, ``[BC, BC]`` float32 (``_bwd_inter_kernel``'s ``dA`` block)."""
+    unmasked: ``scale do_i v_j^T``, ``[BC, BC]`` float32 (the score gradients ``dA = scale mask(do v^T)``)."""
     b_dA = tl.zeros([BC, BC], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         b_do = _rows(do, i_b, i_h, ri, T, H, V, i_v * BV, BC, BV)
@@ -378,110 +359,15 @@ def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_inter_kernel(q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of the state parts of ``dq, dk`` and of the
-    chunk-local gate gradient (float32); the program of the first slice also writes the score
-    gradient ``dA = scale mask(do v^T)``."""
-    i_k = tl.program_id(0)
-    i_t = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    r0 = i_t * BT
-    o_t = r0 + tl.arange(0, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
-    last = tl.minimum(r0 + BT, T) - 1
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_vk = (o_v < V)[:, None] & m_k[None, :]
-        b_v = _rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
-        b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
-        b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
-        b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
-        b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
-        b_dk += tl.dot(b_v, b_dhT.to(b_v.dtype), input_precision=DOT_PREC)
-        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
-        b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
-    if i_k == 0:
-        o_i = tl.arange(0, BT)
-        _store(dA, tl.where(o_i[:, None] >= o_i[None, :], b_dA * scale, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
-    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
-    b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-    b_dq = b_dq * tl.exp(b_g) * scale
-    b_dk = b_dk * tl.exp(g_last[None, :] - b_g)
-    # gate: q . dq through the state read; the state write exp(G_C - G_j) k_j moves gradient from
-    # row j to the last row (j = last has exponent 0: no gradient); exp(G_C) S adds <S, dS'>.
-    b_q = _rows(q, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-    b_k = _rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-    b_kdk = tl.where((o_t < last)[:, None], b_k * b_dk, 0.)
-    b_dg = b_q * b_dq - b_kdk
-    b_dg += tl.where((o_t == last)[:, None], (tl.sum(b_kdk, axis=0) + tl.exp(g_last) * b_hdh)[None, :], 0.)
-    _store(dq_i, b_dq, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-    _store(dk_i, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-    _store(dg_i, b_dg, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-
-
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _bwd_intra_sub_kernel(q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dG, T,
-                          H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                          NC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr):
-    """Grid (K/BK, NT*NC, B*H): the intra-chunk backward of ONE sub-chunk ``a`` (sub-chunk
-    ``i_tc % NC`` of chunk ``i_tc // NC``; key columns ``i_k*BK ..``): add the intra-chunk parts to
-    ``dq, dk`` of its rows (final) and write their chunk-local gate gradient ``dG`` (float32, before
-    the reverse cumsum ``_rev_cumsum_kernel`` applies)."""
-    i_k = tl.program_id(0)
-    i_tc = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    i_t = i_tc // NC
-    a = i_tc % NC
-    c0 = i_k * BK
-    last = tl.minimum(i_t * BT + BT, T) - 1
-    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
-    ra = i_t * BT + a * BC
-    b_q = _rows(q, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
-    b_k = _rows(k, i_b, i_h, ra, T, H, K, c0, BC, BK).to(tl.float32)
-    b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, c0, BC, BK)
-    b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, c0, BK)  # first row of a: keys in b < a
-    b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)  # last row of a: queries in c > a
-    b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
-    b_dks = tl.zeros([BC, BK], dtype=tl.float32)
-    for b in range(0, a):
-        b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
-        b_dqs += _dq_from_earlier(b_dAab, k, gc, g_last, b_gn, i_b, i_h, i_t, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
-    for c in range(a + 1, NC):
-        b_dAca = _rows(dA, i_b, i_h, i_t * BT + c * BC, T, H, BT, a * BC, BC, BC)
-        b_dks += _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
-    b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
-    b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
-    b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
-    b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
-    _store(dq, _rows(dq_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dqs + b_diag[:, None] * b_k,
-           i_b, i_h, ra, T, H, K, c0, BC, BK)
-    _store(dk, _rows(dk_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_dks + b_diag[:, None] * b_q,
-           i_b, i_h, ra, T, H, K, c0, BC, BK)
-    _store(dG, _rows(dg_i, i_b, i_h, ra, T, H, K, c0, BC, BK) + b_q * b_dqs - b_k * b_dks,
-           i_b, i_h, ra, T, H, K, c0, BC, BK)
-
-
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                     SPAN_MAX: tl.constexpr):
-    """Grid (K/BK, NT*NC, B*H): ``_bwd_inter_kernel`` and ``_bwd_intra_sub_kernel`` in one program
-    per sub-chunk ``a`` (``FUSED_BWD``): the state parts of ``dq, dk`` for its 16 rows from
-    ``h, dh`` and the score gradients it needs (``dA_ab``, ``b <= a``; ``dA_ca``, ``c > a``) from
-    ``do, v`` on the fly, so neither ``dA`` nor float32 ``dq/dk/dg`` partials go through memory.
+    """Grid (K/BK, NT*NC, B*H): the backward of sub-chunk ``a`` (sub-chunk ``i_tc % NC`` of chunk
+    ``i_tc // NC``; key columns ``i_k*BK ..``): the state parts of ``dq, dk`` for its 16 rows from
+    ``h, dh``, and the intra-chunk parts from the score gradients it needs (``dA_ab``, ``b <= a``;
+    ``dA_ca``, ``c > a``), computed from ``do, v`` here, so neither ``dA`` nor float32 partials of
+    ``dq/dk/dg`` go through memory.
     Writes ``dq, dk`` (final), ``dG`` (float32, before the reverse cumsum) and ``P: [B, NT*NC, H, K]``
     float32, the sub-chunk's share of the chunk-wide gate term ``sum_{j<last} k_j dk_j + exp(G_C)
     <S, dS'>`` that ``_rev_cumsum_kernel`` adds to every row of the chunk."""
@@ -502,7 +388,7 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
     b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, c0, BC, BK)
     b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, c0, BK)  # first row of a: keys in b < a
     b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)  # last row of a: queries in c > a
-    # state parts (``_bwd_inter_kernel`` for these rows): do h^T, v dh^T and <h, dh> per key channel
+    # state parts: do h^T, v dh^T and <h, dh> per key channel
     o_k = c0 + tl.arange(0, BK)
     p_h = ((i_b * NT + i_t) * H + i_h) * K * V
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
@@ -521,13 +407,14 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
     b_dq = b_dq * tl.exp(b_ga) * scale
     b_dk = b_dk * tl.exp(g_last[None, :] - b_ga)
-    # gate, as in _bwd_inter_kernel: row j < last moves k_j dk_j to the chunk-wide term (row last:
-    # exponent 0, no gradient); the row terms are formed at the end
+    # gate through the state: q . dq for the state read; the state write exp(G_C - G_j) k_j moves
+    # gradient from row j < last to the chunk-wide term (row last: exponent 0, no gradient), as does
+    # exp(G_C) S with <S, dS'>; the row terms are formed at the end
     o_r = ra + tl.arange(0, BC)
     b_dk_moved = tl.where((o_r < last)[:, None], b_dk, 0.)
     tl.store(P + ((i_b * NT * NC + i_tc) * H + i_h) * K + o_k,
              tl.sum(b_k.to(tl.float32) * b_dk_moved, axis=0) + tl.exp(g_last) * b_hdh, mask=o_k < K)
-    # intra-chunk parts (``_bwd_intra_sub_kernel``), the dA blocks computed here
+    # intra-chunk parts: pairs with earlier (b < a) and later (c > a) sub-chunks, then the diagonal block
     b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
     b_dks = tl.zeros([BC, BK], dtype=tl.float32)
     for b in range(0, a):
@@ -552,8 +439,8 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
 def _rev_cumsum_kernel(x, P, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        NP: tl.constexpr):
     """Grid (K/BK, NT, B*H): in place, ``x[t] <- sum_{s >= t in t's chunk} x[s]`` (float32
-    ``[B, T, H, K]``; rows past ``T`` count as zero), plus, with ``NP > 0``, the sum of the chunk's
-    ``NP`` rows of ``P: [B, NT*NP, H, K]`` on every row."""
+    ``[B, T, H, K]``; rows past ``T`` count as zero) plus the sum of the chunk's ``NP`` rows of
+    ``P: [B, NT*NP, H, K]`` on every row."""
     i_k = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -561,8 +448,7 @@ def _rev_cumsum_kernel(x, P, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.con
     i_h = i_bh % H
     b_x = _rows(x, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     b_rev = tl.sum(b_x, axis=0)[None, :] - tl.cumsum(b_x, axis=0) + b_x
-    if NP > 0:
-        b_rev += tl.sum(_rows(P, i_b, i_h, i_t * NP, NT * NP, H, K, i_k * BK, NP, BK), axis=0)[None, :]
+    b_rev += tl.sum(_rows(P, i_b, i_h, i_t * NP, NT * NP, H, K, i_k * BK, NP, BK), axis=0)[None, :]
     _store(x, b_rev, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
 
 
@@ -638,30 +524,14 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
         **_launch(LAUNCH, "bwd_dv", q))
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-    if FUSED_BWD:
-        P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)
-        BKf = min(FUSED_BWD_BK, _pow2(K))
-        _bwd_sub_kernel[(triton.cdiv(K, BKf), NT * NC, B * H)](
-            q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
-            BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
-        del h, dh
-    else:
-        P = None
-        dA = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
-        dq_i = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-        dk_i, dg_i = torch.empty_like(dq_i), torch.empty_like(dq_i)
-        BKs = min(64, _pow2(K))
-        _bwd_inter_kernel[(triton.cdiv(K, BKs), NT, B * H)](
-            q, k, v, gc, h, do, dh, dA, dq_i, dk_i, dg_i, scale, T, NT, H=H, K=K, V=V, BT=BT,
-            BK=BKs, BV=min(64, _pow2(V)), DOT_PREC=prec, **_launch(LAUNCH, "bwd_inter", q))
-        del h, dh
-        BKi = min(INTRA_SUB_BK, _pow2(K))
-        _bwd_intra_sub_kernel[(triton.cdiv(K, BKi), NT * NC, B * H)](
-            q, k, gc, dA, dq_i, dk_i, dg_i, dq, dk, dg, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=BKi,
-            DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_intra_sub", q))
+    P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
+    BKf = min(BWD_SUB_BK, _pow2(K))
+    _bwd_sub_kernel[(triton.cdiv(K, BKf), NT * NC, B * H)](
+        q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
+        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
+    del h, dh
     BKr = min(64, _pow2(K))
-    _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, dg if P is None else P, T, NT, H=H, K=K, BT=BT,
-                                                         BK=BKr, NP=0 if P is None else NC,
+    _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, P, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC,
                                                          **_launch(LAUNCH, "rev_cumsum", q))
     return dq, dk, dv, dg, dh0
 

@@ -352,27 +352,23 @@ def test_interpreter_ungated_bwd_dh_runs_on_a_zero_gate(zero_gate, monkeypatch):
 
 
 @interpreter
-@pytest.mark.parametrize("fused,key_slice", [(True, 16), (True, 64), (False, 64)])
-def test_interpreter_gla_backward_fused_or_split(fused, key_slice, monkeypatch):
-    """``gla.FUSED_BWD``: one program per sub-chunk (``_bwd_sub_kernel``, score gradients recomputed,
-    the chunk-wide gate term through ``P``) or the per-chunk ``_bwd_inter_kernel`` then
-    ``_bwd_intra_sub_kernel``; the same gradients either way, at a length whose last chunk ends in
-    its third sub-chunk (100 = 64 + 36), with a steep decay (the exact diagonal path) and with none
-    (where the chunk-wide gate term ``exp(G_C) <S, dS'>`` is not negligible); the fused kernel over
-    two key slices (``FUSED_BWD_BK`` 16 at K = 32) and over all keys in one."""
+@pytest.mark.parametrize("key_slice", [16, 64])
+def test_interpreter_gla_backward_per_sub_chunk(key_slice, monkeypatch):
+    """``_bwd_sub_kernel`` (one program per 16-row sub-chunk and key slice; score gradients
+    recomputed there, the chunk-wide gate term through ``P`` into the reverse cumsum) at a length
+    whose last chunk ends in its third sub-chunk (100 = 64 + 36), with a steep decay (the exact
+    diagonal path), a random one and none (where the chunk-wide term ``exp(G_C) <S, dS'>`` is not
+    negligible); over two key slices (``BWD_SUB_BK`` 16 at K = 32) and over all keys in one."""
     from blocks.kernels import gla
 
-    monkeypatch.setattr(gla, "FUSED_BWD", fused)
-    monkeypatch.setattr(gla, "FUSED_BWD_BK", key_slice)
-    spies = {name: _LaunchSpy(getattr(gla, name)) for name in ("_bwd_sub_kernel", "_bwd_intra_sub_kernel")}
-    for name, spy in spies.items():
-        monkeypatch.setattr(gla, name, spy)
+    monkeypatch.setattr(gla, "BWD_SUB_BK", key_slice)
+    spy = _LaunchSpy(gla._bwd_sub_kernel)
+    monkeypatch.setattr(gla, "_bwd_sub_kernel", spy)
     for decay in ("random", "steep", "none"):
         with checked_memory():
             errs = run_case(chunk_kernel("gla"), "gla", (1, 100, 2, 32, 48), torch.float32, decay, True, "cpu")
         assert max(errs.values()) < 2e-5, (decay, errs)
-    assert bool(spies["_bwd_sub_kernel"].calls) is fused
-    assert bool(spies["_bwd_intra_sub_kernel"].calls) is not fused
+    assert spy.calls and all(kw["BK"] == min(key_slice, 32) for _, kw in spy.calls)
 
 
 @interpreter

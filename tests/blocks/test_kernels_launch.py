@@ -74,10 +74,10 @@ def test_sweep_variants_restore_the_module_after_each_run(sweep):
     before = {k: dict(v) for k, v in gla.LAUNCH.items()}
     walk = gla.walk_bv
     variants = sweep.variants("gla")
-    assert ("bwd_intra_sub", "num_warps", 8) in variants and ("walk_bv", "BV", 16) in variants
+    assert ("bwd_sub", "num_warps", 8) in variants and ("walk_bv", "BV", 16) in variants
     assert not any(v == (e, s, gla.LAUNCH[e][s]) for v in variants for e, s, _ in [v] if e in gla.LAUNCH)
-    with sweep.Applied("gla", ("bwd_intra_sub", "num_warps", 8)):
-        assert gla.LAUNCH["bwd_intra_sub"]["num_warps"] == 8
+    with sweep.Applied("gla", ("bwd_sub", "num_warps", 8)):
+        assert gla.LAUNCH["bwd_sub"]["num_warps"] == 8
     with sweep.Applied("gla", ("walk_bv", "BV", 16)):
         assert gla.walk_bv(None, 1, 128) == 16 and gla.walk_bv(None, 1, 8) == 16
     keep = gla.KEEP_H
