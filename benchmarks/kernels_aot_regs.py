@@ -101,7 +101,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                               DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
                                                   DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX,
-                                                  LOWP=g.INTRA_A_INPUT_DTYPE_DOTS and act != "fp32"),
+                                                  LOWP=g.INTRA_A_INPUT_DTYPE_DOTS and act != "fp32",
+                                                  LOWP_DIAG=g.INTRA_A_INPUT_DTYPE_DOTS and act == "bf16"),
            *table(g.LAUNCH, "intra_a", s))
     yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec), *table(g.LAUNCH, "fwd_o", s))
     yield ("gla.bwd_dh", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_DHT=True, STORE_DH0=True,

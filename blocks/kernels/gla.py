@@ -83,11 +83,13 @@ LOW_MEMORY = low_memory_from_env()
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1.
 KEEP_H = not LOW_MEMORY
 # Key slice of ``_bwd_sub_kernel``: 64 (two programs per sub-chunk) or 128 (one: the dA blocks and
-# the do, v rows behind them once instead of twice, [16, 128] float32 tiles). 128 measured +36 /
-# +31% at 2k / 32k (fused, 8 warps; sweep 19:35), +18.7 / +16.0% (2 warps, 1 stage; 19:59).
+# the do, v rows behind them once instead of twice, [16, 128] float32 tiles). At the kernel's
+# launch (2 warps, 1 stage) 128 measured +18.7 / +16.0% at 2k / 32k (sweep 19:59); at 8 warps it
+# had been -27 / -25% (19:35), when that launch was twice as slow as today's.
 BWD_SUB_BK = 64
 # ``_intra_a_kernel``'s dots on operands in the activations' dtype (bf16 tensor-core dots; the
-# exponent factors are <= 1 off the diagonal and <= exp(SPAN_MAX) on it, in bf16's range), as
+# exponent factors are <= 1 off the diagonal and <= exp(SPAN_MAX) on it, in bf16's range but not
+# float16's: float16 inputs keep float32 operands on the diagonal blocks), as
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
 # at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
@@ -152,8 +154,8 @@ def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
                 BC: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr):
     """Add the diagonal block's strictly-lower pairs to a sub-chunk's ``(dqs, dks)`` (``[BC, BK]``):
     ``dq_ic += sum_j dA_ij k_jc E_ijc``, ``dk_jc += sum_i dA_ij q_ic E_ijc``, ``E = exp(G_ic - G_jc)``;
-    factored through row ``n`` (two dots) while the block's decay span allows, else all pairs at
-    once as ``[i, j, c]`` tiles. Also returns the diagonal of ``dA_aa`` (``[BC]``)."""
+    factored through row ``n`` (two dots) while the block's decay span allows, else exactly, one
+    key row ``j`` at a time. Also returns the diagonal of ``dA_aa`` (``[BC]``)."""
     o_c = tl.arange(0, BC)
     if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
         b_dAm = tl.where(o_c[:, None] > o_c[None, :], b_dAaa, 0.)
@@ -224,9 +226,10 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
 def _intra_a_kernel(q, k, gc, A, scale, T,
                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr, LOWP: tl.constexpr):
+                    SPAN_MAX: tl.constexpr, LOWP: tl.constexpr, LOWP_DIAG: tl.constexpr):
     """Grid (NT, B*H), BK >= K: the chunk's scores ``A: [B, T, H, BT]`` float32 (scale included,
-    zero above the diagonal); ``LOWP``: dots on operands in ``q``'s dtype."""
+    zero above the diagonal); ``LOWP``: dots on operands in ``q``'s dtype, ``LOWP_DIAG``: on the
+    diagonal blocks too (factors up to exp(SPAN_MAX): bf16 only, float16 overflows)."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -239,14 +242,15 @@ def _intra_a_kernel(q, k, gc, A, scale, T,
         b_q = _rows(q, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
         b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, 0, BC, BK)
         b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, 0, BK)
-        b_qs = _op(b_q * tl.exp(b_ga - b_gn[None, :]), q, LOWP)
+        b_qs = b_q * tl.exp(b_ga - b_gn[None, :])
+        b_qs_lp = _op(b_qs, q, LOWP)
         for b in tl.static_range(NC):
             if b < a:
                 rb = i_t * BT + b * BC
                 b_kb = _rows(k, i_b, i_h, rb, T, H, K, 0, BC, BK).to(tl.float32)
                 b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, 0, BC, BK)
                 b_ks = _op(b_kb * tl.exp(b_gn[None, :] - b_gb), q, LOWP)
-                b_A = tl.dot(b_qs, tl.trans(b_ks), input_precision=DOT_PREC) * scale
+                b_A = tl.dot(b_qs_lp, tl.trans(b_ks), input_precision=DOT_PREC) * scale
                 _store(A, b_A, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
             if b > a:
                 _store(A, tl.zeros([BC, BC], dtype=tl.float32), i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
@@ -256,8 +260,11 @@ def _intra_a_kernel(q, k, gc, A, scale, T,
         # [BC, BC, BKD] tiles over key slices.
         b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, 0, BK)
         if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
-            b_ka = _op(_rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32) * tl.exp(b_gn[None, :] - b_ga), q, LOWP)
-            b_A = tl.dot(b_qs, tl.trans(b_ka), input_precision=DOT_PREC)
+            b_ka = _rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32) * tl.exp(b_gn[None, :] - b_ga)
+            if LOWP_DIAG:
+                b_A = tl.dot(b_qs_lp, tl.trans(_op(b_ka, q, True)), input_precision=DOT_PREC)
+            else:
+                b_A = tl.dot(b_qs, tl.trans(b_ka), input_precision=DOT_PREC)
             b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A, 0.)
         else:
             b_A = tl.zeros([BC, BC], dtype=tl.float32)
@@ -485,9 +492,11 @@ def intra_a(q, k, gc, scale):
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
     lowp = INTRA_A_INPUT_DTYPE_DOTS and q.dtype != torch.float32
+    lowp_diag = INTRA_A_INPUT_DTYPE_DOTS and q.dtype == torch.bfloat16  # float32's exponent range
     _intra_a_kernel[(triton.cdiv(T, BT), B * H)](q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC,
                                                  BK=_pow2(K), BKD=min(_pow2(K), BKD), DOT_PREC=_prec(q),
-                                                 SPAN_MAX=SPAN_MAX, LOWP=lowp, **_launch(LAUNCH, "intra_a", q))
+                                                 SPAN_MAX=SPAN_MAX, LOWP=lowp, LOWP_DIAG=lowp_diag,
+                                                 **_launch(LAUNCH, "intra_a", q))
     return A
 
 

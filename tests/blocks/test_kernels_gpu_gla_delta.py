@@ -95,6 +95,9 @@ def make_inputs(family, B, T, H, K, V, decay, with_h0, seed):
         g = F.logsigmoid(rnd(*gate_shape) + (1.0 if family == "gla" else 0.0))
     elif decay == "strong":
         g = torch.full(gate_shape, -30.0)
+    elif decay == "moderate":  # -1.5 a step: a 16-row block spans 22.5 (factored path, factors up
+        # to exp(22.5) = 6e9: beyond float16)
+        g = torch.full(gate_shape, -1.5)
     elif decay == "steep":  # -3 a step on half the channels: a 16-row block spans 45 > gla.SPAN_MAX (its
         # exact diagonal path) while neighbours still weigh exp(-3) and the other channels decay mildly
         g = F.logsigmoid(rnd(*gate_shape) + 2.0)
@@ -374,9 +377,10 @@ def test_interpreter_gla_backward_per_sub_chunk(key_slice, monkeypatch):
 @interpreter
 def test_interpreter_gla_scores_on_half_precision_dots(monkeypatch):
     """``gla.INTRA_A_INPUT_DTYPE_DOTS`` only acts on 16-bit inputs. The interpreter multiplies
-    float16 correctly (not bfloat16), so float16 inputs run it here: the scores differ from the
-    float32-operand ones (the switch is wired) by float16 rounding, and the whole op stays as close
-    to the float64 reference as with float32 operands."""
+    float16 correctly (not bfloat16), so float16 inputs run it here (its off-diagonal dots; bf16
+    takes the diagonal blocks' too): the scores differ from the float32-operand ones (the switch is
+    wired) by float16 rounding, and the whole op stays as close to the float64 reference as with
+    float32 operands, also under a decay whose diagonal factors exceed float16's range."""
     from blocks.kernels import gla
 
     (q, k, _, gk, *_), _ = make_inputs("gla", 1, 100, 2, 32, 48, "random", False, seed=0)
@@ -392,6 +396,11 @@ def test_interpreter_gla_scores_on_half_precision_dots(monkeypatch):
     gap = (scores[True] - scores[False]).abs().max().item()
     assert 0 < gap < 1e-2 * scores[False].abs().max().item(), gap
     assert worst[True] < 3e-3 and worst[True] < 2 * worst[False] + 1e-4, worst
+    # the diagonal blocks' factors reach exp(SPAN_MAX): float16 keeps float32 operands there (as
+    # float16 dots they overflowed to inf/NaN under this decay)
+    monkeypatch.setattr(gla, "INTRA_A_INPUT_DTYPE_DOTS", True)
+    errs = run_case(chunk_kernel("gla"), "gla", (1, 64, 1, 32, 16), torch.float16, "moderate", False, "cpu")
+    assert max(errs.values()) < 3e-3, errs
 
 
 # --- CPU, anywhere triton imports ---------------------------------------------------------------
