@@ -70,7 +70,9 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec),
                *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
-            yield ("delta.solve_tril", d._solve_tril_kernel, dict(H=H, BT=64, BC=16), *table(d.LAUNCH, "solve_tril", s))
+            yield ("delta.solve_tril", d._solve_tril_kernel,
+                   dict(H=H, BT=64, BC=16, PREC="ieee" if act == "fp32" else d.SOLVE_TRIL_PREC),
+                   *table(d.LAUNCH, "solve_tril", s))
         lowp = d.WY_INPUT_DTYPE_DOTS and act != "fp32"
         yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec),
                *table(d.LAUNCH, "wu", s))

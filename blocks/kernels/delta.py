@@ -102,8 +102,16 @@ WY_INPUT_DTYPE_DOTS = True
 # (H200): turning it off costs +8.0 / +9.3% fwd+bwd (delta_rule, 2k / 32k). Costs a zeroed
 # [B, T, H] float32 tensor per backward.
 UNGATED_DH_ZERO_GATE = True
+# Precision of ``_solve_tril_kernel``'s 16x16 float32 dots for 16-bit inputs (float32 inputs: always
+# "ieee"): "ieee" (FMA loops, exact float32) or "tf32x3" (three TF32 tensor-core products per dot,
+# float32-level accuracy; the inverse is stored in bf16 anyway under WY_INPUT_DTYPE_DOTS). The
+# kernel, 0.41 ms of a 4.5 ms step at 2k (19:39), is a chain of ~36 dependent tiny dots per chunk.
+# Not timed on a GPU yet (no device time left when it was written): the next sweep's
+# ``--only switch`` times it; the GPU tests check its accuracy.
+SOLVE_TRIL_PREC = "ieee"
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
-            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True)}
+            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
+            "SOLVE_TRIL_PREC": ("ieee", "tf32x3")}
 
 
 @triton.jit
@@ -119,20 +127,21 @@ def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _inv_unit_lower(b_A, BC: tl.constexpr):
+def _inv_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower ``[BC, BC]`` block ``A`` (float32), BC = 16. ``A`` is
     nilpotent (``A^16 = 0``), so ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six
     independent-of-each-row dots instead of 15 dependent forward-substitution steps (which measured
-    2 ms per training step at 64k tokens on the H200, latency-bound)."""
+    2 ms per training step at 64k tokens on the H200, latency-bound). ``PREC``: the dots'
+    ``input_precision`` (``SOLVE_TRIL_PREC``)."""
     o = tl.arange(0, BC)
     eye = (o[:, None] == o[None, :]).to(tl.float32)
     n1 = -b_A
-    n2 = tl.dot(n1, n1, input_precision="ieee")
-    n4 = tl.dot(n2, n2, input_precision="ieee")
-    n8 = tl.dot(n4, n4, input_precision="ieee")
-    p = tl.dot(eye + n1, eye + n2, input_precision="ieee")
-    p = tl.dot(p, eye + n4, input_precision="ieee")
-    return tl.dot(p, eye + n8, input_precision="ieee")
+    n2 = tl.dot(n1, n1, input_precision=PREC)
+    n4 = tl.dot(n2, n2, input_precision=PREC)
+    n8 = tl.dot(n4, n4, input_precision=PREC)
+    p = tl.dot(eye + n1, eye + n2, input_precision=PREC)
+    p = tl.dot(p, eye + n4, input_precision=PREC)
+    return tl.dot(p, eye + n8, input_precision=PREC)
 
 
 @triton.jit
@@ -202,7 +211,7 @@ def _kkt_kernel(k, beta, gc, A, T,
 
 
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
     """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
     ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]`` blocks by ``_inv_unit_lower``, the rest by
     ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for block rows ``i > j`` (16x16 dots)."""
@@ -210,24 +219,24 @@ def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.const
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC)
-    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC)
-    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC)
-    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
+    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC, PREC)
+    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC, PREC)
+    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC, PREC)
+    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC, PREC)
     A10 = _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
     A20 = _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
     A21 = _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
     A30 = _load_block(A, i_b, i_h, i_t, T, 3, 0, H, BT, BC)
     A31 = _load_block(A, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
     A32 = _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
-    # the inverse is float32 math whatever the inputs: full-precision dots (16x16, cheap)
-    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision="ieee"), input_precision="ieee")
-    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision="ieee"), input_precision="ieee")
-    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision="ieee"), input_precision="ieee")
-    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision="ieee") + tl.dot(A21, T10, input_precision="ieee"), input_precision="ieee")
-    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision="ieee") + tl.dot(A32, T21, input_precision="ieee"), input_precision="ieee")
-    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision="ieee") + tl.dot(A31, T10, input_precision="ieee")
-                  + tl.dot(A32, T20, input_precision="ieee"), input_precision="ieee")
+    # the inverse is float32 math whatever the inputs: full-precision dots (16x16; PREC = SOLVE_TRIL_PREC)
+    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=PREC), input_precision=PREC)
+    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=PREC), input_precision=PREC)
+    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=PREC), input_precision=PREC)
+    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision=PREC) + tl.dot(A21, T10, input_precision=PREC), input_precision=PREC)
+    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision=PREC) + tl.dot(A32, T21, input_precision=PREC), input_precision=PREC)
+    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision=PREC) + tl.dot(A31, T10, input_precision=PREC)
+                  + tl.dot(A32, T20, input_precision=PREC), input_precision=PREC)
     Z = tl.zeros([BC, BC], dtype=tl.float32)
     _store_block(Ai, T00, i_b, i_h, i_t, T, 0, 0, H, BT, BC)
     _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
@@ -626,7 +635,8 @@ def wy_fwd(k, v, beta, gc):
     _kkt_kernel[(NT, B * H)](k, beta, gc, A, T, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
                              USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "kkt", k))
     Ai = torch.empty_like(A, dtype=k.dtype if _lowp(k) else torch.float32)
-    _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, **_launch(LAUNCH, "solve_tril", k))
+    prec = "ieee" if k.dtype == torch.float32 else SOLVE_TRIL_PREC
+    _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, PREC=prec, **_launch(LAUNCH, "solve_tril", k))
     return (Ai,) + wu(k, v, beta, gc, Ai)
 
 
