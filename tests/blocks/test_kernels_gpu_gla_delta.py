@@ -149,7 +149,9 @@ SHAPES = [  # B, T, H, K, V. One head count: H, K and V are compile-time constan
     (1, 1000, 2, 128, 128),  # the benchmark's head dims, 16 chunks
     (1, 100, 2, 160, 32),  # K > 128: gla splits into key slices, the delta rules run the PyTorch form
 ]
-CASES = (("random", True), ("strong", False), ("none", True))
+# "steep" (added 2026-11-30 night, not yet run on a GPU): gla's exact diagonal path with weights that
+# matter; "strong" reaches it only where they are ~1e-13
+CASES = (("random", True), ("strong", False), ("steep", True), ("none", True))
 TOL = {torch.float32: 2e-4, torch.bfloat16: 4e-2}
 
 
