@@ -169,6 +169,21 @@ def test_gpu_kernel_matches_reference(family, shape, dtype):
         assert not bad, f"{family} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
+@gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_kernels_in_float16(family):
+    """float16 inputs run their own compiles (the bf16-style dots take float16 operands, whose range
+    ends at 65504): one shape, every decay case plus "moderate", whose diagonal-block factors reach
+    exp(22.5) (they overflowed float16 in gla's forward before its diagonal dots kept float32)."""
+    kernel = chunk_kernel(family)
+    for decay, with_h0 in CASES + (("moderate", False),):
+        if family == "delta_rule" and decay != "random":
+            continue
+        errs = run_case(kernel, family, (1, 200, 2, 128, 64), torch.float16, decay, with_h0, "cuda")
+        bad = {n: e for n, e in errs.items() if not e <= TOL[torch.bfloat16]}  # NaN fails too
+        assert not bad, f"{family} {decay} h0={with_h0}: {bad} (all: {errs})"
+
+
 def flip_switches(family: str, monkeypatch, only: str | None = None) -> list[str]:
     """Turn every alternative the family's kernel module offers (its ``SWITCHES``, which the launch
     sweep times against the defaults), or ``only`` that one, to its other value; returns
