@@ -71,8 +71,9 @@ LAUNCH = {
 # fuses, ``_bwd_inter_kernel`` per chunk writing float32 partials of dq, dk, dg (1.5 KB per token
 # and head at K=128) and the score gradients dA for a per-sub-chunk intra kernel to read back:
 # 8.35 / 9.43 vs the fused 7.70 / 8.82 (19:59), with 1.75 KB per token and head more transient
-# memory (float32 dA [64] and three [K=128] partials; 3.5 KB of traffic written and read back). (At 8 warps the fused kernel took twice the split pair's time, 19:35: each program
-# re-reads [64, 64] tiles of h and dh for dots of 16 rows; 2 warps and 1 stage suit it.)
+# memory (float32 dA [64] and three [K=128] partials; 3.5 KB of traffic written and read back).
+# (At 8 warps the fused kernel took twice the split pair's time, 19:35: each program re-reads
+# [64, 64] tiles of h and dh for dots of 16 rows; 2 warps and 1 stage suit it.)
 # ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of every name in ``SWITCHES``.
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment: the backward recomputes what the switches
 # below keep from the forward.
