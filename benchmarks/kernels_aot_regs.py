@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for blocks
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -40,8 +41,8 @@ def arg_types(act: str) -> dict[str, str]:
     """Triton signature types by argument name: activations and chunk states in ``act``,
     everything else float32, sizes int32."""
     types = {n: f"*{act}" for n in ACTIVATIONS}
-    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x", "P",
-              "dbeta", "dg", "dq_i", "dk_i", "dg_i"):
+    for n in ("beta", "gc", "g", "gk", "Ai", "A", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x", "P",
+              "dbeta", "dg"):
         types[n] = "*fp32"
     if d.WY_INPUT_DTYPE_DOTS:
         types["Ai"] = f"*{act}"
@@ -60,6 +61,7 @@ def table(launch: dict, name: str, default_stages: int) -> tuple[int, int]:
 
 def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     """(name, kernel, constexprs, num_warps, num_stages) as the host code launches them."""
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[act]
     prec = "tf32" if act == "bf16" else "ieee"
     p2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     BK, BV = p2(K), p2(V)
@@ -71,9 +73,9 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
             yield ("delta.solve_tril", d._solve_tril_kernel,
-                   dict(H=H, BT=64, BC=16, PREC="ieee" if act == "fp32" else d.SOLVE_TRIL_PREC),
+                   dict(H=H, BT=64, BC=16, PREC=d._solve_tril_prec(dtype)),
                    *table(d.LAUNCH, "solve_tril", s))
-        lowp = d.WY_INPUT_DTYPE_DOTS and act != "fp32"
+        lowp = d._lowp(torch.empty(0, dtype=dtype))
         yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec),
                *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
@@ -101,10 +103,10 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), *table(g.LAUNCH, "cumsum", s))
     yield ("gla.fwd_h", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_H0=True, STORE_HT=True,
                                               DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
+    ia_lowp, ia_lowp_diag = g._intra_a_lowp(dtype)
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
                                                   DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX,
-                                                  LOWP=g.INTRA_A_INPUT_DTYPE_DOTS and act != "fp32",
-                                                  LOWP_DIAG=g.INTRA_A_INPUT_DTYPE_DOTS and act == "bf16"),
+                                                  LOWP=ia_lowp, LOWP_DIAG=ia_lowp_diag),
            *table(g.LAUNCH, "intra_a", s))
     yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec), *table(g.LAUNCH, "fwd_o", s))
     yield ("gla.bwd_dh", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_DHT=True, STORE_DH0=True,

@@ -608,9 +608,10 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
         _wy_bwd_dg(b_kdXw * b_be + b_kP * b_b - b_kQ, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
 
 # --- host side -------------------------------------------------------------------------------
-def _walk_bv(x: torch.Tensor, B: int, H: int, V: int) -> int:
-    """V block of the sequential walks (grid ``(V/BV, B*H)``, full K per program; ``tiles.walk_bv``)."""
-    return walk_bv(x, B * H, V)
+def _solve_tril_prec(dtype: torch.dtype) -> str:
+    """``_solve_tril_kernel``'s ``PREC`` for inputs of ``dtype``: float32 inputs keep exact float32
+    dots, 16-bit ones get ``SOLVE_TRIL_PREC``."""
+    return "ieee" if dtype == torch.float32 else SOLVE_TRIL_PREC
 
 
 def _lowp(x: torch.Tensor) -> bool:
@@ -635,8 +636,8 @@ def wy_fwd(k, v, beta, gc):
     _kkt_kernel[(NT, B * H)](k, beta, gc, A, T, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
                              USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "kkt", k))
     Ai = torch.empty_like(A, dtype=k.dtype if _lowp(k) else torch.float32)
-    prec = "ieee" if k.dtype == torch.float32 else SOLVE_TRIL_PREC
-    _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, PREC=prec, **_launch(LAUNCH, "solve_tril", k))
+    _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, PREC=_solve_tril_prec(k.dtype),
+                                    **_launch(LAUNCH, "solve_tril", k))
     return (Ai,) + wu(k, v, beta, gc, Ai)
 
 
@@ -656,7 +657,7 @@ def fwd_h(k, w, u, gc, h0, output_final_state):
     B, T, H, K = k.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, BT)
-    BV = _walk_bv(k, B, H, V)
+    BV = walk_bv(k, B * H, V)  # the sequential walk: grid (V/BV, B*H), full K per program
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     vn = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
@@ -700,7 +701,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
         q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
         USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
-    BV = _walk_bv(q, B, H, V)
+    BV = walk_bv(q, B * H, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dv2 = torch.empty_like(v)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None

@@ -140,8 +140,8 @@ def _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H: tl.const
 @triton.jit
 def _dA_block(do, v, i_b, i_h, ri, rj, scale, T, H: tl.constexpr, V: tl.constexpr,
               BC: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Score gradients of query rows ``ri ..`` against key rows ``rj ..`` (sub-chunks of one chunk),
-    unmasked: ``scale do_i v_j^T``, ``[BC, BC]`` float32 (the score gradients ``dA = scale mask(do v^T)``)."""
+    """Score gradients ``dA = scale mask(do v^T)`` of query rows ``ri ..`` against key rows ``rj ..``
+    (sub-chunks of one chunk), unmasked: ``scale do_i v_j^T``, ``[BC, BC]`` float32."""
     b_dA = tl.zeros([BC, BC], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         b_do = _rows(do, i_b, i_h, ri, T, H, V, i_v * BV, BC, BV)
@@ -489,11 +489,18 @@ def fwd_h(k, v, gc, h0, output_final_state):
     return h, ht
 
 
+def _intra_a_lowp(dtype: torch.dtype) -> tuple[bool, bool]:
+    """``_intra_a_kernel``'s ``(LOWP, LOWP_DIAG)`` for inputs of ``dtype`` (``INTRA_A_INPUT_DTYPE_DOTS``):
+    16-bit dot operands off the diagonal blocks, and on them only in bf16 (float32's exponent range;
+    their factors reach exp(SPAN_MAX), beyond float16's)."""
+    return (INTRA_A_INPUT_DTYPE_DOTS and dtype != torch.float32,
+            INTRA_A_INPUT_DTYPE_DOTS and dtype == torch.bfloat16)
+
+
 def intra_a(q, k, gc, scale):
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
-    lowp = INTRA_A_INPUT_DTYPE_DOTS and q.dtype != torch.float32
-    lowp_diag = INTRA_A_INPUT_DTYPE_DOTS and q.dtype == torch.bfloat16  # float32's exponent range
+    lowp, lowp_diag = _intra_a_lowp(q.dtype)
     _intra_a_kernel[(triton.cdiv(T, BT), B * H)](q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC,
                                                  BK=_pow2(K), BKD=min(_pow2(K), BKD), DOT_PREC=_prec(q),
                                                  SPAN_MAX=SPAN_MAX, LOWP=lowp, LOWP_DIAG=lowp_diag,
