@@ -5,6 +5,7 @@
 #   2  the launch sweep's module switches only (`--only switch`), every linear family, 2k and 32k:
 #      which alternative kernels win (docs/benchmarks/README.md, "Ready to time")
 #   3  the full benchmark (`gpu_kernels.py`, fla skipped) with what the checkout has now
+#   ncu  (only when named in STEPS) hardware counters of the training kernels (`ncu_kernels.py`)
 #
 # Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
 # step), so a step that overruns costs only itself. Steps 1-2 take ~5 min on the H200 and step 3
@@ -18,9 +19,11 @@
 # carry: [".whl"]; see /work/shared/device/README.md). Exit status: 1 if any step failed or hit
 # its cap (each step's status is printed).
 #
-# Knobs (environment): STEPS (comma list of tests,sweep,bench; default tests,sweep),
-# TESTS_S (cap, 200), SWEEP_S (cap, 300), BENCH_S (cap, 540), FAMILIES (sweep's, all five),
-# ONLY (the sweep's --only entries, default switch; e.g. switch,wy_bwd,wu), WARPS (its --warps, 4,8,16).
+# Knobs (environment): STEPS (comma list of tests,sweep,ncu,bench; default tests,sweep),
+# TESTS_S (cap, 200), SWEEP_S (cap, 300), NCU_S (cap, 240), BENCH_S (cap, 540), FAMILIES (sweep's,
+# all five), ONLY (the sweep's --only entries, default switch; e.g. switch,wy_bwd,wu), WARPS (its
+# --warps, 4,8,16), SET (its --set, e.g. FUSED_WY_FWD=True), NCU_CASES (ncu_kernels.py --cases),
+# TESTS_K (pytest -k expression for the tests step, default all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench_out/gpu_session}
@@ -32,6 +35,9 @@ BENCH_S=${BENCH_S:-540}
 FAMILIES=${FAMILIES:-linear_attn,simple_gla,gla,delta_rule,gated_delta_rule}
 ONLY=${ONLY:-switch}
 WARPS=${WARPS:-4,8,16}
+SET=${SET:-}
+NCU_S=${NCU_S:-240}
+TESTS_K=${TESTS_K:-}
 export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1
 # sourced: a set-up failure exits here, with gpu_host_env.sh's message on stderr
 . benchmarks/gpu_host_env.sh >/dev/null
@@ -55,12 +61,17 @@ if [[ ,$STEPS, == *,tests,* ]]; then
   fi
   workers=()  # one process if pytest-xdist is missing (slower: compiling dominates)
   $PY -c "import xdist" >/dev/null 2>&1 && workers=(-n 14)
-  step tests "$TESTS_S" $PY -m pytest -p no:cacheprovider -q "${workers[@]}" tests/blocks/test_kernels_gpu.py \
+  select=()
+  [ -n "$TESTS_K" ] && select=(-k "$TESTS_K")
+  step tests "$TESTS_S" $PY -m pytest -p no:cacheprovider -q "${workers[@]}" "${select[@]}" tests/blocks/test_kernels_gpu.py \
     tests/blocks/test_kernels_gpu_gla_delta.py tests/archsearch/test_measure.py || failed=1
 fi
 if [[ ,$STEPS, == *,sweep,* ]]; then
   step sweep "$SWEEP_S" $PY benchmarks/kernel_launch_sweep.py --families "$FAMILIES" --lengths 2048,32768 \
-    --workers 14 --only "$ONLY" --warps "$WARPS" --out "$OUT/sweep" || failed=1
+    --workers 14 --only "$ONLY" --warps "$WARPS" --set "$SET" --out "$OUT/sweep" || failed=1
+fi
+if [[ ,$STEPS, == *,ncu,* ]]; then
+  step ncu "$NCU_S" $PY benchmarks/ncu_kernels.py --out "$OUT/ncu" ${NCU_CASES:+--cases "$NCU_CASES"} || failed=1
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
   deadline=$((BENCH_S > 260 ? BENCH_S - 200 : 60))  # sections starting later are skipped

@@ -39,6 +39,36 @@ WALK_BV = (16, 32, 64)
 
 
 ONLY: set[str] = set()  # --only: entries to sweep (empty: all)
+SET_ENV = "ARCHSEARCH_SWEEP_SET"  # --set, passed to the compile workers and timing children
+
+
+def apply_sets(text: str) -> dict:
+    """``--set "FUSED_WY_FWD=True,BWD_SUB_BK=128"``: give module switches these values before anything
+    is timed (the base all variants are compared with), in every kernel module that has the switch;
+    e.g. to sweep the launch of a kernel that only runs with a switch on. Values are parsed as
+    Python literals (``True``, ``128``), else kept as strings. Returns ``{name: value}``."""
+    import ast
+
+    from blocks.kernels import KERNEL_MODULES
+
+    done: dict = {}
+    for item in filter(None, text.split(",")):
+        name, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set: expected NAME=VALUE, got {item!r}")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        mods = [m for m in {kernel_module(f) for f in KERNEL_MODULES} if name in getattr(m, "SWITCHES", {})]
+        if not mods:
+            raise ValueError(f"--set: {name} is not a switch of any kernel module")
+        for mod in mods:
+            if value not in mod.SWITCHES[name]:
+                raise ValueError(f"--set: {name} takes {mod.SWITCHES[name]}, got {value!r}")
+            setattr(mod, name, value)
+        done[name] = value
+    return done
 
 
 def variants(family: str) -> list[tuple[str, str, int]]:
@@ -109,6 +139,7 @@ def _compile_one(job: tuple[str, tuple | None, int]) -> str:
     """Compile one variant at 3 chunks (a ragged one included: lengths do not recompile) and the
     timed length's batch ``B`` (the walks' V block follows the number of (batch, head) chains)."""
     family, variant, B = job
+    apply_sets(os.environ.get(SET_ENV, ""))
     try:
         with Applied(family, variant):
             step(family, 192, B)()
@@ -164,7 +195,7 @@ def sweep_one(family: str, T: int, start: int = 0) -> None:
 def _child(family: str, T: int, start: int, timeout: float) -> tuple[list[dict], str]:
     """Run ``sweep_one`` in a fresh process: ``(rows, error line or "")``."""
     cmd = [sys.executable, __file__, "--child", f"{family}:{T}:{start}", "--only", ",".join(sorted(ONLY)),
-           "--warps", ",".join(map(str, WARPS))]
+           "--warps", ",".join(map(str, WARPS)), "--set", os.environ.get(SET_ENV, "")]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         out = proc.stdout
@@ -239,8 +270,15 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma list of entries to sweep, e.g. 'switch' or "
                     "'wy_bwd,walk_bv' (default: every launch-table entry, walk_bv and switch)")
     ap.add_argument("--warps", default="4,8,16", help="warp counts to try per kernel (default 4,8,16)")
+    ap.add_argument("--set", default="", help="switch values for the base, e.g. 'FUSED_WY_FWD=True' "
+                    "(to sweep the launch of a kernel behind a switch)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # FAMILY:T:START, see sweep()
     opts = ap.parse_args(argv)
+    try:
+        apply_sets(opts.set)
+    except ValueError as exc:
+        ap.error(str(exc))
+    os.environ[SET_ENV] = opts.set  # the compile workers and timing children apply it too
     ONLY.update(filter(None, opts.only.split(",")))
     warps = comma_ints(opts.warps)
     if not warps or any(w < 1 or w & (w - 1) for w in warps):

@@ -72,10 +72,10 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec),
                *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
-            yield ("delta.solve_tril", d._solve_tril_kernel,
-                   dict(H=H, BT=64, BC=16, PREC=d._solve_tril_prec(dtype)),
-                   *table(d.LAUNCH, "solve_tril", s))
+            yield ("delta.solve_tril", d._solve_tril_kernel, dict(H=H, BT=64, BC=16), *table(d.LAUNCH, "solve_tril", s))
         lowp = d._lowp(torch.empty(0, dtype=dtype))
+        yield (f"{tag}.wy_fwd", d._wy_fwd_kernel, dict(C, BC=16, BK=min(64, BK), BV=min(64, BV), USE_G=use_g,
+                                                       LOWP=lowp, DOT_PREC=prec), *table(d.LAUNCH, "wy_fwd", s))
         yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec),
                *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
@@ -113,7 +113,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                 DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
     yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec), *table(g.LAUNCH, "bwd_dv", s))
     yield ("gla.bwd_sub", g._bwd_sub_kernel, dict(C, BC=16, NC=4, BK=min(g.BWD_SUB_BK, BK), BV=min(64, BV), DOT_PREC=prec,
-                                                  SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_sub", s))
+                                                  SPAN_MAX=g.SPAN_MAX, DIAG_DA_IN_STATE_LOOP=g.DIAG_DA_IN_STATE_LOOP),
+           *table(g.LAUNCH, "bwd_sub", s))
     yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), NP=4),
            *table(g.LAUNCH, "rev_cumsum", s))
 

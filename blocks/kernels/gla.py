@@ -94,7 +94,12 @@ BWD_SUB_BK = 64
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
 # at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
-SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
+# ``_bwd_sub_kernel`` forms the diagonal block's score gradients ``dA_aa`` inside its state loop, from
+# the do, v rows that loop loads anyway, instead of loading them again for ``_dA_block`` (8 KB of
+# the ~98 KB each program reads at K = V = 128; the same sums in the same order). Not timed yet.
+DIAG_DA_IN_STATE_LOOP = False
+SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
+            "DIAG_DA_IN_STATE_LOOP": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -370,7 +375,7 @@ def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
 def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr):
+                    SPAN_MAX: tl.constexpr, DIAG_DA_IN_STATE_LOOP: tl.constexpr):
     """Grid (K/BK, NT*NC, B*H): the backward of sub-chunk ``a`` (sub-chunk ``i_tc % NC`` of chunk
     ``i_tc // NC``; key columns ``i_k*BK ..``): the state parts of ``dq, dk`` for its 16 rows from
     ``h, dh``, and the intra-chunk parts from the score gradients it needs (``dA_ab``, ``b <= a``;
@@ -402,11 +407,14 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
     b_dk = tl.zeros([BC, BK], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
+    b_dAaa = tl.zeros([BC, BC], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
         b_do = _rows(do, i_b, i_h, ra, T, H, V, i_v * BV, BC, BV)
         b_v = _rows(v, i_b, i_h, ra, T, H, V, i_v * BV, BC, BV)
+        if DIAG_DA_IN_STATE_LOOP:  # the diagonal block's score gradients from the rows already here
+            b_dAaa += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
         b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
         b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
         b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
@@ -433,7 +441,10 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
         b_dks += _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
     b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
     b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
-    b_dAaa = _dA_block(do, v, i_b, i_h, ra, ra, scale, T, H, V, BC, BV, DOT_PREC)  # masked in _diag_grads
+    if DIAG_DA_IN_STATE_LOOP:
+        b_dAaa = b_dAaa * scale  # masked in _diag_grads
+    else:
+        b_dAaa = _dA_block(do, v, i_b, i_h, ra, ra, scale, T, H, V, BC, BV, DOT_PREC)
     b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
     b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_qf, b_kf, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
     # gate: q . dq through the state read and the intra-chunk pairs, minus k . dk of what leaves
@@ -545,7 +556,8 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(triton.cdiv(K, BKf), NT * NC, B * H)](
         q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
-        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
+        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX,
+        DIAG_DA_IN_STATE_LOOP=DIAG_DA_IN_STATE_LOOP, **_launch(LAUNCH, "bwd_sub", q))
     del h, dh
     BKr = min(64, _pow2(K))
     _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, P, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC,

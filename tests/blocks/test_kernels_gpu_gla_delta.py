@@ -372,26 +372,6 @@ def test_interpreter_ungated_bwd_dh_runs_on_a_zero_gate(zero_gate, monkeypatch):
 
 
 @interpreter
-@pytest.mark.parametrize("prec", ["ieee", "tf32x3"])
-def test_interpreter_solve_tril_precision_switch(prec, monkeypatch):
-    """``delta.SOLVE_TRIL_PREC`` reaches ``_solve_tril_kernel`` for 16-bit inputs (float16 here: the
-    interpreter multiplies it correctly) and float32 inputs always get "ieee"; results as accurate
-    either way (the interpreter computes both in float32; the GPU tests check TF32x3's accuracy)."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "SOLVE_TRIL_PREC", prec)
-    spy = _LaunchSpy(delta._solve_tril_kernel)
-    monkeypatch.setattr(delta, "_solve_tril_kernel", spy)
-    for dtype, tol, want in ((torch.float16, 3e-3, prec), (torch.float32, 2e-5, "ieee")):
-        spy.calls.clear()
-        with checked_memory():
-            errs = run_case(chunk_kernel("gated_delta_rule"), "gated_delta_rule", (1, 70, 2, 32, 48), dtype,
-                            "random", True, "cpu")
-        assert max(errs.values()) < tol, (dtype, errs)
-        assert spy.calls and all(kw["PREC"] == want for _, kw in spy.calls), (dtype, [kw["PREC"] for _, kw in spy.calls])
-
-
-@interpreter
 @pytest.mark.parametrize("key_slice", [16, 64])
 def test_interpreter_gla_backward_per_sub_chunk(key_slice, monkeypatch):
     """``_bwd_sub_kernel`` (one program per 16-row sub-chunk and key slice; score gradients
