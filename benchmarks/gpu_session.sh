@@ -22,7 +22,7 @@
 # Knobs (environment): STEPS (comma list of tests,sweep,ncu,bench; default tests,sweep),
 # TESTS_S (cap, 200), SWEEP_S (cap, 300), NCU_S (cap, 240), BENCH_S (cap, 540), FAMILIES (sweep's,
 # all five), ONLY (the sweep's --only entries, default switch; e.g. switch,wy_bwd,wu), WARPS (its
-# --warps, 4,8,16), SET (its --set, e.g. FUSED_WY_FWD=True), NCU_CASES (ncu_kernels.py --cases),
+# --warps, 4,8,16), SET (its --set, e.g. BWD_SUB_BK=128), NCU_CASES (ncu_kernels.py --cases),
 # TESTS_K (pytest -k expression for the tests step, default all).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -43,7 +43,7 @@ SET_ENV = "ARCHSEARCH_SWEEP_SET"  # --set, passed to the compile workers and tim
 
 
 def apply_sets(text: str) -> dict:
-    """``--set "FUSED_WY_FWD=True,BWD_SUB_BK=128"``: give module switches these values before anything
+    """``--set "KEEP_H=False,BWD_SUB_BK=128"``: give module switches these values before anything
     is timed (the base all variants are compared with), in every kernel module that has the switch;
     e.g. to sweep the launch of a kernel that only runs with a switch on. Values are parsed as
     Python literals (``True``, ``128``), else kept as strings. Returns ``{name: value}``."""
@@ -270,7 +270,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma list of entries to sweep, e.g. 'switch' or "
                     "'wy_bwd,walk_bv' (default: every launch-table entry, walk_bv and switch)")
     ap.add_argument("--warps", default="4,8,16", help="warp counts to try per kernel (default 4,8,16)")
-    ap.add_argument("--set", default="", help="switch values for the base, e.g. 'FUSED_WY_FWD=True' "
+    ap.add_argument("--set", default="", help="switch values for the base, e.g. 'BWD_SUB_BK=128' "
                     "(to sweep the launch of a kernel behind a switch)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # FAMILY:T:START, see sweep()
     opts = ap.parse_args(argv)

@@ -40,7 +40,6 @@ METRICS = {
     "l1_pct": "l1tex__throughput.avg.pct_of_peak_sustained_active",
     "sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "tensor_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",  # mma.sync
-    "wgmma_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",  # Hopper wgmma
     "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "l2_hit_pct": "lts__t_sector_hit_rate.pct",
     "dram_read_mb": "dram__bytes_read.sum",
@@ -111,7 +110,7 @@ def parse(csv_text: str) -> dict:
                 continue
             unit = units.get(metric, "")
             if key == "duration_us":
-                val = val / 1e3 if unit == "nsecond" else val * 1e3 if unit == "msecond" else val
+                val *= {"ns": 1e-3, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}.get(unit, 1.0)
             if key.endswith("_mb"):
                 scale = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3, "sector": 32e-6}.get(unit, 1.0)
                 val *= scale
@@ -121,18 +120,38 @@ def parse(csv_text: str) -> dict:
 
 
 def table(case: str, kernels: dict) -> str:
-    head = ["kernel", "us", "DRAM %", "L2 %", "L1 %", "SM %", "mma %", "wgmma %", "occ %", "L2 hit %",
+    head = ["kernel", "us", "DRAM %", "L2 %", "L1 %", "SM %", "mma %", "occ %", "L2 hit %",
             "DRAM MB", "L2 rd MB", "regs", "cyc/issue", "top stalls (cycles per issue)"]
     lines = [f"### {case}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in sorted(kernels.items(), key=lambda kv: -kv[1].get("duration_us", 0)):
         stalls = sorted(((s, m[s]) for s in STALLS if s in m), key=lambda kv: -kv[1])[:3]
         cells = [name] + [f"{m[k]:.1f}" if k in m else "-" for k in
-                          ("duration_us", "dram_pct", "l2_pct", "l1_pct", "sm_pct", "tensor_pct", "wgmma_pct",
+                          ("duration_us", "dram_pct", "l2_pct", "l1_pct", "sm_pct", "tensor_pct",
                            "occupancy_pct", "l2_hit_pct", "dram_read_mb", "l2_read_mb", "registers",
                            "cycles_per_issue")]
         cells.append(", ".join(f"{s} {v:.1f}" for s, v in stalls))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def rebuild(out: Path) -> int:
+    """``--from-csv``: the report from the CSVs an earlier run left in ``out`` (e.g. when only those
+    came back from the GPU host)."""
+    files = sorted(out.glob("ncu_*_*.csv"))
+    if not files:
+        print(f"ncu_kernels: no ncu_<family>_<T>.csv in {out}", file=sys.stderr)
+        return 2
+    results: dict = {"rebuilt_from": [f.name for f in files], "cases": {}}
+    md = []
+    for f in files:
+        family, T = f.stem[len("ncu_"):].rsplit("_", 1)
+        case = f"{family}:{T}"
+        results["cases"][case] = {"kernels": parse(f.read_text())}
+        md.append(table(case, results["cases"][case]["kernels"]))
+        print(md[-1] + "\n")
+    (out / "ncu_kernels.json").write_text(json.dumps(results, indent=1))
+    (out / "ncu_kernels.md").write_text("\n\n".join(md) + "\n")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -141,11 +160,15 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=DEFAULT_CASES, help="comma list of family:T")
     ap.add_argument("--kernels", default=DEFAULT_KERNELS, help="regex of kernel names to profile")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per case")
+    ap.add_argument("--from-csv", action="store_true",
+                    help="no profiling: rebuild the tables, ncu_kernels.json/.md from the ncu_*.csv in --out")
     ap.add_argument("--child", nargs=2, metavar=("FAMILY", "T"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         child(args.child[0], int(args.child[1]))
         return 0
+    if args.from_csv:
+        return rebuild(args.out)
     ncu = find_ncu()
     if ncu is None:
         print("ncu_kernels: Nsight Compute (ncu) not found on PATH, /opt/nvidia or /usr/local/cuda", file=sys.stderr)

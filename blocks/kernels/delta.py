@@ -54,7 +54,6 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K run
 LAUNCH = {
     "kkt": dict(num_warps=4, num_stages=None),
     "solve_tril": dict(num_warps=2, num_stages=1),  # 2 warps: -2.0 / -2.0% (delta_rule), -1.3 / -1.6% (gated) at 2k / 32k (sweep 19:13)
-    "wy_fwd": dict(num_warps=8, num_stages=1),  # FUSED_WY_FWD's kernel, not timed yet (8 warps: no spills in sm_90 AOT, 4: 1 KB)
     "wu": dict(num_warps=4, num_stages=None),
     "fwd_o": dict(num_warps=8, num_stages=None),
     "bwd_dv_local": dict(num_warps=8, num_stages=None),
@@ -84,7 +83,14 @@ DQKWG_BK = 64
 KEEP_H = not LOW_MEMORY
 # Removed after losing in H200 sweeps: ``WY_BWD_SPLIT`` (``_wy_bwd_kernel`` as two kernels: +7.4 /
 # +7.7% fwd+bwd at 2k / 32k, 16:49) and ``UNGATED_WALK_BV`` (the ungated walks capped at V block
-# 32: won 5.3% at 2k at 15:03, lost 3.1% at 17:09 once the WY kernels took bf16 operands).
+# 32: won 5.3% at 2k at 15:03, lost 3.1% at 17:09 once the WY kernels took bf16 operands), and
+# ``FUSED_WY_FWD`` (``_kkt_kernel``, ``_solve_tril_kernel`` and ``_wu_kernel`` as one program per
+# chunk, A kept in registers, 1.2 instead of ~2.4 GB moved): 5.25 vs 4.66 ms per step at 2k at its
+# best launch (4 warps; 8 warps 6.28), +11..13% for both rules at 2k and 32k (sweeps 22:57-22:59,
+# ``kernel_launch_sweep_fused_wy.md``). Nsight Compute (22:59, ``docs/benchmarks/ncu/ncu_kernels.md``)
+# suggests why (not shown): ``_solve_tril_kernel`` is L1-bound (96% of L1 throughput, no tensor-core
+# use: its float32 "ieee" dots go through shared memory), and in one program its chain of dots
+# serialises with the rest.
 # The WY kernels (``_wu_kernel``, ``_wy_bwd_kernel``) take their dot operands in the activations'
 # dtype and ``Ai`` is stored in it ([B, T, H, 64]: half the bytes in bf16), as fla 0.6 does;
 # accumulation stays float32. False: float32 operands (TF32 dots) and a float32 ``Ai``. Makes no
@@ -103,15 +109,8 @@ WY_INPUT_DTYPE_DOTS = True
 # (H200): turning it off costs +8.0 / +9.3% fwd+bwd (delta_rule, 2k / 32k). Costs a zeroed
 # [B, T, H] float32 tensor per backward.
 UNGATED_DH_ZERO_GATE = True
-# ``_wy_fwd_kernel`` in place of ``_kkt_kernel`` + ``_solve_tril_kernel`` + ``_wu_kernel`` (0.13 +
-# 0.41 + 0.31 ms of a 4.5 ms step at 2k, 19:39): A stays in registers (its float32 [B, T, H, 64]
-# round trip, 0.5 GB at 64k tokens, goes), k is read once for A and w, two launches fewer.
-# Predicted -0.3..-0.5 ms of 4.7 from bytes alone (1.2 GB moved instead of ~2.4); the solve's
-# dependent dot chain now shares its program with the w, u products. Not timed yet.
-FUSED_WY_FWD = False
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
-            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
-            "FUSED_WY_FWD": (False, True)}
+            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True)}
 
 
 @triton.jit
@@ -273,132 +272,6 @@ def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.const
                          _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC),
                          _load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
     _store_inverse(Ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, i_b, i_h, i_t, T, H, BT, BC)
-
-
-@triton.jit
-def _sub_vec(x, i_b, i_h, r0, T, H: tl.constexpr, BC: tl.constexpr):
-    """``x[b, r0:r0+BC, h]`` of ``x: [B, T, H]`` as float32 ``[BC]``, zero past ``T``."""
-    o_r = r0 + tl.arange(0, BC)
-    return tl.load(x + (i_b * T + o_r) * H + i_h, mask=o_r < T, other=0.).to(tl.float32)
-
-
-@triton.jit
-def _kkt_block(b_A, b_bi, b_gi, b_gj, DIAG: tl.constexpr, USE_G: tl.constexpr, BC: tl.constexpr):
-    """Block ``(i, j)`` of ``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)`` from ``k_i . k_j``
-    (``b_A: [BC, BC]``), row block ``i``'s ``beta`` and ``G`` and column block ``j``'s ``G``
-    (``[BC]``); ``DIAG``: a diagonal block (strictly lower part kept)."""
-    b_A = b_A * b_bi[:, None]
-    o = tl.arange(0, BC)
-    if USE_G:
-        if DIAG:
-            b_A = b_A * tl.exp(tl.where(o[:, None] > o[None, :], b_gi[:, None] - b_gj[None, :], float("-inf")))
-        else:
-            b_A = b_A * tl.exp(b_gi[:, None] - b_gj[None, :])
-    if DIAG:
-        b_A = tl.where(o[:, None] > o[None, :], b_A, 0.)
-    return b_A
-
-
-@triton.jit
-def _store_wy_rows(out, x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
-                   i_b, i_h, r0, T, H: tl.constexpr, D: tl.constexpr, col0, BC: tl.constexpr,
-                   BD: tl.constexpr, DOT_PREC: tl.constexpr):
-    """``out[rows of block i] = sum_{j <= i} Ti_ij x_j`` for the chunk's four row blocks (``x_j:
-    [BC, BD]`` columns ``col0 ..``; ``Ti_ij`` already dot operands)."""
-    _store_rows(out, tl.dot(T00, x0, input_precision=DOT_PREC), i_b, i_h, r0, T, H, D, col0, BC, BD)
-    _store_rows(out, tl.dot(T10, x0, input_precision=DOT_PREC) + tl.dot(T11, x1, input_precision=DOT_PREC),
-                i_b, i_h, r0 + BC, T, H, D, col0, BC, BD)
-    _store_rows(out, tl.dot(T20, x0, input_precision=DOT_PREC) + tl.dot(T21, x1, input_precision=DOT_PREC)
-                + tl.dot(T22, x2, input_precision=DOT_PREC), i_b, i_h, r0 + 2 * BC, T, H, D, col0, BC, BD)
-    _store_rows(out, tl.dot(T30, x0, input_precision=DOT_PREC) + tl.dot(T31, x1, input_precision=DOT_PREC)
-                + tl.dot(T32, x2, input_precision=DOT_PREC) + tl.dot(T33, x3, input_precision=DOT_PREC),
-                i_b, i_h, r0 + 3 * BC, T, H, D, col0, BC, BD)
-
-
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _wy_fwd_kernel(k, v, beta, gc, Ai, w, u, T,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                   BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, LOWP: tl.constexpr,
-                   DOT_PREC: tl.constexpr):
-    """Grid (NT, B*H), BT = 4 BC: ``_kkt_kernel``, ``_solve_tril_kernel`` and ``_wu_kernel`` of chunk
-    ``i_t`` in one program (``FUSED_WY_FWD``): ``A``'s ten ``[BC, BC]`` blocks from ``[BC, BK]`` row
-    blocks of ``k``, their inverse (stored to ``Ai``), then ``w = Ai (beta exp(G) k)`` and
-    ``u = Ai (beta v)`` block row by block row. ``A`` never leaves registers; the same math as
-    the three kernels (the inverse rounded to ``Ai``'s dtype before the ``w, u`` dots when ``LOWP``)."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    r0 = i_t * BT
-    A00 = tl.zeros([BC, BC], dtype=tl.float32)
-    A10 = tl.zeros([BC, BC], dtype=tl.float32)
-    A11 = tl.zeros([BC, BC], dtype=tl.float32)
-    A20 = tl.zeros([BC, BC], dtype=tl.float32)
-    A21 = tl.zeros([BC, BC], dtype=tl.float32)
-    A22 = tl.zeros([BC, BC], dtype=tl.float32)
-    A30 = tl.zeros([BC, BC], dtype=tl.float32)
-    A31 = tl.zeros([BC, BC], dtype=tl.float32)
-    A32 = tl.zeros([BC, BC], dtype=tl.float32)
-    A33 = tl.zeros([BC, BC], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        k0 = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BC, BK)
-        k1 = _load_rows(k, i_b, i_h, r0 + BC, T, H, K, i_k * BK, BC, BK)
-        k2 = _load_rows(k, i_b, i_h, r0 + 2 * BC, T, H, K, i_k * BK, BC, BK)
-        k3 = _load_rows(k, i_b, i_h, r0 + 3 * BC, T, H, K, i_k * BK, BC, BK)
-        A00 += tl.dot(k0, tl.trans(k0), input_precision=DOT_PREC)
-        A10 += tl.dot(k1, tl.trans(k0), input_precision=DOT_PREC)
-        A11 += tl.dot(k1, tl.trans(k1), input_precision=DOT_PREC)
-        A20 += tl.dot(k2, tl.trans(k0), input_precision=DOT_PREC)
-        A21 += tl.dot(k2, tl.trans(k1), input_precision=DOT_PREC)
-        A22 += tl.dot(k2, tl.trans(k2), input_precision=DOT_PREC)
-        A30 += tl.dot(k3, tl.trans(k0), input_precision=DOT_PREC)
-        A31 += tl.dot(k3, tl.trans(k1), input_precision=DOT_PREC)
-        A32 += tl.dot(k3, tl.trans(k2), input_precision=DOT_PREC)
-        A33 += tl.dot(k3, tl.trans(k3), input_precision=DOT_PREC)
-    b0 = _sub_vec(beta, i_b, i_h, r0, T, H, BC)
-    b1 = _sub_vec(beta, i_b, i_h, r0 + BC, T, H, BC)
-    b2 = _sub_vec(beta, i_b, i_h, r0 + 2 * BC, T, H, BC)
-    b3 = _sub_vec(beta, i_b, i_h, r0 + 3 * BC, T, H, BC)
-    g0 = tl.zeros([BC], dtype=tl.float32)
-    g1 = tl.zeros([BC], dtype=tl.float32)
-    g2 = tl.zeros([BC], dtype=tl.float32)
-    g3 = tl.zeros([BC], dtype=tl.float32)
-    if USE_G:  # padded rows take the chunk's last valid G (as _load_gc), so exponents stay <= 0
-        g_last = tl.load(gc + (i_b * T + tl.minimum(r0 + BT, T) - 1) * H + i_h)
-        o_c = tl.arange(0, BC)
-        g0 = tl.where(r0 + o_c < T, _sub_vec(gc, i_b, i_h, r0, T, H, BC), g_last)
-        g1 = tl.where(r0 + BC + o_c < T, _sub_vec(gc, i_b, i_h, r0 + BC, T, H, BC), g_last)
-        g2 = tl.where(r0 + 2 * BC + o_c < T, _sub_vec(gc, i_b, i_h, r0 + 2 * BC, T, H, BC), g_last)
-        g3 = tl.where(r0 + 3 * BC + o_c < T, _sub_vec(gc, i_b, i_h, r0 + 3 * BC, T, H, BC), g_last)
-    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse_blocks(
-        _kkt_block(A00, b0, g0, g0, True, USE_G, BC),
-        _kkt_block(A10, b1, g1, g0, False, USE_G, BC), _kkt_block(A11, b1, g1, g1, True, USE_G, BC),
-        _kkt_block(A20, b2, g2, g0, False, USE_G, BC), _kkt_block(A21, b2, g2, g1, False, USE_G, BC),
-        _kkt_block(A22, b2, g2, g2, True, USE_G, BC),
-        _kkt_block(A30, b3, g3, g0, False, USE_G, BC), _kkt_block(A31, b3, g3, g1, False, USE_G, BC),
-        _kkt_block(A32, b3, g3, g2, False, USE_G, BC), _kkt_block(A33, b3, g3, g3, True, USE_G, BC),
-        BC)
-    _store_inverse(Ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, i_b, i_h, i_t, T, H, BT, BC)
-    # the dot operands of w, u: the inverse as stored (rounded to Ai's dtype), as _wu_kernel reads it
-    T00, T10, T11 = T00.to(Ai.dtype.element_ty), T10.to(Ai.dtype.element_ty), T11.to(Ai.dtype.element_ty)
-    T20, T21, T22 = T20.to(Ai.dtype.element_ty), T21.to(Ai.dtype.element_ty), T22.to(Ai.dtype.element_ty)
-    T30, T31 = T30.to(Ai.dtype.element_ty), T31.to(Ai.dtype.element_ty)
-    T32, T33 = T32.to(Ai.dtype.element_ty), T33.to(Ai.dtype.element_ty)
-    e0, e1, e2, e3 = b0 * tl.exp(g0), b1 * tl.exp(g1), b2 * tl.exp(g2), b3 * tl.exp(g3)
-    for i_k in range(tl.cdiv(K, BK)):
-        c0 = i_k * BK
-        _store_wy_rows(w, _op(_load_rows(k, i_b, i_h, r0, T, H, K, c0, BC, BK).to(tl.float32) * e0[:, None], k, LOWP),
-                       _op(_load_rows(k, i_b, i_h, r0 + BC, T, H, K, c0, BC, BK).to(tl.float32) * e1[:, None], k, LOWP),
-                       _op(_load_rows(k, i_b, i_h, r0 + 2 * BC, T, H, K, c0, BC, BK).to(tl.float32) * e2[:, None], k, LOWP),
-                       _op(_load_rows(k, i_b, i_h, r0 + 3 * BC, T, H, K, c0, BC, BK).to(tl.float32) * e3[:, None], k, LOWP),
-                       T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, i_b, i_h, r0, T, H, K, c0, BC, BK, DOT_PREC)
-    for i_v in range(tl.cdiv(V, BV)):
-        c0 = i_v * BV
-        _store_wy_rows(u, _op(_load_rows(v, i_b, i_h, r0, T, H, V, c0, BC, BV).to(tl.float32) * b0[:, None], k, LOWP),
-                       _op(_load_rows(v, i_b, i_h, r0 + BC, T, H, V, c0, BC, BV).to(tl.float32) * b1[:, None], k, LOWP),
-                       _op(_load_rows(v, i_b, i_h, r0 + 2 * BC, T, H, V, c0, BC, BV).to(tl.float32) * b2[:, None], k, LOWP),
-                       _op(_load_rows(v, i_b, i_h, r0 + 3 * BC, T, H, V, c0, BC, BV).to(tl.float32) * b3[:, None], k, LOWP),
-                       T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, i_b, i_h, r0, T, H, V, c0, BC, BV, DOT_PREC)
 
 
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
@@ -767,18 +640,10 @@ def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:
 
 def wy_fwd(k, v, beta, gc):
     """``(Ai [B, T, H, BT], w [B, T, H, K], u [B, T, H, V])``: the chunks' ``(I + A)^-1`` (float32, or
-    the activations' dtype with ``WY_INPUT_DTYPE_DOTS``) and the WY factors, in one kernel
-    (``FUSED_WY_FWD``) or three (``A``, its inverse, ``w, u``)."""
+    the activations' dtype with ``WY_INPUT_DTYPE_DOTS``) and the WY factors, in three kernels
+    (``A``, its inverse, ``w, u``)."""
     B, T, H, K = k.shape
     NT = triton.cdiv(T, BT)
-    if FUSED_WY_FWD:
-        V = v.shape[-1]
-        Ai = torch.empty(B, T, H, BT, dtype=k.dtype if _lowp(k) else torch.float32, device=k.device)
-        w, u = torch.empty_like(k), torch.empty_like(v)
-        _wy_fwd_kernel[(NT, B * H)](
-            k, v, beta, gc, Ai, w, u, T, H=H, K=K, V=V, BT=BT, BC=BC, BK=min(64, _pow2(K)),
-            BV=min(64, _pow2(V)), USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), **_launch(LAUNCH, "wy_fwd", k))
-        return Ai, w, u
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
     _kkt_kernel[(NT, B * H)](k, beta, gc, A, T, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
                              USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "kkt", k))

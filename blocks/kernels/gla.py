@@ -94,12 +94,17 @@ BWD_SUB_BK = 64
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
 # at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
-# ``_bwd_sub_kernel`` forms the diagonal block's score gradients ``dA_aa`` inside its state loop, from
-# the do, v rows that loop loads anyway, instead of loading them again for ``_dA_block`` (8 KB of
-# the ~98 KB each program reads at K = V = 128; the same sums in the same order). Not timed yet.
-DIAG_DA_IN_STATE_LOOP = False
+# V block of ``_bwd_dv_kernel``: 64 (two programs per chunk, each loading the chunk's float32 A
+# [64, 64], G [64, K] and k again) or 128 (one program per chunk at V = 128). Nsight Compute
+# (22:59, ``docs/benchmarks/ncu/ncu_kernels.md``): at 64 the kernel is L2-bound (87% of L2 throughput, 2.9 GB read
+# from L2 for 1.9 GB from DRAM at 2k). Not timed yet.
+BWD_DV_BV = 64
+# ``_intra_a_kernel`` with one program per 16-row block (``NT * 4`` programs) instead of one per chunk
+# walking its four blocks in order: Nsight Compute (22:59) has the per-chunk kernel latency-bound
+# (12% occupancy at 243 registers, 27% of DRAM and 35% of L2 throughput, 1.0 ms at 2k). Not timed yet.
+INTRA_A_PER_SUB = False
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
-            "DIAG_DA_IN_STATE_LOOP": (False, True)}
+            "BWD_DV_BV": (64, 128), "INTRA_A_PER_SUB": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -228,61 +233,80 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
+@triton.jit
+def _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, a, last, g_last,
+                  H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NC: tl.constexpr,
+                  BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr,
+                  LOWP: tl.constexpr, LOWP_DIAG: tl.constexpr):
+    """Row block ``a`` (16 query rows; a compile-time or a run-time index) of chunk ``i_t``'s scores
+    into ``A``: the blocks against earlier key sub-chunks, the diagonal block, zeros after it."""
+    o_c = tl.arange(0, BC)
+    ra = i_t * BT + a * BC
+    b_q = _rows(q, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
+    b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, 0, BC, BK)
+    b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, 0, BK)
+    b_qs = b_q * tl.exp(b_ga - b_gn[None, :])
+    b_qs_lp = _op(b_qs, q, LOWP)
+    for b in tl.static_range(NC):
+        if b < a:
+            rb = i_t * BT + b * BC
+            b_kb = _rows(k, i_b, i_h, rb, T, H, K, 0, BC, BK).to(tl.float32)
+            b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, 0, BC, BK)
+            b_ks = _op(b_kb * tl.exp(b_gn[None, :] - b_gb), q, LOWP)
+            b_A = tl.dot(b_qs_lp, tl.trans(b_ks), input_precision=DOT_PREC) * scale
+            _store(A, b_A, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+        if b > a:
+            _store(A, tl.zeros([BC, BC], dtype=tl.float32), i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+    # the diagonal block. G falls by at most ``span`` inside it; while exp(span) is far from
+    # float32's range the pairs factor through row n like the blocks above, one tensor-core
+    # dot; else exactly, E[i, j, c] = exp(G_ic - G_jc) for j <= i (-inf before exp above) as
+    # [BC, BC, BKD] tiles over key slices.
+    b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, 0, BK)
+    if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
+        b_ka = _rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32) * tl.exp(b_gn[None, :] - b_ga)
+        if LOWP_DIAG:
+            b_A = tl.dot(b_qs_lp, tl.trans(_op(b_ka, q, True)), input_precision=DOT_PREC)
+        else:
+            b_A = tl.dot(b_qs, tl.trans(b_ka), input_precision=DOT_PREC)
+        b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A, 0.)
+    else:
+        b_A = tl.zeros([BC, BC], dtype=tl.float32)
+        m_ij = (o_c[:, None] >= o_c[None, :])[:, :, None]
+        for i_k in tl.static_range(BK // BKD):
+            d_q = _rows(q, i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD).to(tl.float32)
+            d_k = _rows(k, i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD).to(tl.float32)
+            d_g = _g_rows(gc, _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BKD, BKD),
+                          i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD)
+            d_e = tl.exp(tl.where(m_ij, d_g[:, None, :] - d_g[None, :, :], float("-inf")))
+            b_A += tl.sum(d_q[:, None, :] * d_k[None, :, :] * d_e, axis=2)
+    _store(A, b_A * scale, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
+
+
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _intra_a_kernel(q, k, gc, A, scale, T,
                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr, LOWP: tl.constexpr, LOWP_DIAG: tl.constexpr):
-    """Grid (NT, B*H), BK >= K: the chunk's scores ``A: [B, T, H, BT]`` float32 (scale included,
-    zero above the diagonal); ``LOWP``: dots on operands in ``q``'s dtype, ``LOWP_DIAG``: on the
-    diagonal blocks too (factors up to exp(SPAN_MAX): bf16 only, float16 overflows)."""
-    i_t = tl.program_id(0)
+                    SPAN_MAX: tl.constexpr, LOWP: tl.constexpr, LOWP_DIAG: tl.constexpr, PER_SUB: tl.constexpr):
+    """Grid (NT, B*H), or (NT*NC, B*H) with ``PER_SUB`` (one program per 16-row block), BK >= K: the
+    chunk's scores ``A: [B, T, H, BT]`` float32 (scale included, zero above the diagonal); ``LOWP``:
+    dots on operands in ``q``'s dtype, ``LOWP_DIAG``: on the diagonal blocks too (factors up to
+    exp(SPAN_MAX): bf16 only, float16 overflows)."""
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    last = tl.minimum(i_t * BT + BT, T) - 1
-    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
-    o_c = tl.arange(0, BC)
-    for a in tl.static_range(NC):
-        ra = i_t * BT + a * BC
-        b_q = _rows(q, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
-        b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, 0, BC, BK)
-        b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, 0, BK)
-        b_qs = b_q * tl.exp(b_ga - b_gn[None, :])
-        b_qs_lp = _op(b_qs, q, LOWP)
-        for b in tl.static_range(NC):
-            if b < a:
-                rb = i_t * BT + b * BC
-                b_kb = _rows(k, i_b, i_h, rb, T, H, K, 0, BC, BK).to(tl.float32)
-                b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, 0, BC, BK)
-                b_ks = _op(b_kb * tl.exp(b_gn[None, :] - b_gb), q, LOWP)
-                b_A = tl.dot(b_qs_lp, tl.trans(b_ks), input_precision=DOT_PREC) * scale
-                _store(A, b_A, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
-            if b > a:
-                _store(A, tl.zeros([BC, BC], dtype=tl.float32), i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
-        # the diagonal block. G falls by at most ``span`` inside it; while exp(span) is far from
-        # float32's range the pairs factor through row n like the blocks above, one tensor-core
-        # dot; else exactly, E[i, j, c] = exp(G_ic - G_jc) for j <= i (-inf before exp above) as
-        # [BC, BC, BKD] tiles over key slices.
-        b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, 0, BK)
-        if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
-            b_ka = _rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32) * tl.exp(b_gn[None, :] - b_ga)
-            if LOWP_DIAG:
-                b_A = tl.dot(b_qs_lp, tl.trans(_op(b_ka, q, True)), input_precision=DOT_PREC)
-            else:
-                b_A = tl.dot(b_qs, tl.trans(b_ka), input_precision=DOT_PREC)
-            b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A, 0.)
-        else:
-            b_A = tl.zeros([BC, BC], dtype=tl.float32)
-            m_ij = (o_c[:, None] >= o_c[None, :])[:, :, None]
-            for i_k in tl.static_range(BK // BKD):
-                d_q = _rows(q, i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD).to(tl.float32)
-                d_k = _rows(k, i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD).to(tl.float32)
-                d_g = _g_rows(gc, _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BKD, BKD),
-                              i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD)
-                d_e = tl.exp(tl.where(m_ij, d_g[:, None, :] - d_g[None, :, :], float("-inf")))
-                b_A += tl.sum(d_q[:, None, :] * d_k[None, :, :] * d_e, axis=2)
-        _store(A, b_A * scale, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
+    if PER_SUB:
+        i_t = tl.program_id(0) // NC
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
+        _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, tl.program_id(0) % NC, last, g_last,
+                      H, K, BT, BC, NC, BK, BKD, DOT_PREC, SPAN_MAX, LOWP, LOWP_DIAG)
+    else:
+        i_t = tl.program_id(0)
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
+        for a in tl.static_range(NC):
+            _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, a, last, g_last,
+                          H, K, BT, BC, NC, BK, BKD, DOT_PREC, SPAN_MAX, LOWP, LOWP_DIAG)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
@@ -375,7 +399,7 @@ def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
 def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr, DIAG_DA_IN_STATE_LOOP: tl.constexpr):
+                    SPAN_MAX: tl.constexpr):
     """Grid (K/BK, NT*NC, B*H): the backward of sub-chunk ``a`` (sub-chunk ``i_tc % NC`` of chunk
     ``i_tc // NC``; key columns ``i_k*BK ..``): the state parts of ``dq, dk`` for its 16 rows from
     ``h, dh``, and the intra-chunk parts from the score gradients it needs (``dA_ab``, ``b <= a``;
@@ -413,8 +437,9 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
         m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
         b_do = _rows(do, i_b, i_h, ra, T, H, V, i_v * BV, BC, BV)
         b_v = _rows(v, i_b, i_h, ra, T, H, V, i_v * BV, BC, BV)
-        if DIAG_DA_IN_STATE_LOOP:  # the diagonal block's score gradients from the rows already here
-            b_dAaa += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+        # the diagonal block's score gradients from the rows already here (loading them again for
+        # _dA_block measured +0.5..0.8% per step, sweep 22:57)
+        b_dAaa += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
         b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
         b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
         b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
@@ -441,10 +466,7 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
         b_dks += _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
     b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
     b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
-    if DIAG_DA_IN_STATE_LOOP:
-        b_dAaa = b_dAaa * scale  # masked in _diag_grads
-    else:
-        b_dAaa = _dA_block(do, v, i_b, i_h, ra, ra, scale, T, H, V, BC, BV, DOT_PREC)
+    b_dAaa = b_dAaa * scale  # masked in _diag_grads
     b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
     b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_qf, b_kf, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
     # gate: q . dq through the state read and the intra-chunk pairs, minus k . dk of what leaves
@@ -512,10 +534,10 @@ def intra_a(q, k, gc, scale):
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
     lowp, lowp_diag = _intra_a_lowp(q.dtype)
-    _intra_a_kernel[(triton.cdiv(T, BT), B * H)](q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC,
-                                                 BK=_pow2(K), BKD=min(_pow2(K), BKD), DOT_PREC=_prec(q),
-                                                 SPAN_MAX=SPAN_MAX, LOWP=lowp, LOWP_DIAG=lowp_diag,
-                                                 **_launch(LAUNCH, "intra_a", q))
+    _intra_a_kernel[(triton.cdiv(T, BT) * (NC if INTRA_A_PER_SUB else 1), B * H)](
+        q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K), BKD=min(_pow2(K), BKD),
+        DOT_PREC=_prec(q), SPAN_MAX=SPAN_MAX, LOWP=lowp, LOWP_DIAG=lowp_diag, PER_SUB=INTRA_A_PER_SUB,
+        **_launch(LAUNCH, "intra_a", q))
     return A
 
 
@@ -546,7 +568,7 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
         q, do, gc, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
         USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, **_launch(LAUNCH, "walk", q))
     dv = torch.empty_like(v)
-    BVd = min(64, _pow2(V))
+    BVd = min(BWD_DV_BV, _pow2(V))
     _bwd_dv_kernel[(triton.cdiv(V, BVd), NT, B * H)](
         k, gc, A, do, dh, dv, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd, DOT_PREC=prec,
         **_launch(LAUNCH, "bwd_dv", q))
@@ -556,8 +578,7 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(triton.cdiv(K, BKf), NT * NC, B * H)](
         q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
-        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX,
-        DIAG_DA_IN_STATE_LOOP=DIAG_DA_IN_STATE_LOOP, **_launch(LAUNCH, "bwd_sub", q))
+        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
     del h, dh
     BKr = min(64, _pow2(K))
     _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, P, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC,

@@ -227,27 +227,27 @@ def test_sweep_warps_option_adds_warp_counts_and_rejects_bad_ones(sweep, monkeyp
 
 
 def test_sweep_set_option_moves_the_base_and_reaches_the_children(sweep, monkeypatch, capsys):
-    """``--set FUSED_WY_FWD=True``: the switch is on for the base the variants are timed against (so a
-    kernel behind a switch can have its launch swept), in the parent and in every child; a name
-    that is no switch, or a value it does not take, is a one-line usage error."""
+    """``--set KEEP_WU=False``: the switch has that value in the base the variants are timed against
+    (so a kernel behind a switch can have its launch swept), in the parent and in every child; a
+    name that is no switch, or a value it does not take, is a one-line usage error."""
     from blocks.kernels import delta
 
-    monkeypatch.setattr(delta, "FUSED_WY_FWD", delta.FUSED_WY_FWD)  # restored after the test
-    other = not delta.FUSED_WY_FWD
-    assert sweep.apply_sets(f"FUSED_WY_FWD={other}") == {"FUSED_WY_FWD": other}
-    assert delta.FUSED_WY_FWD is other
-    assert ("switch", "FUSED_WY_FWD", not other) in sweep.variants("delta_rule")
-    for bad, msg in (("NOPE=1", "NOPE is not a switch"), ("FUSED_WY_FWD=3", "FUSED_WY_FWD takes (False, True)"),
-                     ("FUSED_WY_FWD", "expected NAME=VALUE")):
+    monkeypatch.setattr(delta, "KEEP_WU", delta.KEEP_WU)  # restored after the test
+    other = not delta.KEEP_WU
+    assert sweep.apply_sets(f"KEEP_WU={other}") == {"KEEP_WU": other}
+    assert delta.KEEP_WU is other
+    assert ("switch", "KEEP_WU", not other) in sweep.variants("delta_rule")
+    for bad, msg in (("NOPE=1", "NOPE is not a switch"), ("KEEP_WU=3", "KEEP_WU takes (False, True)"),
+                     ("KEEP_WU", "expected NAME=VALUE")):
         with pytest.raises(SystemExit):
             sweep.main(["--set", bad])
         assert msg in capsys.readouterr().err
     seen = []
-    monkeypatch.setenv(sweep.SET_ENV, f"FUSED_WY_FWD={other}")
+    monkeypatch.setenv(sweep.SET_ENV, f"KEEP_WU={other}")
     monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or
                         type("P", (), {"stdout": "", "stderr": "", "returncode": 0})())
     sweep._child("delta_rule", 2048, 0, 10)
-    assert seen[0][seen[0].index("--set") + 1] == f"FUSED_WY_FWD={other}"
+    assert seen[0][seen[0].index("--set") + 1] == f"KEEP_WU={other}"
 
 
 def test_ncu_report_parses_raw_csv_and_keeps_each_kernels_last_launch():
@@ -256,10 +256,10 @@ def test_ncu_report_parses_raw_csv_and_keeps_each_kernels_last_launch():
         "==PROF== Connected to process 1",
         '"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum",'
         '"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"',
-        '"","","msecond","Gbyte",""',
-        '"0","_bwd_sub_kernel(int, float)","9.5","1.5","7.0"',
-        '"1","_bwd_sub_kernel(int, float)","3.25","0.5","2.5"',
-        '"2","_intra_a_kernel","1,020.0","0.25","n/a"',
+        '"","","ms","byte",""',
+        '"0","_bwd_sub_kernel(int, float)","9.5","1500000000","7.0"',
+        '"1","_bwd_sub_kernel(int, float)","3.25","500000000","2.5"',
+        '"2","_intra_a_kernel","1,020.0","250000000","n/a"',
     ])
     got = ncu.parse(text)
     assert got["_bwd_sub_kernel"] == {"duration_us": 3250.0, "dram_read_mb": 500.0, "long_scoreboard": 2.5}
@@ -267,3 +267,5 @@ def test_ncu_report_parses_raw_csv_and_keeps_each_kernels_last_launch():
     table = ncu.table("gla:2048", got)
     assert table.index("_intra_a_kernel") < table.index("_bwd_sub_kernel")  # slowest first
     assert "long_scoreboard 2.5" in table and ncu.parse("no csv here") == {}
+    ns = text.replace('"ms","byte"', '"ns","byte"')  # the unit ncu 2025 prints
+    assert ncu.parse(ns)["_bwd_sub_kernel"]["duration_us"] == pytest.approx(3.25e-3)
