@@ -68,7 +68,7 @@ if [[ ,$STEPS, == *,tests,* ]]; then
 fi
 if [[ ,$STEPS, == *,sweep,* ]]; then
   step sweep "$SWEEP_S" $PY benchmarks/kernel_launch_sweep.py --families "$FAMILIES" --lengths 2048,32768 \
-    --workers 14 --only "$ONLY" --warps "$WARPS" --set "$SET" --out "$OUT/sweep" || failed=1
+    --workers 14 --only "$ONLY" --warps "$WARPS" ${SET:+--set "$SET"} --out "$OUT/sweep" || failed=1
 fi
 if [[ ,$STEPS, == *,ncu,* ]]; then
   step ncu "$NCU_S" $PY benchmarks/ncu_kernels.py --out "$OUT/ncu" ${NCU_CASES:+--cases "$NCU_CASES"} || failed=1

@@ -94,17 +94,7 @@ BWD_SUB_BK = 64
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
 # at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
-# V block of ``_bwd_dv_kernel``: 64 (two programs per chunk, each loading the chunk's float32 A
-# [64, 64], G [64, K] and k again) or 128 (one program per chunk at V = 128). Nsight Compute
-# (22:59, ``docs/benchmarks/ncu/ncu_kernels.md``): at 64 the kernel is L2-bound (87% of L2 throughput, 2.9 GB read
-# from L2 for 1.9 GB from DRAM at 2k). Not timed yet.
-BWD_DV_BV = 64
-# ``_intra_a_kernel`` with one program per 16-row block (``NT * 4`` programs) instead of one per chunk
-# walking its four blocks in order: Nsight Compute (22:59) has the per-chunk kernel latency-bound
-# (12% occupancy at 243 registers, 27% of DRAM and 35% of L2 throughput, 1.0 ms at 2k). Not timed yet.
-INTRA_A_PER_SUB = False
-SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
-            "BWD_DV_BV": (64, 128), "INTRA_A_PER_SUB": (False, True)}
+SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -238,8 +228,8 @@ def _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, a, last, g_last,
                   H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NC: tl.constexpr,
                   BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr, SPAN_MAX: tl.constexpr,
                   LOWP: tl.constexpr, LOWP_DIAG: tl.constexpr):
-    """Row block ``a`` (16 query rows; a compile-time or a run-time index) of chunk ``i_t``'s scores
-    into ``A``: the blocks against earlier key sub-chunks, the diagonal block, zeros after it."""
+    """Row block ``a`` (16 query rows) of chunk ``i_t``'s scores into ``A``: the blocks against
+    earlier key sub-chunks, the diagonal block, zeros after it."""
     o_c = tl.arange(0, BC)
     ra = i_t * BT + a * BC
     b_q = _rows(q, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
@@ -286,27 +276,21 @@ def _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, a, last, g_last,
 def _intra_a_kernel(q, k, gc, A, scale, T,
                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr, LOWP: tl.constexpr, LOWP_DIAG: tl.constexpr, PER_SUB: tl.constexpr):
-    """Grid (NT, B*H), or (NT*NC, B*H) with ``PER_SUB`` (one program per 16-row block), BK >= K: the
-    chunk's scores ``A: [B, T, H, BT]`` float32 (scale included, zero above the diagonal); ``LOWP``:
-    dots on operands in ``q``'s dtype, ``LOWP_DIAG``: on the diagonal blocks too (factors up to
-    exp(SPAN_MAX): bf16 only, float16 overflows)."""
+                    SPAN_MAX: tl.constexpr, LOWP: tl.constexpr, LOWP_DIAG: tl.constexpr):
+    """Grid (NT*NC, B*H), BK >= K: row block ``i % NC`` of chunk ``i // NC``'s scores ``A: [B, T, H, BT]``
+    float32 (scale included, zero above the diagonal); ``LOWP``: dots on operands in ``q``'s dtype,
+    ``LOWP_DIAG``: on the diagonal blocks too (factors up to exp(SPAN_MAX): bf16 only, float16
+    overflows). One program per 16-row block: a program per chunk walking its four blocks in order
+    was latency-bound (12% occupancy at 243 registers; Nsight Compute 22:59) and measured +4.0 /
+    +3.3% per fwd+bwd step at 2k / 32k (sweep 23:21)."""
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    if PER_SUB:
-        i_t = tl.program_id(0) // NC
-        last = tl.minimum(i_t * BT + BT, T) - 1
-        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
-        _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, tl.program_id(0) % NC, last, g_last,
-                      H, K, BT, BC, NC, BK, BKD, DOT_PREC, SPAN_MAX, LOWP, LOWP_DIAG)
-    else:
-        i_t = tl.program_id(0)
-        last = tl.minimum(i_t * BT + BT, T) - 1
-        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
-        for a in tl.static_range(NC):
-            _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, a, last, g_last,
-                          H, K, BT, BC, NC, BK, BKD, DOT_PREC, SPAN_MAX, LOWP, LOWP_DIAG)
+    i_t = tl.program_id(0) // NC
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
+    _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, tl.program_id(0) % NC, last, g_last,
+                  H, K, BT, BC, NC, BK, BKD, DOT_PREC, SPAN_MAX, LOWP, LOWP_DIAG)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
@@ -534,10 +518,9 @@ def intra_a(q, k, gc, scale):
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
     lowp, lowp_diag = _intra_a_lowp(q.dtype)
-    _intra_a_kernel[(triton.cdiv(T, BT) * (NC if INTRA_A_PER_SUB else 1), B * H)](
+    _intra_a_kernel[(triton.cdiv(T, BT) * NC, B * H)](
         q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K), BKD=min(_pow2(K), BKD),
-        DOT_PREC=_prec(q), SPAN_MAX=SPAN_MAX, LOWP=lowp, LOWP_DIAG=lowp_diag, PER_SUB=INTRA_A_PER_SUB,
-        **_launch(LAUNCH, "intra_a", q))
+        DOT_PREC=_prec(q), SPAN_MAX=SPAN_MAX, LOWP=lowp, LOWP_DIAG=lowp_diag, **_launch(LAUNCH, "intra_a", q))
     return A
 
 
@@ -568,7 +551,10 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
         q, do, gc, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
         USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, **_launch(LAUNCH, "walk", q))
     dv = torch.empty_like(v)
-    BVd = min(BWD_DV_BV, _pow2(V))
+    # one program per chunk up to V = 128: at V block 64 two programs each loaded the chunk's float32
+    # A and G and k, L2-bound (87% of L2 throughput, Nsight Compute 22:59); 128: -2.3 / -1.3% per
+    # fwd+bwd step at 2k / 32k (sweep 23:21)
+    BVd = min(128, _pow2(V))
     _bwd_dv_kernel[(triton.cdiv(V, BVd), NT, B * H)](
         k, gc, A, do, dh, dv, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd, DOT_PREC=prec,
         **_launch(LAUNCH, "bwd_dv", q))
