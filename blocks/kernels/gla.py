@@ -74,6 +74,9 @@ LAUNCH = {
 # memory (float32 dA [64] and three [K=128] partials; 3.5 KB of traffic written and read back).
 # (At 8 warps the fused kernel took twice the split pair's time, 19:35: each program re-reads
 # [64, 64] tiles of h and dh for dots of 16 rows; 2 warps and 1 stage suit it.)
+# Its V loops at block 32 instead of 64 (half the h/dh tiles; sm_90 AOT spills 840 -> 288 B at
+# 2 warps): +14.6 / +12.8% at 1 stage, -0.6 / -1.4% at 3 stages, inside the repeat spread (sweep
+# 23:42, ``kernel_launch_sweep_gla_bv.md``): not adopted.
 # ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of every name in ``SWITCHES``.
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment: the backward recomputes what the switches
 # below keep from the forward.
@@ -94,12 +97,7 @@ BWD_SUB_BK = 64
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
 # at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
-# Value block of ``_bwd_sub_kernel``'s loops over V (the state part's h, dh tiles and the dA blocks):
-# 64 or 32 (twice the iterations, half the [BV, BK] tiles: sm_90 AOT at 2 warps spills 840 -> 288 B).
-# The kernel is latency-bound at 12% occupancy (Nsight Compute 22:59). Not timed yet.
-BWD_SUB_BV = 64
-SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
-            "BWD_SUB_BV": (64, 32)}
+SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -569,7 +567,7 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(triton.cdiv(K, BKf), NT * NC, B * H)](
         q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
-        BK=BKf, BV=min(BWD_SUB_BV, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
+        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
     del h, dh
     BKr = min(64, _pow2(K))
     _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, P, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC,
