@@ -261,16 +261,13 @@ def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.const
     i_b = i_bh // H
     i_h = i_bh % H
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse_blocks(
-                         _load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC),
-                         _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC),
-                         _load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC),
-                         _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC),
-                         _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC),
-                         _load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC),
-                         _load_block(A, i_b, i_h, i_t, T, 3, 0, H, BT, BC),
-                         _load_block(A, i_b, i_h, i_t, T, 3, 1, H, BT, BC),
-                         _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC),
-                         _load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
+        _load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC),
+        _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC), _load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC),
+        _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC), _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC),
+        _load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC),
+        _load_block(A, i_b, i_h, i_t, T, 3, 0, H, BT, BC), _load_block(A, i_b, i_h, i_t, T, 3, 1, H, BT, BC),
+        _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC), _load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC),
+        BC)
     _store_inverse(Ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, i_b, i_h, i_t, T, H, BT, BC)
 
 

@@ -13,12 +13,15 @@ exp(G_ic - G_jc)`` is
 * for query sub-chunk ``a`` after key sub-chunk ``b``: a matmul through the reference row
   ``n`` = the first row of ``a``, ``(q_a * exp(G_a - G_n)) (k_b * exp(G_n - G_b))^T``; ``G`` does
   not increase, so both exponents are <= 0 and no decay strength overflows;
-* on the four diagonal 16x16 blocks: exact, all pairs at once as ``[16, 16, 32]`` tiles over key
-  slices, pairs ``j > i`` masked to -inf before ``exp``.
+* on the four diagonal 16x16 blocks: the same factoring through row ``n`` while the decay inside
+  the block spans less than ``SPAN_MAX`` per channel (the factors stay within float32), else exact,
+  all pairs as ``[16, 16, 32]`` tiles over key slices, pairs ``j > i`` masked to -inf before ``exp``.
 
-So the exponentials per chunk are ``4 * 16 * 16 * K`` on the diagonal plus ``O(64 K)`` elsewhere,
-a quarter of the ``64 * 64 * K`` that exact pairwise scores over the whole chunk take; the rest is
-tensor-core matmuls. The chunk states come from one sequential walk over the chunks inside a
+So the exponentials per chunk are ``O(64 K)``, and at most ``4 * 16 * 16 * K`` on the diagonal under
+steep decay, a quarter of the ``64 * 64 * K`` that exact pairwise scores over the whole chunk take;
+the rest is tensor-core matmuls. The forward's scores run one program per 16-row block
+(``_intra_a_kernel``); the backward of dq, dk and the gate one per 16-row block and 64-key slice
+(``_bwd_sub_kernel``). The chunk states come from one sequential walk over the chunks inside a
 kernel (``_fwd_h``), kept for the backward (``KEEP_H``; recomputed under
 ``ARCHSEARCH_LOW_MEMORY_KERNELS=1``); a reverse walk gives their gradients.
 
