@@ -315,7 +315,6 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_t in range(NT):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
-        i_t * BT + tl.arange(0, BT)
         b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
@@ -341,7 +340,6 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    i_t * BT + tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
