@@ -100,7 +100,17 @@ BWD_SUB_BK = 64
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
 # at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
-SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
+# The score gradients dA = scale do v^T of each chunk computed once, by ``_bwd_dv_kernel`` (one
+# program per chunk at V <= 128; it loads do anyway), stored float32 ([B, T, H, 64], 256 B per token
+# and head, transient) and read by ``_bwd_sub_kernel`` as [16, 16] blocks, instead of recomputed
+# there from do and v: each chunk's 6 off-diagonal blocks are recomputed 4 times over its 8
+# programs (2 key slices), ~32 of the ~98 KB each program reads. ``bwd_sub`` is latency-bound at
+# 12% occupancy (Nsight Compute 22:59), so fewer loads and dots per program should show.
+# Predicted: bwd_sub -0.5..-1 ms of 3.7, bwd_dv +0.1..0.15 ms. Not timed yet (written after the
+# session's last device call); V > 128 keeps recomputing.
+BWD_DA_KEPT = False
+SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
+            "BWD_DA_KEPT": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -358,10 +368,13 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
+def _bwd_dv_kernel(k, v, gc, A, do, dh, dv, dA, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (V/BV, NT, B*H): ``dv = A^T do + (k * exp(G_C - G)) dh`` (final)."""
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+                   STORE_DA: tl.constexpr):
+    """Grid (V/BV, NT, B*H): ``dv = A^T do + (k * exp(G_C - G)) dh`` (final). ``STORE_DA`` (BV >= V:
+    one program per chunk): also the chunk's score gradients ``dA = scale do v^T`` into ``dA: [B, T,
+    H, BT]`` float32, unmasked (``_bwd_sub_kernel`` reads the blocks it needs)."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -373,6 +386,9 @@ def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
     b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
     b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
     b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
+    if STORE_DA:
+        b_v = _rows(v, i_b, i_h, r0, T, H, V, 0, BT, BV)
+        _store(dA, tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC) * scale, i_b, i_h, r0, T, H, BT, 0, BT, BT)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
@@ -386,15 +402,16 @@ def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
+def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dA, dq, dk, dG, P, scale, T, NT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr):
+                    SPAN_MAX: tl.constexpr, DA_KEPT: tl.constexpr):
     """Grid (K/BK, NT*NC, B*H): the backward of sub-chunk ``a`` (sub-chunk ``i_tc % NC`` of chunk
     ``i_tc // NC``; key columns ``i_k*BK ..``): the state parts of ``dq, dk`` for its 16 rows from
     ``h, dh``, and the intra-chunk parts from the score gradients it needs (``dA_ab``, ``b <= a``;
     ``dA_ca``, ``c > a``), computed from ``do, v`` here, so neither ``dA`` nor float32 partials of
     ``dq/dk/dg`` go through memory.
+    ``DA_KEPT``: the score gradients are read from ``dA: [B, T, H, BT]`` (``_bwd_dv_kernel``'s) instead.
     Writes ``dq, dk`` (final), ``dG`` (float32, before the reverse cumsum) and ``P: [B, NT*NC, H, K]``
     float32, the sub-chunk's share of the chunk-wide gate term ``sum_{j<last} k_j dk_j + exp(G_C)
     <S, dS'>`` that ``_rev_cumsum_kernel`` adds to every row of the chunk."""
@@ -427,9 +444,10 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
         m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
         b_do = _rows(do, i_b, i_h, ra, T, H, V, i_v * BV, BC, BV)
         b_v = _rows(v, i_b, i_h, ra, T, H, V, i_v * BV, BC, BV)
-        # the diagonal block's score gradients from the rows already here (loading them again for
-        # _dA_block measured +0.5..0.8% per step, sweep 22:57)
-        b_dAaa += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+        if not DA_KEPT:
+            # the diagonal block's score gradients from the rows already here (loading them again
+            # for _dA_block measured +0.5..0.8% per step, sweep 22:57)
+            b_dAaa += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
         b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
         b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
         b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
@@ -449,14 +467,23 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
     b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
     b_dks = tl.zeros([BC, BK], dtype=tl.float32)
     for b in range(0, a):
-        b_dAab = _dA_block(do, v, i_b, i_h, ra, i_t * BT + b * BC, scale, T, H, V, BC, BV, DOT_PREC)
+        if DA_KEPT:
+            b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
+        else:
+            b_dAab = _dA_block(do, v, i_b, i_h, ra, i_t * BT + b * BC, scale, T, H, V, BC, BV, DOT_PREC)
         b_dqs += _dq_from_earlier(b_dAab, k, gc, g_last, b_gn, i_b, i_h, i_t, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
     for c in range(a + 1, NC):
-        b_dAca = _dA_block(do, v, i_b, i_h, i_t * BT + c * BC, ra, scale, T, H, V, BC, BV, DOT_PREC)
+        if DA_KEPT:
+            b_dAca = _rows(dA, i_b, i_h, i_t * BT + c * BC, T, H, BT, a * BC, BC, BC)
+        else:
+            b_dAca = _dA_block(do, v, i_b, i_h, i_t * BT + c * BC, ra, scale, T, H, V, BC, BV, DOT_PREC)
         b_dks += _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
     b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
     b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
-    b_dAaa = b_dAaa * scale  # masked in _diag_grads
+    if DA_KEPT:
+        b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)  # masked in _diag_grads
+    else:
+        b_dAaa = b_dAaa * scale
     b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
     b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_qf, b_kf, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
     # gate: q . dq through the state read and the intra-chunk pairs, minus k . dk of what leaves
@@ -561,17 +588,20 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     # A and G and k, L2-bound (87% of L2 throughput, Nsight Compute 22:59); 128: -2.3 / -1.3% per
     # fwd+bwd step at 2k / 32k (sweep 23:21)
     BVd = min(128, _pow2(V))
+    da_kept = BWD_DA_KEPT and BVd >= V  # one program per chunk has every value column
+    dA = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device) if da_kept else None
     _bwd_dv_kernel[(triton.cdiv(V, BVd), NT, B * H)](
-        k, gc, A, do, dh, dv, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd, DOT_PREC=prec,
-        **_launch(LAUNCH, "bwd_dv", q))
+        k, v, gc, A, do, dh, dv, dA, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd,
+        DOT_PREC=prec, STORE_DA=da_kept, **_launch(LAUNCH, "bwd_dv", q))
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(triton.cdiv(K, BKf), NT * NC, B * H)](
-        q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
-        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
-    del h, dh
+        q, k, v, gc, h, do, dh, dA, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
+        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, DA_KEPT=da_kept,
+        **_launch(LAUNCH, "bwd_sub", q))
+    del h, dh, dA
     BKr = min(64, _pow2(K))
     _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, P, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC,
                                                          **_launch(LAUNCH, "rev_cumsum", q))
