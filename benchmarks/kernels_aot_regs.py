@@ -100,7 +100,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                *table(sd.LAUNCH, "bwd_dqkv", s))
     yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), *table(g.LAUNCH, "cumsum", s))
     yield ("gla.fwd_h", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_H0=True, STORE_HT=True,
-                                              DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
+                                              DOT_PREC=prec, CUMSUM=g.FWD_H_CUMSUM), *table(g.LAUNCH, "walk", s))
     ia_lowp, ia_lowp_diag = g._intra_a_lowp(dtype)
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
                                                   DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX,

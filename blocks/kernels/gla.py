@@ -109,8 +109,15 @@ INTRA_A_INPUT_DTYPE_DOTS = True
 # Predicted: bwd_sub -0.5..-1 ms of 3.7, bwd_dv +0.1..0.15 ms. Not timed yet (written after the
 # session's last device call); V > 128 keeps recomputing.
 BWD_DA_KEPT = False
+# The forward's chunk-local cumsum of gk formed inside the state walk (``_fwd_h_kernel``, which
+# loads those rows anyway; its ``i_v == 0`` programs write gc for the other kernels) instead of by
+# ``_cumsum_kernel`` (0.26 ms of 7.1 at 2k, 23:30: a memory-bound [B, T, H, K] float32 pass).
+# Predicted -0.1..-0.2 ms (one read of gk less); the walk's chain gets a scan and a store per chunk
+# (sm_90 AOT at 4 warps: 168 -> 255 registers, 16 B spilled, 4 -> 2 async copies).
+# Not timed yet.
+FWD_H_CUMSUM = False
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
-            "BWD_DA_KEPT": (False, True)}
+            "BWD_DA_KEPT": (False, True), "FWD_H_CUMSUM": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -208,11 +215,14 @@ def _cumsum_kernel(gk, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
+def _fwd_h_kernel(k, v, gk, gc, h, h0, ht, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (K/BK, V/BV, B*H): walk the chunks in order; ``h[b, t, h]`` = state before chunk t."""
+                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+                  CUMSUM: tl.constexpr):
+    """Grid (K/BK, V/BV, B*H): walk the chunks in order; ``h[b, t, h]`` = state before chunk t.
+    ``CUMSUM``: each chunk's cumulative gate is formed here from ``gk`` (as ``_cumsum_kernel`` does)
+    and written to ``gc`` by the ``i_v == 0`` programs, instead of read from ``gc``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -227,9 +237,16 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_t in range(NT):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
-        last = tl.minimum(i_t * BT + BT, T) - 1
-        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
-        b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        if CUMSUM:
+            # rows past T load gk = 0, so they repeat the last valid G, as _g_rows makes them
+            b_g = tl.cumsum(_rows(gk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK).to(tl.float32), axis=0)
+            g_last = tl.sum(tl.where((tl.arange(0, BT) == BT - 1)[:, None], b_g, 0.), axis=0)
+            if i_v == 0:
+                _store(gc, b_g, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        else:
+            last = tl.minimum(i_t * BT + BT, T) - 1
+            g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+            b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_k = _rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_h *= tl.exp(g_last)[:, None]
@@ -526,7 +543,9 @@ def chunk_cumsum(gk: torch.Tensor) -> torch.Tensor:
     return gc
 
 
-def fwd_h(k, v, gc, h0, output_final_state):
+def fwd_h(k, v, gc, h0, output_final_state, gk=None):
+    """``(h [B, NT, H, K, V], final state | None)``; with ``gk``, ``gc`` is an empty buffer the walk
+    fills with the cumulative gate (``FWD_H_CUMSUM``)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
@@ -534,8 +553,9 @@ def fwd_h(k, v, gc, h0, output_final_state):
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
     _fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)](
-        k, v, gc, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None,
-        STORE_HT=output_final_state, DOT_PREC=_prec(k), **_launch(LAUNCH, "walk", k))
+        k, v, gc if gk is None else gk, gc, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=_prec(k), CUMSUM=gk is not None,
+        **_launch(LAUNCH, "walk", k))
     return h, ht
 
 
@@ -614,8 +634,12 @@ class ChunkGLASubchunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
-        gc = chunk_cumsum(gk)
-        h, ht = fwd_h(k, v, gc, h0, output_final_state)
+        if FWD_H_CUMSUM:
+            gc = torch.empty(gk.shape, dtype=torch.float32, device=gk.device)
+            h, ht = fwd_h(k, v, gc, h0, output_final_state, gk=gk)
+        else:
+            gc = chunk_cumsum(gk)
+            h, ht = fwd_h(k, v, gc, h0, output_final_state)
         A = intra_a(q, k, gc, scale)
         o = fwd_o(q, v, gc, h, A, scale)
         # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per
