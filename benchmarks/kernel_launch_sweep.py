@@ -64,7 +64,7 @@ def apply_sets(text: str) -> dict:
         if not mods:
             raise ValueError(f"--set: {name} is not a switch of any kernel module")
         for mod in mods:
-            if value not in mod.SWITCHES[name]:
+            if not any(type(value) is type(v) and value == v for v in mod.SWITCHES[name]):  # 1 is not True
                 raise ValueError(f"--set: {name} takes {mod.SWITCHES[name]}, got {value!r}")
             setattr(mod, name, value)
         done[name] = value

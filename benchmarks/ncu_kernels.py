@@ -4,9 +4,10 @@
 
 For every ``family:T`` case, runs one forward + backward of the op at the benchmark's shape (bf16,
 16 heads of dim 128, 64k tokens) in a child process under ``ncu`` (``--clock-control none``: the
-device notes say to leave the clocks alone), profiling each matching kernel once, and prints a
-markdown table per case: duration, DRAM / L2 / L1 throughput as % of peak, achieved occupancy,
-registers, spills and the top warp-stall reasons (cycles per issued instruction). Writes
+device notes say to leave the clocks alone), profiling every launch of a matching kernel and
+reporting each kernel's last one, and prints a markdown table per case: duration, DRAM / L2 / L1
+throughput as % of peak, achieved occupancy, registers and the top warp-stall reasons (cycles per
+issued instruction). Writes
 ``ncu_<family>_<T>.csv`` (ncu's raw rows) and ``ncu_kernels.json`` / ``ncu_kernels.md`` into DIR.
 
 Why a script and not ``torch.profiler``: the profiler gives times only; which of memory, latency
@@ -72,7 +73,8 @@ def known_metrics(ncu: str, wanted: list[str]) -> list[str]:
 
 
 def child(family: str, T: int) -> None:
-    """One warm-up forward + backward (compiles; its launches are skipped by ncu) and one profiled."""
+    """A warm-up forward + backward (compiles) and a second one; ncu profiles both, ``parse`` keeps
+    the second's launches."""
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import importlib

@@ -78,8 +78,9 @@ LAUNCH = {
 # (At 8 warps the fused kernel took twice the split pair's time, 19:35: each program re-reads
 # [64, 64] tiles of h and dh for dots of 16 rows; 2 warps and 1 stage suit it.)
 # Its V loops at block 32 instead of 64 (half the h/dh tiles; sm_90 AOT spills 840 -> 288 B at
-# 2 warps): +14.6 / +12.8% at 1 stage, -0.6 / -1.4% at 3 stages, inside the repeat spread (sweep
-# 23:42, ``kernel_launch_sweep_gla_bv.md``): not adopted.
+# 2 warps): +14.6 / +12.8% at 1 stage; at 3 stages 7.22 / 8.26 ms against 7.26 / 8.38 for today's
+# kernel, but from a second sweep process (sweep 23:42, ``kernel_launch_sweep_gla_bv.md``): not
+# adopted without a side-by-side rerun (the next sweep of ``BWD_DA_KEPT`` is the time to retry).
 # ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of every name in ``SWITCHES``.
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment: the backward recomputes what the switches
 # below keep from the forward.
@@ -103,11 +104,11 @@ INTRA_A_INPUT_DTYPE_DOTS = True
 # The score gradients dA = scale do v^T of each chunk computed once, by ``_bwd_dv_kernel`` (one
 # program per chunk at V <= 128; it loads do anyway), stored float32 ([B, T, H, 64], 256 B per token
 # and head, transient) and read by ``_bwd_sub_kernel`` as [16, 16] blocks, instead of recomputed
-# there from do and v: each chunk's 6 off-diagonal blocks are recomputed 4 times over its 8
-# programs (2 key slices), ~32 of the ~98 KB each program reads. ``bwd_sub`` is latency-bound at
-# 12% occupancy (Nsight Compute 22:59), so fewer loads and dots per program should show.
-# Predicted: bwd_sub -0.5..-1 ms of 3.7, bwd_dv +0.1..0.15 ms. Not timed yet (written after the
-# session's last device call); V > 128 keeps recomputing.
+# there from do and v: each program recomputes 3 off-diagonal blocks (~24 of the ~90 KB it reads;
+# a chunk's 6 blocks 4 times over its 8 programs). ``bwd_sub`` is latency-bound at 12% occupancy
+# (Nsight Compute 22:59), so fewer loads and dots per program should show. Predicted: bwd_sub
+# -0.3..-0.8 ms of 3.7, bwd_dv +0.1..0.15. Not timed yet (written after the session's last device
+# call); V > 128 keeps recomputing.
 BWD_DA_KEPT = False
 # The forward's chunk-local cumsum of gk formed inside the state walk (``_fwd_h_kernel``, which
 # loads those rows anyway; its ``i_v == 0`` programs write gc for the other kernels) instead of by
@@ -404,6 +405,7 @@ def _bwd_dv_kernel(k, v, gc, A, do, dh, dv, dA, scale, T, NT,
     b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
     b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
     if STORE_DA:
+        tl.static_assert(BV >= V, "STORE_DA needs the whole V in one program")
         b_v = _rows(v, i_b, i_h, r0, T, H, V, 0, BT, BV)
         _store(dA, tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC) * scale, i_b, i_h, r0, T, H, BT, 0, BT, BT)
     for i_k in range(tl.cdiv(K, BK)):
@@ -426,9 +428,8 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dA, dq, dk, dG, P, scale, T, NT,
     """Grid (K/BK, NT*NC, B*H): the backward of sub-chunk ``a`` (sub-chunk ``i_tc % NC`` of chunk
     ``i_tc // NC``; key columns ``i_k*BK ..``): the state parts of ``dq, dk`` for its 16 rows from
     ``h, dh``, and the intra-chunk parts from the score gradients it needs (``dA_ab``, ``b <= a``;
-    ``dA_ca``, ``c > a``), computed from ``do, v`` here, so neither ``dA`` nor float32 partials of
-    ``dq/dk/dg`` go through memory.
-    ``DA_KEPT``: the score gradients are read from ``dA: [B, T, H, BT]`` (``_bwd_dv_kernel``'s) instead.
+    ``dA_ca``, ``c > a``), computed from ``do, v`` here (or, with ``DA_KEPT``, read from ``dA: [B, T,
+    H, BT]``, ``_bwd_dv_kernel``'s), so no float32 partials of ``dq/dk/dg`` go through memory.
     Writes ``dq, dk`` (final), ``dG`` (float32, before the reverse cumsum) and ``P: [B, NT*NC, H, K]``
     float32, the sub-chunk's share of the chunk-wide gate term ``sum_{j<last} k_j dk_j + exp(G_C)
     <S, dS'>`` that ``_rev_cumsum_kernel`` adds to every row of the chunk."""

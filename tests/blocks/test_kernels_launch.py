@@ -238,6 +238,7 @@ def test_sweep_set_option_moves_the_base_and_reaches_the_children(sweep, monkeyp
     assert delta.KEEP_WU is other
     assert ("switch", "KEEP_WU", not other) in sweep.variants("delta_rule")
     for bad, msg in (("NOPE=1", "NOPE is not a switch"), ("KEEP_WU=3", "KEEP_WU takes (False, True)"),
+                     ("KEEP_WU=1", "KEEP_WU takes (False, True), got 1"),
                      ("KEEP_WU", "expected NAME=VALUE")):
         with pytest.raises(SystemExit):
             sweep.main(["--set", bad])
