@@ -209,16 +209,26 @@ def _kkt_kernel(k, beta, gc, A, T,
     _store_rows(A, tl.where(m_A, b_A, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
 
 
-@triton.jit
-def _inverse_blocks(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, BC: tl.constexpr):
-    """``(I + A)^-1`` of a strictly lower ``[4 BC, 4 BC]`` matrix given as its ten ``[BC, BC]`` float32
-    blocks on and below the diagonal (``Aij``: block row ``i``, column ``j``), as the same ten blocks
-    ``(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)``: diagonal blocks by ``_inv_unit_lower``,
-    the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` (16x16 float32 dots)."""
-    T00 = _inv_unit_lower(A00, BC)
-    T11 = _inv_unit_lower(A11, BC)
-    T22 = _inv_unit_lower(A22, BC)
-    T33 = _inv_unit_lower(A33, BC)
+@triton.jit(do_not_specialize=["T"])  # one compile for every length
+def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
+    ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]``
+    blocks by ``_inv_unit_lower``, the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
+    block rows ``i > j`` (16x16 float32 dots)."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC)
+    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC)
+    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC)
+    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
+    A10 = _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
+    A20 = _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
+    A21 = _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
+    A30 = _load_block(A, i_b, i_h, i_t, T, 3, 0, H, BT, BC)
+    A31 = _load_block(A, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
+    A32 = _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
     T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision="ieee"), input_precision="ieee")
     T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision="ieee"), input_precision="ieee")
     T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision="ieee"), input_precision="ieee")
@@ -226,13 +236,6 @@ def _inverse_blocks(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, BC: tl.con
     T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision="ieee") + tl.dot(A32, T21, input_precision="ieee"), input_precision="ieee")
     T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision="ieee") + tl.dot(A31, T10, input_precision="ieee")
                   + tl.dot(A32, T20, input_precision="ieee"), input_precision="ieee")
-    return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
-
-
-@triton.jit
-def _store_inverse(Ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, i_b, i_h, i_t, T,
-                   H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """Chunk ``i_t``'s ``[BT, BT]`` inverse into ``Ai: [B, T, H, BT]`` (zeros above the diagonal)."""
     Z = tl.zeros([BC, BC], dtype=tl.float32)
     _store_block(Ai, T00, i_b, i_h, i_t, T, 0, 0, H, BT, BC)
     _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
@@ -250,25 +253,6 @@ def _store_inverse(Ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, i_b, i_
     _store_block(Ai, T31, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
     _store_block(Ai, T32, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
     _store_block(Ai, T33, i_b, i_h, i_t, T, 3, 3, H, BT, BC)
-
-
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
-    ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32)."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse_blocks(
-        _load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC),
-        _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC), _load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC),
-        _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC), _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC),
-        _load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC),
-        _load_block(A, i_b, i_h, i_t, T, 3, 0, H, BT, BC), _load_block(A, i_b, i_h, i_t, T, 3, 1, H, BT, BC),
-        _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC), _load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC),
-        BC)
-    _store_inverse(Ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, i_b, i_h, i_t, T, H, BT, BC)
 
 
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
