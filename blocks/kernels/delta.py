@@ -60,6 +60,8 @@ LAUNCH = {
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
     "bwd_dh": dict(num_warps=4, num_stages=3),
+    # with FUSED_DV_LOCAL (sm_90 AOT at V block 64: 4 warps spill 336 B, 8 warps 64 B as today's 4)
+    "bwd_dh_fused": dict(num_warps=8, num_stages=3),
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
 }
@@ -109,7 +111,21 @@ WY_INPUT_DTYPE_DOTS = True
 # (H200): turning it off costs +8.0 / +9.3% fwd+bwd (delta_rule, 2k / 32k). Costs a zeroed
 # [B, T, H] float32 tensor per backward.
 UNGATED_DH_ZERO_GATE = True
-SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
+# The forward's output formed by the state walk (``_fwd_h_kernel`` with ``FUSE_O``: its programs
+# hold the chunk's state columns and the ``k`` tile; they load ``q`` and do the three dots of
+# ``_fwd_o_kernel``) instead of by ``_fwd_o_kernel`` (0.44 ms of 4.46 at 2k, 23:30), which reads
+# the stored states h back (537 MB in bf16 at 64k tokens, 16 heads of 128) with q, k and U.
+# Predicted: -0.15..-0.3 ms per step at 2k; at 32k the walk is latency-bound (128 programs) and the
+# extra dots sit in its chain, so it may lose there. Not timed yet.
+FUSED_FWD_O = False
+# The backward's local value gradient ``P^T do`` (``_bwd_dv_local_kernel``) formed inside the
+# reverse walk (``_bwd_dh_kernel`` with ``FUSE_DV_LOCAL``), which loads that chunk's q, k and do
+# already: one [BT, BT] dot more per chunk and value block, and no dv_loc tensor written and read
+# back (268 MB each way at 64k tokens in bf16); kept in float32 until dv2 (the kernel pair rounds
+# it to the activations' dtype in between). Predicted: -0.1..-0.2 ms of bwd_dv_local's 0.27 at
+# 2k. Not timed yet.
+FUSED_DV_LOCAL = False
+SWITCHES = {"FUSED_FWD_O": (False, True), "FUSED_DV_LOCAL": (False, True), "KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True)}
 
 
@@ -278,12 +294,15 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
+def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, q, o, scale, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
+                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+                  FUSE_O: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: walk the chunks in order; ``h[b, t, h]`` = state before chunk t,
-    ``vn = u - w h`` (the values written, U)."""
+    ``vn = u - w h`` (the values written, U). ``FUSE_O``: also the output columns of this program,
+    ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)`` (``_fwd_o_kernel``'s), from
+    the state in registers and the ``k`` tile already loaded, instead of reading ``h`` back."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -294,6 +313,8 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     p_kv = o_k[:, None] * V + o_v[None, :]
+    o_i = tl.arange(0, BT)
+    m_A = o_i[:, None] >= o_i[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
@@ -301,11 +322,25 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
-        b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
+        b_hc = b_h.to(b_w.dtype)
+        b_vn = b_u - tl.dot(b_w, b_hc, input_precision=DOT_PREC)  # [BT, BV]
         _store_rows(vn, b_vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+        if FUSE_O:
+            b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
+            b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)  # [BT, BV]
+            b_A = tl.dot(b_q, b_kT, input_precision=DOT_PREC)  # [BT, BT]
+            if USE_G:
+                b_o = b_o * tl.exp(b_g)[:, None]
+                b_A = b_A * tl.exp(tl.where(m_A, b_g[:, None] - b_g[None, :], float("-inf")))
+            b_A = tl.where(m_A, b_A, 0.)
+            # U as the unfused path reads it back: rounded to the activations' dtype
+            b_vnc = b_vn.to(vn.dtype.element_ty)
+            b_o = (b_o + tl.dot(b_A.to(b_vnc.dtype), b_vnc, input_precision=DOT_PREC)) * scale
+            _store_rows(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        if USE_G:
             b_h *= tl.exp(g_last)
             b_vn = b_vn * tl.exp(g_last - b_g)[:, None]
         b_h += tl.dot(b_kT, b_vn.to(b_kT.dtype), input_precision=DOT_PREC)
@@ -382,10 +417,11 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr):
+                   DOT_PREC: tl.constexpr, FUSE_DV_LOCAL: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: reverse walk. ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``FUSE_DV_LOCAL``: ``dv`` (the local part
+    ``P^T do``, ``_bwd_dv_local_kernel``'s) is formed here from the chunk's k, q, do tiles."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -406,7 +442,9 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
         # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
-        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_do_in = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_do = b_do_in.to(tl.float32)
+        b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
             b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
@@ -414,9 +452,17 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
             b_dh *= tl.exp(g_last)
         else:
             b_do = b_do * scale
-        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
+        if FUSE_DV_LOCAL:
+            b_At = tl.dot(b_k, b_qT, input_precision=DOT_PREC)  # [j, i]
+            o_i = tl.arange(0, BT)
+            m_ji = o_i[None, :] >= o_i[:, None]
+            if USE_G:
+                b_At = b_At * tl.exp(tl.where(m_ji, b_g[None, :] - b_g[:, None], float("-inf")))
+            b_At = tl.where(m_ji, b_At * scale, 0.)
+            b_dv2 = tl.dot(b_At.to(b_do_in.dtype), b_do_in, input_precision=DOT_PREC) + b_kdh
+        else:
+            b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
         _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
         b_dh += tl.dot(b_qT, b_do.to(b_qT.dtype), input_precision=DOT_PREC)
         b_dh -= tl.dot(b_wT, b_dv2.to(b_wT.dtype), input_precision=DOT_PREC)
@@ -644,7 +690,9 @@ def wu(k, v, beta, gc, Ai):
     return w, u
 
 
-def fwd_h(k, w, u, gc, h0, output_final_state):
+def fwd_h(k, w, u, gc, h0, output_final_state, q=None, scale=None):
+    """``(h [B, NT, H, K, V], vn [B, T, H, V], final state | None, o | None)``; with ``q``, the walk
+    also forms the output ``o`` (``FUSED_FWD_O``)."""
     B, T, H, K = k.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, BT)
@@ -652,11 +700,13 @@ def fwd_h(k, w, u, gc, h0, output_final_state):
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     vn = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    o = torch.empty_like(u) if q is not None else None
     _fwd_h_kernel[(triton.cdiv(V, BV), B * H)](
-        k, w, u, gc, h, vn, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
+        k, w, u, gc, h, vn, h0, ht, q, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
         USE_G=gc is not None, USE_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=_prec(k),
+        FUSE_O=q is not None,
         num_warps=_warps(8 if BV > 32 else 4), num_stages=1 if _INTERPRET else 2)  # BV=64 at 4 warps spills
-    return h, vn, ht
+    return h, vn, ht, o
 
 
 def fwd_o(q, k, vn, gc, h, scale):
@@ -688,10 +738,12 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
     # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their
     # memory traffic (4 x [B, T, H, D]: written once, read up to three times).
-    dv_loc = torch.empty_like(v)
-    _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
-        q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
-        USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
+    dv_loc = None  # FUSED_DV_LOCAL: the reverse walk forms it
+    if not FUSED_DV_LOCAL:
+        dv_loc = torch.empty_like(v)
+        _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
+            q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
+            USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
     BV = walk_bv(q, B * H, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dv2 = torch.empty_like(v)
@@ -702,7 +754,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     _bwd_dh_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, gc_dh, do, dv_loc, dv2, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf, BV=BV,
         USE_G=gc_dh is not None, USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec,
-        **_launch(LAUNCH, "bwd_dh", q))
+        FUSE_DV_LOCAL=FUSED_DV_LOCAL, **_launch(LAUNCH, "bwd_dh_fused" if FUSED_DV_LOCAL else "bwd_dh", q))
     del dv_loc
     dq = torch.empty_like(q)
     dk_p, dw = torch.empty_like(k), torch.empty_like(k)
@@ -733,8 +785,11 @@ class ChunkDeltaRule(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state):
         gc = chunk_cumsum(g) if g is not None else None
         Ai, w, u = wy_fwd(k, v, beta, gc)
-        h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
-        o = fwd_o(q, k, vn, gc, h, scale)
+        if FUSED_FWD_O:
+            h, vn, ht, o = fwd_h(k, w, u, gc, h0, output_final_state, q, scale)
+        else:
+            h, vn, ht, _ = fwd_h(k, w, u, gc, h0, output_final_state)
+            o = fwd_o(q, k, vn, gc, h, scale)
         # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64]; fla keeps its
         # inverse too, in the activations' dtype, as WY_INPUT_DTYPE_DOTS does; rebuilding it costs
         # two kernels) and, with KEEP_WU, w (and u, which only the state walk reads: not with
