@@ -80,7 +80,13 @@ LAUNCH = {
 # Its V loops at block 32 instead of 64 (half the h/dh tiles; sm_90 AOT spills 840 -> 288 B at
 # 2 warps): +14.6 / +12.8% at 1 stage; at 3 stages 7.22 / 8.26 ms against 7.26 / 8.38 for today's
 # kernel, but from a second sweep process (sweep 23:42, ``kernel_launch_sweep_gla_bv.md``): not
-# adopted without a side-by-side rerun (the next sweep of ``BWD_DA_KEPT`` is the time to retry).
+# adopted. (Those spill figures came from compiles without the pointer-alignment hint; with it,
+# as on the GPU, today's kernel spills 80 B.)
+# Also removed after losing (sweep 2026-12-01 02:52, H200, ms per fwd+bwd step at 2k / 32k against
+# 7.31 / 8.42): ``BWD_DA_KEPT`` (each chunk's score gradients dA = scale do v^T stored float32 by
+# ``_bwd_dv_kernel`` for this kernel to read instead of recomputing 3 [16, 16] blocks per program)
+# 7.37 / 8.53 (+0.9 / +1.3%); ``FWD_H_CUMSUM`` (the forward's gate cumsum formed inside the state
+# walk instead of by ``_cumsum_kernel``) 7.90 / 9.72 (+8.2 / +15.5%).
 # ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of every name in ``SWITCHES``.
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment: the backward recomputes what the switches
 # below keep from the forward.
@@ -101,24 +107,7 @@ BWD_SUB_BK = 64
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
 # at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
-# The score gradients dA = scale do v^T of each chunk computed once, by ``_bwd_dv_kernel`` (one
-# program per chunk at V <= 128; it loads do anyway), stored float32 ([B, T, H, 64], 256 B per token
-# and head, transient) and read by ``_bwd_sub_kernel`` as [16, 16] blocks, instead of recomputed
-# there from do and v: each program recomputes 3 off-diagonal blocks (~24 of the ~90 KB it reads;
-# a chunk's 6 blocks 4 times over its 8 programs). ``bwd_sub`` is latency-bound at 12% occupancy
-# (Nsight Compute 22:59), so fewer loads and dots per program should show. Predicted: bwd_sub
-# -0.3..-0.8 ms of 3.7, bwd_dv +0.1..0.15. Not timed yet (written after the session's last device
-# call); V > 128 keeps recomputing.
-BWD_DA_KEPT = False
-# The forward's chunk-local cumsum of gk formed inside the state walk (``_fwd_h_kernel``, which
-# loads those rows anyway; its ``i_v == 0`` programs write gc for the other kernels) instead of by
-# ``_cumsum_kernel`` (0.26 ms of 7.1 at 2k, 23:30: a memory-bound [B, T, H, K] float32 pass).
-# Predicted -0.1..-0.2 ms (one read of gk less); the walk's chain gets a scan and a store per chunk
-# (sm_90 AOT at 4 warps: 168 -> 255 registers, 16 B spilled, 4 -> 2 async copies).
-# Not timed yet.
-FWD_H_CUMSUM = False
-SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
-            "BWD_DA_KEPT": (False, True), "FWD_H_CUMSUM": (False, True)}
+SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -216,14 +205,11 @@ def _cumsum_kernel(gk, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _fwd_h_kernel(k, v, gk, gc, h, h0, ht, T, NT,
+def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  CUMSUM: tl.constexpr):
-    """Grid (K/BK, V/BV, B*H): walk the chunks in order; ``h[b, t, h]`` = state before chunk t.
-    ``CUMSUM``: each chunk's cumulative gate is formed here from ``gk`` (as ``_cumsum_kernel`` does)
-    and written to ``gc`` by the ``i_v == 0`` programs, instead of read from ``gc``."""
+                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (K/BK, V/BV, B*H): walk the chunks in order; ``h[b, t, h]`` = state before chunk t."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -238,16 +224,9 @@ def _fwd_h_kernel(k, v, gk, gc, h, h0, ht, T, NT,
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_t in range(NT):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
-        if CUMSUM:
-            # rows past T load gk = 0, so they repeat the last valid G, as _g_rows makes them
-            b_g = tl.cumsum(_rows(gk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK).to(tl.float32), axis=0)
-            g_last = tl.sum(tl.where((tl.arange(0, BT) == BT - 1)[:, None], b_g, 0.), axis=0)
-            if i_v == 0:
-                _store(gc, b_g, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        else:
-            last = tl.minimum(i_t * BT + BT, T) - 1
-            g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
-            b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_k = _rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_h *= tl.exp(g_last)[:, None]
@@ -386,13 +365,10 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_dv_kernel(k, v, gc, A, do, dh, dv, dA, scale, T, NT,
+def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                   STORE_DA: tl.constexpr):
-    """Grid (V/BV, NT, B*H): ``dv = A^T do + (k * exp(G_C - G)) dh`` (final). ``STORE_DA`` (BV >= V:
-    one program per chunk): also the chunk's score gradients ``dA = scale do v^T`` into ``dA: [B, T,
-    H, BT]`` float32, unmasked (``_bwd_sub_kernel`` reads the blocks it needs)."""
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (V/BV, NT, B*H): ``dv = A^T do + (k * exp(G_C - G)) dh`` (final)."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -404,10 +380,6 @@ def _bwd_dv_kernel(k, v, gc, A, do, dh, dv, dA, scale, T, NT,
     b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
     b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
     b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
-    if STORE_DA:
-        tl.static_assert(BV >= V, "STORE_DA needs the whole V in one program")
-        b_v = _rows(v, i_b, i_h, r0, T, H, V, 0, BT, BV)
-        _store(dA, tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC) * scale, i_b, i_h, r0, T, H, BT, 0, BT, BT)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
@@ -421,15 +393,15 @@ def _bwd_dv_kernel(k, v, gc, A, do, dh, dv, dA, scale, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dA, dq, dk, dG, P, scale, T, NT,
+def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr, DA_KEPT: tl.constexpr):
+                    SPAN_MAX: tl.constexpr):
     """Grid (K/BK, NT*NC, B*H): the backward of sub-chunk ``a`` (sub-chunk ``i_tc % NC`` of chunk
     ``i_tc // NC``; key columns ``i_k*BK ..``): the state parts of ``dq, dk`` for its 16 rows from
     ``h, dh``, and the intra-chunk parts from the score gradients it needs (``dA_ab``, ``b <= a``;
-    ``dA_ca``, ``c > a``), computed from ``do, v`` here (or, with ``DA_KEPT``, read from ``dA: [B, T,
-    H, BT]``, ``_bwd_dv_kernel``'s), so no float32 partials of ``dq/dk/dg`` go through memory.
+    ``dA_ca``, ``c > a``), computed from ``do, v`` here, so neither ``dA`` nor float32 partials of
+    ``dq/dk/dg`` go through memory.
     Writes ``dq, dk`` (final), ``dG`` (float32, before the reverse cumsum) and ``P: [B, NT*NC, H, K]``
     float32, the sub-chunk's share of the chunk-wide gate term ``sum_{j<last} k_j dk_j + exp(G_C)
     <S, dS'>`` that ``_rev_cumsum_kernel`` adds to every row of the chunk."""
@@ -462,10 +434,9 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dA, dq, dk, dG, P, scale, T, NT,
         m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
         b_do = _rows(do, i_b, i_h, ra, T, H, V, i_v * BV, BC, BV)
         b_v = _rows(v, i_b, i_h, ra, T, H, V, i_v * BV, BC, BV)
-        if not DA_KEPT:
-            # the diagonal block's score gradients from the rows already here (loading them again
-            # for _dA_block measured +0.5..0.8% per step, sweep 22:57)
-            b_dAaa += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+        # the diagonal block's score gradients from the rows already here (loading them again for
+        # _dA_block measured +0.5..0.8% per step, sweep 22:57)
+        b_dAaa += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
         b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
         b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
         b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
@@ -485,23 +456,14 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dA, dq, dk, dG, P, scale, T, NT,
     b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
     b_dks = tl.zeros([BC, BK], dtype=tl.float32)
     for b in range(0, a):
-        if DA_KEPT:
-            b_dAab = _rows(dA, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
-        else:
-            b_dAab = _dA_block(do, v, i_b, i_h, ra, i_t * BT + b * BC, scale, T, H, V, BC, BV, DOT_PREC)
+        b_dAab = _dA_block(do, v, i_b, i_h, ra, i_t * BT + b * BC, scale, T, H, V, BC, BV, DOT_PREC)
         b_dqs += _dq_from_earlier(b_dAab, k, gc, g_last, b_gn, i_b, i_h, i_t, b, T, H, K, c0, BT, BC, BK, DOT_PREC)
     for c in range(a + 1, NC):
-        if DA_KEPT:
-            b_dAca = _rows(dA, i_b, i_h, i_t * BT + c * BC, T, H, BT, a * BC, BC, BC)
-        else:
-            b_dAca = _dA_block(do, v, i_b, i_h, i_t * BT + c * BC, ra, scale, T, H, V, BC, BV, DOT_PREC)
+        b_dAca = _dA_block(do, v, i_b, i_h, i_t * BT + c * BC, ra, scale, T, H, V, BC, BV, DOT_PREC)
         b_dks += _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
     b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
     b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
-    if DA_KEPT:
-        b_dAaa = _rows(dA, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)  # masked in _diag_grads
-    else:
-        b_dAaa = b_dAaa * scale
+    b_dAaa = b_dAaa * scale  # masked in _diag_grads
     b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
     b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_qf, b_kf, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
     # gate: q . dq through the state read and the intra-chunk pairs, minus k . dk of what leaves
@@ -544,9 +506,7 @@ def chunk_cumsum(gk: torch.Tensor) -> torch.Tensor:
     return gc
 
 
-def fwd_h(k, v, gc, h0, output_final_state, gk=None):
-    """``(h [B, NT, H, K, V], final state | None)``; with ``gk``, ``gc`` is an empty buffer the walk
-    fills with the cumulative gate (``FWD_H_CUMSUM``)."""
+def fwd_h(k, v, gc, h0, output_final_state):
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
@@ -554,9 +514,8 @@ def fwd_h(k, v, gc, h0, output_final_state, gk=None):
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
     _fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)](
-        k, v, gc if gk is None else gk, gc, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=_prec(k), CUMSUM=gk is not None,
-        **_launch(LAUNCH, "walk", k))
+        k, v, gc, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None,
+        STORE_HT=output_final_state, DOT_PREC=_prec(k), **_launch(LAUNCH, "walk", k))
     return h, ht
 
 
@@ -609,20 +568,17 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     # A and G and k, L2-bound (87% of L2 throughput, Nsight Compute 22:59); 128: -2.3 / -1.3% per
     # fwd+bwd step at 2k / 32k (sweep 23:21)
     BVd = min(128, _pow2(V))
-    da_kept = BWD_DA_KEPT and BVd >= V  # one program per chunk has every value column
-    dA = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device) if da_kept else None
     _bwd_dv_kernel[(triton.cdiv(V, BVd), NT, B * H)](
-        k, v, gc, A, do, dh, dv, dA, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd,
-        DOT_PREC=prec, STORE_DA=da_kept, **_launch(LAUNCH, "bwd_dv", q))
+        k, gc, A, do, dh, dv, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd, DOT_PREC=prec,
+        **_launch(LAUNCH, "bwd_dv", q))
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(triton.cdiv(K, BKf), NT * NC, B * H)](
-        q, k, v, gc, h, do, dh, dA, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
-        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, DA_KEPT=da_kept,
-        **_launch(LAUNCH, "bwd_sub", q))
-    del h, dh, dA
+        q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
+        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
+    del h, dh
     BKr = min(64, _pow2(K))
     _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, P, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC,
                                                          **_launch(LAUNCH, "rev_cumsum", q))
@@ -635,12 +591,8 @@ class ChunkGLASubchunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
-        if FWD_H_CUMSUM:
-            gc = torch.empty(gk.shape, dtype=torch.float32, device=gk.device)
-            h, ht = fwd_h(k, v, gc, h0, output_final_state, gk=gk)
-        else:
-            gc = chunk_cumsum(gk)
-            h, ht = fwd_h(k, v, gc, h0, output_final_state)
+        gc = chunk_cumsum(gk)
+        h, ht = fwd_h(k, v, gc, h0, output_final_state)
         A = intra_a(q, k, gc, scale)
         o = fwd_o(q, v, gc, h, A, scale)
         # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per

@@ -256,7 +256,7 @@ INTERPRETER_CASES = [  # family, shape, decay, with_h0
     ("gla", (1, 70, 1, 32, 16), "strong", False),
     ("gla", (1, 70, 1, 64, 16), "random", True),  # two key slices of the diagonal-block tiles
     ("gla", (1, 70, 1, 32, 16), "steep", True),  # the exact diagonal path with weights that matter
-    ("gla", (1, 80, 1, 16, 136), "random", True),  # V > 128: bwd_dv in two value blocks (no kept dA)
+    ("gla", (1, 80, 1, 16, 136), "random", True),  # V > 128: bwd_dv in two value blocks
 ]
 
 
