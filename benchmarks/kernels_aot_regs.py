@@ -72,19 +72,19 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec),
                *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
-            yield ("delta.solve_tril", d._solve_tril_kernel, dict(H=H, BT=64, BC=16), *table(d.LAUNCH, "solve_tril", s))
+            yield ("delta.solve_tril", d._solve_tril_kernel, dict(H=H, BT=64, BC=16, PREC=d._solve_tril_prec(dtype)),
+                   *table(d.LAUNCH, "solve_tril", s))
         lowp = d._lowp(torch.empty(0, dtype=dtype))
         yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec),
                *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
-                                                     DOT_PREC=prec, FUSE_O=d.FUSED_FWD_O), 4, 2)
+                                                     DOT_PREC=prec), *table(d.LAUNCH, "fwd_h_bv32", s))
         yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec), *table(d.LAUNCH, "fwd_o", s))
         yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
                                                                    DOT_PREC=prec), *table(d.LAUNCH, "bwd_dv_local", s))
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=dh_gated, USE_DHT=True,
-                                                       STORE_DH0=True, DOT_PREC=prec, FUSE_DV_LOCAL=d.FUSED_DV_LOCAL),
-               *table(d.LAUNCH, "bwd_dh", s))
+                                                       STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g,
                                                              DOT_PREC=prec), *table(d.LAUNCH, "bwd_dqkwg", s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),

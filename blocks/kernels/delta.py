@@ -60,8 +60,10 @@ LAUNCH = {
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
     "bwd_dh": dict(num_warps=4, num_stages=3),
-    # with FUSED_DV_LOCAL (sm_90 AOT at V block 64: 4 warps spill 336 B, 8 warps 64 B as today's 4)
-    "bwd_dh_fused": dict(num_warps=8, num_stages=3),
+    # the forward state walk, at V block 64 (many (batch, head) pairs) and 32 (long sequences);
+    # set from the fewest-spills compile until 2026-12-01, never swept before
+    "fwd_h": dict(num_warps=8, num_stages=None),
+    "fwd_h_bv32": dict(num_warps=4, num_stages=None),
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
 }
@@ -102,31 +104,29 @@ KEEP_H = not LOW_MEMORY
 # before.
 WY_INPUT_DTYPE_DOTS = True
 # The ungated rule's ``_bwd_dh_kernel`` runs the gated code on a zero gate (same results: every
-# factor is exp(0) = 1). Why: Triton software-pipelines the gated loop (its small gate loads
-# become async copies, and the next chunk's k tile is then loaded during the current chunk) but
-# leaves the ungated loop unpipelined (no async-copy candidate: every chunk waits for its loads);
-# sm_90 TTGIR of both from Triton 3.9 without a GPU (the H200 host runs 3.6, where the timing
-# below agrees), 4 warps, 3 stages: 9 async copies and k carried across iterations vs none.
-# Before this switch (17:13, 2k): ungated bwd_dh 0.93 ms, gated 0.58 ms. Sweep 2026-11-30 17:25
-# (H200): turning it off costs +8.0 / +9.3% fwd+bwd (delta_rule, 2k / 32k). Costs a zeroed
-# [B, T, H] float32 tensor per backward.
+# factor is exp(0) = 1). Before this switch (17:13, 2k): ungated bwd_dh 0.93 ms, gated 0.58 ms.
+# Sweep 2026-11-30 17:25 (H200): turning it off costs +8.0 / +9.3% fwd+bwd (delta_rule, 2k /
+# 32k); 2026-12-01 03:04: +7.2 / +9.3%. Why is not known: the reason first given (Triton leaves
+# the ungated loop unpipelined) came from sm_90 compiles made without the JIT's pointer-alignment
+# hint; with it (``kernels_aot_regs.py`` since 2026-12-01) both loops are pipelined (Triton 3.9:
+# 12 async copies ungated, 24 with the gate). Costs a zeroed [B, T, H] float32 tensor per backward.
 UNGATED_DH_ZERO_GATE = True
-# The forward's output formed by the state walk (``_fwd_h_kernel`` with ``FUSE_O``: its programs
-# hold the chunk's state columns and the ``k`` tile; they load ``q`` and do the three dots of
-# ``_fwd_o_kernel``) instead of by ``_fwd_o_kernel`` (0.44 ms of 4.46 at 2k, 23:30), which reads
-# the stored states h back (537 MB in bf16 at 64k tokens, 16 heads of 128) with q, k and U.
-# Predicted: -0.15..-0.3 ms per step at 2k; at 32k the walk is latency-bound (128 programs) and the
-# extra dots sit in its chain, so it may lose there. Not timed yet.
-FUSED_FWD_O = False
-# The backward's local value gradient ``P^T do`` (``_bwd_dv_local_kernel``) formed inside the
-# reverse walk (``_bwd_dh_kernel`` with ``FUSE_DV_LOCAL``), which loads that chunk's q, k and do
-# already: one [BT, BT] dot more per chunk and value block, and no dv_loc tensor written and read
-# back (268 MB each way at 64k tokens in bf16); kept in float32 until dv2 (the kernel pair rounds
-# it to the activations' dtype in between). Predicted: -0.1..-0.2 ms of bwd_dv_local's 0.27 at
-# 2k. Not timed yet.
-FUSED_DV_LOCAL = False
-SWITCHES = {"FUSED_FWD_O": (False, True), "FUSED_DV_LOCAL": (False, True), "KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
-            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True)}
+# ``_solve_tril_kernel``'s 16x16 dots in TF32 (tensor cores) for 16-bit inputs instead of exact
+# float32 (FMA; the kernel is L1-bound at 96%, Nsight Compute 22:59). The inverse is stored in the
+# activations' dtype (``WY_INPUT_DTYPE_DOTS``), whose rounding (bf16: 2^-8) is coarser than TF32's
+# (2^-11); float32 inputs keep exact dots. (TF32x3, three TF32 dots per dot, measured +1.8 / +2.5%.)
+# Not timed yet.
+SOLVE_TRIL_TF32 = False
+# Removed after losing (sweep 2026-12-01 03:04, H200, fwd+bwd per step at 2k / 32k): ``FUSED_FWD_O``
+# (the forward walk forms the output from the state in its registers instead of
+# ``_fwd_o_kernel`` reading h back): delta_rule -0.7 / -0.5% (inside the repeat spread), gated
+# +8.7 / +6.5%; ``FUSED_DV_LOCAL`` (the reverse walk forms ``P^T do`` instead of
+# ``_bwd_dv_local_kernel``): +8.7 / +24.3% delta_rule, +6.2 / +19.3% gated. Work added to the walks'
+# programs costs more than the separate kernels it replaces: the walks run few programs per SM
+# (Nsight Compute: 6-12% occupancy), so their extra dots are not hidden.
+SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
+            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
+            "SOLVE_TRIL_TF32": (False, True)}
 
 
 @triton.jit
@@ -142,21 +142,21 @@ def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _inv_unit_lower(b_A, BC: tl.constexpr):
+def _inv_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower ``[BC, BC]`` block ``A`` (float32), BC = 16. ``A`` is
     nilpotent (``A^16 = 0``), so ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six
     independent-of-each-row dots instead of 15 dependent forward-substitution steps (which measured
-    2 ms per training step at 64k tokens on the H200, latency-bound). Exact float32 dots: TF32
-    ("tf32x3") measured +1.8 / +2.5% per fwd+bwd step (delta_rule, 2k / 32k; sweep 22:43)."""
+    2 ms per training step at 64k tokens on the H200, latency-bound). Dots at ``PREC``
+    (``SOLVE_TRIL_TF32``)."""
     o = tl.arange(0, BC)
     eye = (o[:, None] == o[None, :]).to(tl.float32)
     n1 = -b_A
-    n2 = tl.dot(n1, n1, input_precision="ieee")
-    n4 = tl.dot(n2, n2, input_precision="ieee")
-    n8 = tl.dot(n4, n4, input_precision="ieee")
-    p = tl.dot(eye + n1, eye + n2, input_precision="ieee")
-    p = tl.dot(p, eye + n4, input_precision="ieee")
-    return tl.dot(p, eye + n8, input_precision="ieee")
+    n2 = tl.dot(n1, n1, input_precision=PREC)
+    n4 = tl.dot(n2, n2, input_precision=PREC)
+    n8 = tl.dot(n4, n4, input_precision=PREC)
+    p = tl.dot(eye + n1, eye + n2, input_precision=PREC)
+    p = tl.dot(p, eye + n4, input_precision=PREC)
+    return tl.dot(p, eye + n8, input_precision=PREC)
 
 
 @triton.jit
@@ -226,32 +226,32 @@ def _kkt_kernel(k, beta, gc, A, T,
 
 
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
     """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
     ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]``
     blocks by ``_inv_unit_lower``, the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
-    block rows ``i > j`` (16x16 float32 dots)."""
+    block rows ``i > j`` (16x16 dots at ``PREC``: float32 "ieee" or "tf32")."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC)
-    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC)
-    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC)
-    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
+    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC, PREC)
+    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC, PREC)
+    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC, PREC)
+    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC, PREC)
     A10 = _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
     A20 = _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
     A21 = _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
     A30 = _load_block(A, i_b, i_h, i_t, T, 3, 0, H, BT, BC)
     A31 = _load_block(A, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
     A32 = _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
-    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision="ieee"), input_precision="ieee")
-    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision="ieee"), input_precision="ieee")
-    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision="ieee"), input_precision="ieee")
-    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision="ieee") + tl.dot(A21, T10, input_precision="ieee"), input_precision="ieee")
-    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision="ieee") + tl.dot(A32, T21, input_precision="ieee"), input_precision="ieee")
-    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision="ieee") + tl.dot(A31, T10, input_precision="ieee")
-                  + tl.dot(A32, T20, input_precision="ieee"), input_precision="ieee")
+    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=PREC), input_precision=PREC)
+    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=PREC), input_precision=PREC)
+    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=PREC), input_precision=PREC)
+    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision=PREC) + tl.dot(A21, T10, input_precision=PREC), input_precision=PREC)
+    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision=PREC) + tl.dot(A32, T21, input_precision=PREC), input_precision=PREC)
+    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision=PREC) + tl.dot(A31, T10, input_precision=PREC)
+                  + tl.dot(A32, T20, input_precision=PREC), input_precision=PREC)
     Z = tl.zeros([BC, BC], dtype=tl.float32)
     _store_block(Ai, T00, i_b, i_h, i_t, T, 0, 0, H, BT, BC)
     _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
@@ -294,15 +294,12 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, q, o, scale, T, NT,
+def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  FUSE_O: tl.constexpr):
+                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: walk the chunks in order; ``h[b, t, h]`` = state before chunk t,
-    ``vn = u - w h`` (the values written, U). ``FUSE_O``: also the output columns of this program,
-    ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)`` (``_fwd_o_kernel``'s), from
-    the state in registers and the ``k`` tile already loaded, instead of reading ``h`` back."""
+    ``vn = u - w h`` (the values written, U)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -313,8 +310,6 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, q, o, scale, T, NT,
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     p_kv = o_k[:, None] * V + o_v[None, :]
-    o_i = tl.arange(0, BT)
-    m_A = o_i[:, None] >= o_i[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
@@ -322,25 +317,11 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, q, o, scale, T, NT,
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
-        b_hc = b_h.to(b_w.dtype)
-        b_vn = b_u - tl.dot(b_w, b_hc, input_precision=DOT_PREC)  # [BT, BV]
+        b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
         _store_rows(vn, b_vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        if FUSE_O:
-            b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
-            b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)  # [BT, BV]
-            b_A = tl.dot(b_q, b_kT, input_precision=DOT_PREC)  # [BT, BT]
-            if USE_G:
-                b_o = b_o * tl.exp(b_g)[:, None]
-                b_A = b_A * tl.exp(tl.where(m_A, b_g[:, None] - b_g[None, :], float("-inf")))
-            b_A = tl.where(m_A, b_A, 0.)
-            # U as the unfused path reads it back: rounded to the activations' dtype
-            b_vnc = b_vn.to(vn.dtype.element_ty)
-            b_o = (b_o + tl.dot(b_A.to(b_vnc.dtype), b_vnc, input_precision=DOT_PREC)) * scale
-            _store_rows(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        if USE_G:
             b_h *= tl.exp(g_last)
             b_vn = b_vn * tl.exp(g_last - b_g)[:, None]
         b_h += tl.dot(b_kT, b_vn.to(b_kT.dtype), input_precision=DOT_PREC)
@@ -417,11 +398,10 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr, FUSE_DV_LOCAL: tl.constexpr):
+                   DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: reverse walk. ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``FUSE_DV_LOCAL``: ``dv`` (the local part
-    ``P^T do``, ``_bwd_dv_local_kernel``'s) is formed here from the chunk's k, q, do tiles."""
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -442,9 +422,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
         # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
-        b_do_in = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        b_do = b_do_in.to(tl.float32)
-        b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
+        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
             b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
@@ -452,17 +430,9 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
             b_dh *= tl.exp(g_last)
         else:
             b_do = b_do * scale
-        if FUSE_DV_LOCAL:
-            b_At = tl.dot(b_k, b_qT, input_precision=DOT_PREC)  # [j, i]
-            o_i = tl.arange(0, BT)
-            m_ji = o_i[None, :] >= o_i[:, None]
-            if USE_G:
-                b_At = b_At * tl.exp(tl.where(m_ji, b_g[None, :] - b_g[:, None], float("-inf")))
-            b_At = tl.where(m_ji, b_At * scale, 0.)
-            b_dv2 = tl.dot(b_At.to(b_do_in.dtype), b_do_in, input_precision=DOT_PREC) + b_kdh
-        else:
-            b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
+        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
         _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
         b_dh += tl.dot(b_qT, b_do.to(b_qT.dtype), input_precision=DOT_PREC)
         b_dh -= tl.dot(b_wT, b_dv2.to(b_wT.dtype), input_precision=DOT_PREC)
@@ -663,6 +633,11 @@ def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:
     return gc
 
 
+def _solve_tril_prec(dtype: torch.dtype) -> str:
+    """Dot precision of ``_solve_tril_kernel`` for inputs of ``dtype`` (``SOLVE_TRIL_TF32``)."""
+    return "tf32" if SOLVE_TRIL_TF32 and dtype != torch.float32 else "ieee"
+
+
 def wy_fwd(k, v, beta, gc):
     """``(Ai [B, T, H, BT], w [B, T, H, K], u [B, T, H, V])``: the chunks' ``(I + A)^-1`` (float32, or
     the activations' dtype with ``WY_INPUT_DTYPE_DOTS``) and the WY factors, in three kernels
@@ -673,7 +648,7 @@ def wy_fwd(k, v, beta, gc):
     _kkt_kernel[(NT, B * H)](k, beta, gc, A, T, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
                              USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "kkt", k))
     Ai = torch.empty_like(A, dtype=k.dtype if _lowp(k) else torch.float32)
-    _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC,
+    _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, PREC=_solve_tril_prec(k.dtype),
                                     **_launch(LAUNCH, "solve_tril", k))
     return (Ai,) + wu(k, v, beta, gc, Ai)
 
@@ -690,9 +665,7 @@ def wu(k, v, beta, gc, Ai):
     return w, u
 
 
-def fwd_h(k, w, u, gc, h0, output_final_state, q=None, scale=None):
-    """``(h [B, NT, H, K, V], vn [B, T, H, V], final state | None, o | None)``; with ``q``, the walk
-    also forms the output ``o`` (``FUSED_FWD_O``)."""
+def fwd_h(k, w, u, gc, h0, output_final_state):
     B, T, H, K = k.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, BT)
@@ -700,13 +673,11 @@ def fwd_h(k, w, u, gc, h0, output_final_state, q=None, scale=None):
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     vn = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    o = torch.empty_like(u) if q is not None else None
     _fwd_h_kernel[(triton.cdiv(V, BV), B * H)](
-        k, w, u, gc, h, vn, h0, ht, q, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
+        k, w, u, gc, h, vn, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
         USE_G=gc is not None, USE_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=_prec(k),
-        FUSE_O=q is not None,
-        num_warps=_warps(8 if BV > 32 else 4), num_stages=1 if _INTERPRET else 2)  # BV=64 at 4 warps spills
-    return h, vn, ht, o
+        **(_launch(LAUNCH, "fwd_h", k) if BV > 32 else _launch(LAUNCH, "fwd_h_bv32", k)))
+    return h, vn, ht
 
 
 def fwd_o(q, k, vn, gc, h, scale):
@@ -738,12 +709,10 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
     # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their
     # memory traffic (4 x [B, T, H, D]: written once, read up to three times).
-    dv_loc = None  # FUSED_DV_LOCAL: the reverse walk forms it
-    if not FUSED_DV_LOCAL:
-        dv_loc = torch.empty_like(v)
-        _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
-            q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
-            USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
+    dv_loc = torch.empty_like(v)
+    _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
+        q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
+        USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
     BV = walk_bv(q, B * H, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dv2 = torch.empty_like(v)
@@ -754,7 +723,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     _bwd_dh_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, gc_dh, do, dv_loc, dv2, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf, BV=BV,
         USE_G=gc_dh is not None, USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec,
-        FUSE_DV_LOCAL=FUSED_DV_LOCAL, **_launch(LAUNCH, "bwd_dh_fused" if FUSED_DV_LOCAL else "bwd_dh", q))
+        **_launch(LAUNCH, "bwd_dh", q))
     del dv_loc
     dq = torch.empty_like(q)
     dk_p, dw = torch.empty_like(k), torch.empty_like(k)
@@ -785,11 +754,8 @@ class ChunkDeltaRule(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state):
         gc = chunk_cumsum(g) if g is not None else None
         Ai, w, u = wy_fwd(k, v, beta, gc)
-        if FUSED_FWD_O:
-            h, vn, ht, o = fwd_h(k, w, u, gc, h0, output_final_state, q, scale)
-        else:
-            h, vn, ht, _ = fwd_h(k, w, u, gc, h0, output_final_state)
-            o = fwd_o(q, k, vn, gc, h, scale)
+        h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
+        o = fwd_o(q, k, vn, gc, h, scale)
         # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64]; fla keeps its
         # inverse too, in the activations' dtype, as WY_INPUT_DTYPE_DOTS does; rebuilding it costs
         # two kernels) and, with KEEP_WU, w (and u, which only the state walk reads: not with
