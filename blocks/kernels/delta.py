@@ -60,10 +60,12 @@ LAUNCH = {
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
     "bwd_dh": dict(num_warps=4, num_stages=3),
-    # the forward state walk, at V block 64 (many (batch, head) pairs) and 32 (long sequences);
-    # set from the fewest-spills compile until 2026-12-01, never swept before
-    "fwd_h": dict(num_warps=8, num_stages=None),
-    "fwd_h_bv32": dict(num_warps=4, num_stages=None),
+    # the forward state walk at V block 64 (many (batch, head) pairs) and 32 (long sequences);
+    # first swept 2026-12-01 03:14 (it had been 8 / 4 warps, 2 stages, from compiles without the
+    # alignment hint): 4 warps at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at
+    # block 32 -6.6 / -4.6% (32k)
+    "fwd_h": dict(num_warps=4, num_stages=None),
+    "fwd_h_bv32": dict(num_warps=4, num_stages=3),
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
 }
@@ -111,12 +113,6 @@ WY_INPUT_DTYPE_DOTS = True
 # hint; with it (``kernels_aot_regs.py`` since 2026-12-01) both loops are pipelined (Triton 3.9:
 # 12 async copies ungated, 24 with the gate). Costs a zeroed [B, T, H] float32 tensor per backward.
 UNGATED_DH_ZERO_GATE = True
-# ``_solve_tril_kernel``'s 16x16 dots in TF32 (tensor cores) for 16-bit inputs instead of exact
-# float32 (FMA; the kernel is L1-bound at 96%, Nsight Compute 22:59). The inverse is stored in the
-# activations' dtype (``WY_INPUT_DTYPE_DOTS``), whose rounding (bf16: 2^-8) is coarser than TF32's
-# (2^-11); float32 inputs keep exact dots. (TF32x3, three TF32 dots per dot, measured +1.8 / +2.5%.)
-# Not timed yet.
-SOLVE_TRIL_TF32 = False
 # Removed after losing (sweep 2026-12-01 03:04, H200, fwd+bwd per step at 2k / 32k): ``FUSED_FWD_O``
 # (the forward walk forms the output from the state in its registers instead of
 # ``_fwd_o_kernel`` reading h back): delta_rule -0.7 / -0.5% (inside the repeat spread), gated
@@ -125,8 +121,7 @@ SOLVE_TRIL_TF32 = False
 # programs costs more than the separate kernels it replaces: the walks run few programs per SM
 # (Nsight Compute: 6-12% occupancy), so their extra dots are not hidden.
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
-            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
-            "SOLVE_TRIL_TF32": (False, True)}
+            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True)}
 
 
 @triton.jit
@@ -147,7 +142,7 @@ def _inv_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
     nilpotent (``A^16 = 0``), so ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six
     independent-of-each-row dots instead of 15 dependent forward-substitution steps (which measured
     2 ms per training step at 64k tokens on the H200, latency-bound). Dots at ``PREC``
-    (``SOLVE_TRIL_TF32``)."""
+    (``_solve_tril_prec``: TF32 for 16-bit inputs)."""
     o = tl.arange(0, BC)
     eye = (o[:, None] == o[None, :]).to(tl.float32)
     n1 = -b_A
@@ -634,8 +629,14 @@ def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:
 
 
 def _solve_tril_prec(dtype: torch.dtype) -> str:
-    """Dot precision of ``_solve_tril_kernel`` for inputs of ``dtype`` (``SOLVE_TRIL_TF32``)."""
-    return "tf32" if SOLVE_TRIL_TF32 and dtype != torch.float32 else "ieee"
+    """Dot precision of ``_solve_tril_kernel`` for inputs of ``dtype``: TF32 (tensor cores) for
+    16-bit inputs, exact float32 for float32 ones. The inverse is stored in the activations' dtype
+    (``WY_INPUT_DTYPE_DOTS``), whose rounding (bf16: 2^-8) is coarser than TF32's (2^-11). Exact
+    float32 dots (FMA, L1-bound at 96%, Nsight Compute 2026-11-30 22:59) measured +6.0 / +4.7%
+    per fwd+bwd step (delta_rule, 2k / 32k) and +3.3 / +4.8% (gated) against TF32 (sweep
+    2026-12-01 03:14, ``SOLVE_TRIL_TF32``, then adopted); TF32x3 had been +1.8 / +2.5% against
+    exact (22:43)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def wy_fwd(k, v, beta, gc):

@@ -270,3 +270,10 @@ def test_ncu_report_parses_raw_csv_and_keeps_each_kernels_last_launch():
     assert "long_scoreboard 2.5" in table and ncu.parse("no csv here") == {}
     ns = text.replace('"ms","byte"', '"ns","byte"')  # the unit ncu 2025 prints
     assert ncu.parse(ns)["_bwd_sub_kernel"]["duration_us"] == pytest.approx(3.25e-3)
+
+
+def test_solve_tril_keeps_exact_dots_for_float32_inputs():
+    # float32 inputs must match the PyTorch forms (no TF32 there); 16-bit inputs store the inverse
+    # in their own dtype, coarser than TF32, so they take the tensor-core dots
+    assert delta._solve_tril_prec(torch.float32) == "ieee"
+    assert delta._solve_tril_prec(torch.bfloat16) == delta._solve_tril_prec(torch.float16) == "tf32"
