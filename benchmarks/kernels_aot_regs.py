@@ -41,7 +41,7 @@ def arg_types(act: str) -> dict[str, str]:
     """Triton signature types by argument name: activations and chunk states in ``act``,
     everything else float32, sizes int32."""
     types = {n: f"*{act}" for n in ACTIVATIONS}
-    for n in ("beta", "gc", "g", "gk", "Ai", "A", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x", "P",
+    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x", "P",
               "dbeta", "dg"):
         types[n] = "*fp32"
     if d.WY_INPUT_DTYPE_DOTS:
