@@ -42,7 +42,8 @@ from . import low_memory_from_env, register_kernel
 from .tiles import INTERPRET as _INTERPRET
 from .tiles import dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
-from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, walk_bv, warps as _warps
+from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
+from .tiles import walk_bv as _tiles_walk_bv
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
 BC = 16  # diagonal block of the triangular inverse
@@ -113,6 +114,19 @@ WY_INPUT_DTYPE_DOTS = True
 # hint; with it (``kernels_aot_regs.py`` since 2026-12-01) both loops are pipelined (Triton 3.9:
 # 12 async copies ungated, 24 with the gate). Costs a zeroed [B, T, H] float32 tensor per backward.
 UNGATED_DH_ZERO_GATE = True
+# The delta walks keep V block 64 down to half a program per SM at that block (``tiles.walk_bv``'s
+# ``min_per_sm``; the other families' walks switch to 32 below 4). Sweep 2026-12-01 04:11 (H200,
+# with the 4-warp forward walk): block 64 instead of 32 -7.6 / -7.7 / -3.2% per fwd+bwd step at
+# 4k / 8k / 16k (delta_rule; 512, 256, 128 programs), -5.8 / -5.6 / -4.5% (gated); at 32k (64
+# programs) block 64 had lost by 11% (2026-11-30 23:23, with the 8-warp forward walk).
+WALK_MIN_PER_SM = 0.5
+
+
+def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
+    """V block of the delta walks (``tiles.walk_bv`` at ``WALK_MIN_PER_SM``)."""
+    return _tiles_walk_bv(x, chains, V, min_per_sm=WALK_MIN_PER_SM)
+
+
 # Removed after losing (sweep 2026-12-01 03:04, H200, fwd+bwd per step at 2k / 32k): ``FUSED_FWD_O``
 # (the forward walk forms the output from the state in its registers instead of
 # ``_fwd_o_kernel`` reading h back): delta_rule -0.7 / -0.5% (inside the repeat spread), gated

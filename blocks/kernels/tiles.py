@@ -59,14 +59,14 @@ def state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float32 if x.dtype == torch.float32 else x.dtype
 
 
-def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
+def walk_bv(x: torch.Tensor, chains: int, V: int, min_per_sm: float = 4) -> int:
     """V block of a sequential chunk walk over ``chains * cdiv(V, BV)`` programs (each a chain of
-    NT dependent steps, its ``[BK, BV]`` float32 state in registers): 64, or 32 when the grid would
-    leave SMs idle (few (batch, head) pairs, i.e. long sequences)."""
+    NT dependent steps, its ``[BK, BV]`` float32 state in registers): 64, or 32 when block 64 would
+    give fewer than ``min_per_sm`` programs per SM (few (batch, head) pairs, i.e. long sequences)."""
     BV = min(64, pow2(V))
     if x.is_cuda and BV > 32:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        if chains * triton.cdiv(V, BV) < 4 * sms:
+        if chains * triton.cdiv(V, BV) < min_per_sm * sms:
             BV = 32
     return BV
 
