@@ -184,6 +184,11 @@ def test_gpu_kernels_in_float16(family):
         assert not bad, f"{family} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
+def fixed_walk_bv(block_v: int):
+    """A stand-in for a module's ``walk_bv`` that always picks ``block_v`` (capped at V's power of 2)."""
+    return lambda x, chains, V: min(block_v, max(16, 1 << (V - 1).bit_length()))
+
+
 def flip_switches(family: str, monkeypatch, only: str | None = None) -> list[str]:
     """Turn every alternative the family's kernel module offers (its ``SWITCHES``, which the launch
     sweep times against the defaults), or ``only`` that one, to its other value; returns
@@ -209,6 +214,25 @@ def test_gpu_kernels_with_switches_flipped_match_reference(family, shape, dtype,
         errs = run_case(chunk_kernel(family), family, shape, dtype, decay, with_h0, "cuda")
         bad = {n: e for n, e in errs.items() if e > TOL[dtype]}
         assert not bad, f"{flipped} {decay} h0={with_h0}: {bad} (all: {errs})"
+
+
+@gpu
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("block_v", [32, 64])
+def test_gpu_walks_at_both_value_blocks(family, block_v, monkeypatch):
+    """The walks' V block depends on the batch and the GPU's SM count (``walk_bv``): the test
+    shapes alone would only reach block 32, the benchmark's 64k-token batches 64 (at the launches
+    of the modules' tables, e.g. delta's 4-warp forward walk). Both, forced, in bf16."""
+    from blocks.kernels import kernel_module
+
+    mod = kernel_module(family)
+    monkeypatch.setattr(mod, "walk_bv", fixed_walk_bv(block_v))
+    for decay, with_h0 in CASES:
+        if family == "delta_rule" and decay != "random":
+            continue
+        errs = run_case(chunk_kernel(family), family, (2, 300, 2, 128, 128), torch.bfloat16, decay, with_h0, "cuda")
+        bad = {n: e for n, e in errs.items() if e > TOL[torch.bfloat16]}
+        assert not bad, f"{family} BV={block_v} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
 @gpu
@@ -281,7 +305,7 @@ def test_interpreter_walks_at_every_value_block(family, block_v, monkeypatch):
     from blocks.kernels import delta, gla
 
     mod = gla if family == "gla" else delta
-    monkeypatch.setattr(mod, "walk_bv", lambda x, chains, V: min(block_v, max(16, 1 << (V - 1).bit_length())))
+    monkeypatch.setattr(mod, "walk_bv", fixed_walk_bv(block_v))
     with checked_memory():
         errs = run_case(chunk_kernel(family), family, (1, 70, 1, 32, 64), torch.float32, "random", True, "cpu")
     bad = {n: e for n, e in errs.items() if e > 2e-5}
