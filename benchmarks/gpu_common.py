@@ -146,9 +146,18 @@ def step_inputs(family: str, B: int = 16, H: int = HEADS, D: int = HEAD_DIM, dev
     return args
 
 
+def _default_walk_min_per_sm() -> float:
+    import inspect
+
+    from blocks.kernels import tiles
+
+    return inspect.signature(tiles.walk_bv).parameters["min_per_sm"].default
+
+
 def kernel_settings() -> dict:
-    """``{module: {"switches": {NAME: value}, "launch": LAUNCH}}`` of the chunk-kernel modules as
-    they stand: what a benchmark or sweep ran with (the switches change which kernels run)."""
+    """``{module: {"switches": {NAME: value}, "launch": LAUNCH, "walk_min_per_sm": N}}`` of the
+    chunk-kernel modules as they stand: what a benchmark or sweep ran with (the switches change
+    which kernels run; ``walk_min_per_sm`` is the walks' V-block rule, ``tiles.walk_bv``)."""
     import importlib
 
     from blocks.kernels import KERNEL_MODULES
@@ -157,11 +166,15 @@ def kernel_settings() -> dict:
     for name in dict.fromkeys(KERNEL_MODULES.values()):
         mod = importlib.import_module(f"blocks.kernels.{name}")
         out[name] = {"switches": {k: getattr(mod, k) for k in getattr(mod, "SWITCHES", {})},
-                     "launch": {k: dict(v) for k, v in mod.LAUNCH.items()}}
+                     "launch": {k: dict(v) for k, v in mod.LAUNCH.items()},
+                     "walk_min_per_sm": getattr(mod, "WALK_MIN_PER_SM", _default_walk_min_per_sm())}
     return out
 
 
 def switches_line(settings: dict) -> str:
     """``scalar_decay: KEEP_H=False; gla: ...; delta: ...`` from ``kernel_settings()``."""
-    return "; ".join(f"{m}: " + ", ".join(f"{k}={v}" for k, v in s["switches"].items())
-                     for m, s in settings.items() if s["switches"])
+    def items(s: dict) -> list[str]:
+        walk = [f"walk_min_per_sm={s['walk_min_per_sm']}"] if "walk_min_per_sm" in s else []
+        return [f"{k}={v}" for k, v in s["switches"].items()] + walk
+
+    return "; ".join(f"{m}: " + ", ".join(items(s)) for m, s in settings.items() if s["switches"])

@@ -10,7 +10,7 @@ writes ``kernel_launch_sweep.{json,md}`` to ``--out``. Every variant is first co
 worker processes at a tiny shape (Triton's on-disk cache then serves the timing process): compiling
 80 variants one after another would take most of a GPU session. Timing runs in this process only,
 one variant at a time, so the GPU is otherwise idle. The sequential chunk walks' V block
-(``tiles.walk_bv``) is swept too, as ``walk_bv``.
+(each module's ``walk_bv``) is swept too, as ``walk_bv``.
 """
 from __future__ import annotations
 
@@ -254,7 +254,7 @@ def markdown(res: dict, tables: dict) -> str:
             lines.append(f"| {family} | {T} | (current settings) | | | | {r['base_ms']} "
                          f"(again {r['base_again_ms']}) | 1 |")
             for v in sorted(r["variants"], key=lambda v: v.get("ratio", 9)):
-                cur = {"walk_bv": "tiles.walk_bv", "switch": "the other"}.get(v["entry"]) or \
+                cur = {"walk_bv": f"{kernel_module(family).__name__}.walk_bv", "switch": "the other"}.get(v["entry"]) or \
                     tables[family][v["entry"]][v["setting"]]
                 tail = f"{v['ms']:.3f} | {v.get('ratio', float('nan')):.3f}" if "ms" in v else f"{v['error']} |"
                 lines.append(f"| {family} | {T} | {v['entry']} | {v['setting']} | {cur} | {v['value']} | {tail} |")

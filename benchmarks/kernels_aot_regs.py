@@ -72,7 +72,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec),
                *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
-            yield ("delta.solve_tril", d._solve_tril_kernel, dict(H=H, BT=64, BC=16, PREC=d._solve_tril_prec(dtype)),
+            yield ("delta.solve_tril", d._solve_tril_kernel, dict(H=H, BT=64, BC=16, MERGE_PREC=d._solve_tril_prec(dtype)),
                    *table(d.LAUNCH, "solve_tril", s))
         lowp = d._lowp(torch.empty(0, dtype=dtype))
         yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec),
@@ -151,8 +151,7 @@ def resources(kernel) -> dict[str, str]:
 def pipelining(kernel) -> tuple[int, str]:
     """``(async copies, values carried by each loop)`` from the kernel's TTGIR: whether Triton's
     software pipeliner took the kernel's loops. A loop that carries only its accumulator (``1``)
-    with no async copies was not pipelined: each iteration waits for its own loads (the ungated
-    ``delta.bwd_dh`` loop, 0.93 ms vs 0.58 for the pipelined gated one, H200)."""
+    with no async copies was not pipelined: each iteration waits for its own loads."""
     ttg = kernel.asm["ttgir"]
     loops = re.findall(r"scf\.for .*?iter_args\((.*?)\) ->", ttg)
     return len(re.findall("async_copy_global_to_local", ttg)), "/".join(str(len(x.split(","))) for x in loops) or "-"

@@ -151,21 +151,23 @@ def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _inv_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
+def _inv_unit_lower(b_A, BC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower ``[BC, BC]`` block ``A`` (float32), BC = 16. ``A`` is
     nilpotent (``A^16 = 0``), so ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six
     independent-of-each-row dots instead of 15 dependent forward-substitution steps (which measured
-    2 ms per training step at 64k tokens on the H200, latency-bound). Dots at ``PREC``
-    (``_solve_tril_prec``: TF32 for 16-bit inputs)."""
+    2 ms per training step at 64k tokens on the H200, latency-bound). Exact float32
+    dots always: the powers of A grow and cancel, which amplifies rounding of the dot inputs (TF32
+    here: relative error of the inverse up to 1.4 for keys with pairwise cosine 0.97 and beta 1,
+    ``benchmarks/solve_tril_precision.py``)."""
     o = tl.arange(0, BC)
     eye = (o[:, None] == o[None, :]).to(tl.float32)
     n1 = -b_A
-    n2 = tl.dot(n1, n1, input_precision=PREC)
-    n4 = tl.dot(n2, n2, input_precision=PREC)
-    n8 = tl.dot(n4, n4, input_precision=PREC)
-    p = tl.dot(eye + n1, eye + n2, input_precision=PREC)
-    p = tl.dot(p, eye + n4, input_precision=PREC)
-    return tl.dot(p, eye + n8, input_precision=PREC)
+    n2 = tl.dot(n1, n1, input_precision="ieee")
+    n4 = tl.dot(n2, n2, input_precision="ieee")
+    n8 = tl.dot(n4, n4, input_precision="ieee")
+    p = tl.dot(eye + n1, eye + n2, input_precision="ieee")
+    p = tl.dot(p, eye + n4, input_precision="ieee")
+    return tl.dot(p, eye + n8, input_precision="ieee")
 
 
 @triton.jit
@@ -235,32 +237,32 @@ def _kkt_kernel(k, beta, gc, A, T,
 
 
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr):
     """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
     ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]``
     blocks by ``_inv_unit_lower``, the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
-    block rows ``i > j`` (16x16 dots at ``PREC``: float32 "ieee" or "tf32")."""
+    block rows ``i > j`` (16x16 dots at ``MERGE_PREC``: exact "ieee" or "tf32")."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC, PREC)
-    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC, PREC)
-    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC, PREC)
-    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC, PREC)
+    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC)
+    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC)
+    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC)
+    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
     A10 = _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
     A20 = _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
     A21 = _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
     A30 = _load_block(A, i_b, i_h, i_t, T, 3, 0, H, BT, BC)
     A31 = _load_block(A, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
     A32 = _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
-    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=PREC), input_precision=PREC)
-    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=PREC), input_precision=PREC)
-    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=PREC), input_precision=PREC)
-    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision=PREC) + tl.dot(A21, T10, input_precision=PREC), input_precision=PREC)
-    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision=PREC) + tl.dot(A32, T21, input_precision=PREC), input_precision=PREC)
-    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision=PREC) + tl.dot(A31, T10, input_precision=PREC)
-                  + tl.dot(A32, T20, input_precision=PREC), input_precision=PREC)
+    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
+    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
+    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
+    T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision=MERGE_PREC) + tl.dot(A21, T10, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
+    T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision=MERGE_PREC) + tl.dot(A32, T21, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
+    T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision=MERGE_PREC) + tl.dot(A31, T10, input_precision=MERGE_PREC)
+                  + tl.dot(A32, T20, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
     Z = tl.zeros([BC, BC], dtype=tl.float32)
     _store_block(Ai, T00, i_b, i_h, i_t, T, 0, 0, H, BT, BC)
     _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
@@ -643,14 +645,18 @@ def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:
 
 
 def _solve_tril_prec(dtype: torch.dtype) -> str:
-    """Dot precision of ``_solve_tril_kernel`` for inputs of ``dtype``: TF32 (tensor cores) for
-    16-bit inputs, exact float32 for float32 ones. The inverse is stored in the activations' dtype
-    (``WY_INPUT_DTYPE_DOTS``), whose rounding (bf16: 2^-8) is coarser than TF32's (2^-11). Exact
-    float32 dots (FMA, L1-bound at 96%, Nsight Compute 2026-11-30 22:59) measured +6.0 / +4.7%
-    per fwd+bwd step (delta_rule, 2k / 32k) and +3.3 / +4.8% (gated) against TF32 (sweep
-    2026-12-01 03:14, ``SOLVE_TRIL_TF32``, then adopted); TF32x3 had been +1.8 / +2.5% against
-    exact (22:43)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """Precision of ``_solve_tril_kernel``'s off-diagonal merge dots for inputs of ``dtype``: TF32
+    (tensor cores) for bf16, exact float32 otherwise; the diagonal blocks are always exact.
+    With bf16 the inverse is stored in bf16 (``WY_INPUT_DTYPE_DOTS``), whose rounding dominates
+    TF32 merges: relative error of the inverse <= 1e-3 against bf16 storage's 9e-4 even for keys
+    of pairwise cosine 0.97 and beta 1 (``benchmarks/solve_tril_precision.py``, CPU emulation).
+    TF32 in every dot measured -5.7 / -4.5% per fwd+bwd step (delta_rule, 2k / 32k) and -3.2 /
+    -4.6% (gated) against exact (H200 sweep 2026-12-01 03:14) but is not accurate: the diagonal
+    blocks' repeated squaring amplifies TF32 input rounding (error 4e-2 at cosine 0.7, 1.4 at 0.97,
+    beta 1; found in review after the last device call). This split (diagonal exact, merges TF32)
+    has not been timed; float16 (10-bit mantissa like TF32) and a float32 inverse
+    (``WY_INPUT_DTYPE_DOTS`` off) keep exact merges."""
+    return "tf32" if dtype == torch.bfloat16 and WY_INPUT_DTYPE_DOTS else "ieee"
 
 
 def wy_fwd(k, v, beta, gc):
@@ -663,7 +669,7 @@ def wy_fwd(k, v, beta, gc):
     _kkt_kernel[(NT, B * H)](k, beta, gc, A, T, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
                              USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "kkt", k))
     Ai = torch.empty_like(A, dtype=k.dtype if _lowp(k) else torch.float32)
-    _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, PREC=_solve_tril_prec(k.dtype),
+    _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype),
                                     **_launch(LAUNCH, "solve_tril", k))
     return (Ai,) + wu(k, v, beta, gc, Ai)
 

@@ -193,8 +193,8 @@ def test_benchmark_plots_only_what_the_run_measured(tmp_path):
 def test_aot_tool_reports_whether_a_loop_was_pipelined():
     """``benchmarks/kernels_aot_regs.py`` compiles for sm_90 without a GPU (Triton's bundled
     ptxas) and reads the TTGIR: the gated ``bwd_dh`` walk is software-pipelined (async copies of
-    its gate rows, loads carried across iterations), which is what ``delta.UNGATED_DH_ZERO_GATE``
-    relies on. If a Triton upgrade changes that, this says so before a GPU run does. In a
+    its gate rows, loads carried across iterations). If a Triton upgrade stops pipelining the
+    walks, this says so before a GPU run does. In a
     subprocess without ``TRITON_INTERPRET`` (interpreted kernels cannot be compiled)."""
     code = """
 import kernels_aot_regs as aot
@@ -272,8 +272,19 @@ def test_ncu_report_parses_raw_csv_and_keeps_each_kernels_last_launch():
     assert ncu.parse(ns)["_bwd_sub_kernel"]["duration_us"] == pytest.approx(3.25e-3)
 
 
-def test_solve_tril_keeps_exact_dots_for_float32_inputs():
-    # float32 inputs must match the PyTorch forms (no TF32 there); 16-bit inputs store the inverse
-    # in their own dtype, coarser than TF32, so they take the tensor-core dots
-    assert delta._solve_tril_prec(torch.float32) == "ieee"
-    assert delta._solve_tril_prec(torch.bfloat16) == delta._solve_tril_prec(torch.float16) == "tf32"
+def test_solve_tril_merges_in_tf32_only_for_a_bfloat16_inverse(monkeypatch):
+    # float32 inputs must match the PyTorch forms (no TF32 there); float16 stores the inverse with
+    # TF32's own 10-bit mantissa; only a bf16-stored inverse is coarser than TF32 merges round
+    assert delta._solve_tril_prec(torch.float32) == delta._solve_tril_prec(torch.float16) == "ieee"
+    assert delta._solve_tril_prec(torch.bfloat16) == "tf32"
+    monkeypatch.setattr(delta, "WY_INPUT_DTYPE_DOTS", False)  # float32 inverse
+    assert delta._solve_tril_prec(torch.bfloat16) == "ieee"
+
+
+def test_solve_tril_emulation_shows_why_only_the_merges_take_tf32():
+    """``benchmarks/solve_tril_precision.py``: with correlated keys (cosine 0.9, beta 1) TF32 in
+    the diagonal blocks' repeated squaring is far off, TF32 merges stay at bf16 storage error."""
+    errs = _benchmark("solve_tril_precision").errors(0.9, 1.0, draws=1)
+    assert errs["exact"] < 1e-4
+    assert errs["tf32 everywhere"] > 3e-2
+    assert errs["exact diagonal, tf32 merges"] < 2 * errs["bf16 storage of the exact inverse"]
