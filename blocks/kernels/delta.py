@@ -134,8 +134,12 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
 # ``_bwd_dv_local_kernel``): +8.7 / +24.3% delta_rule, +6.2 / +19.3% gated. Work added to the walks'
 # programs costs more than the separate kernels it replaces: the walks run few programs per SM
 # (Nsight Compute: 6-12% occupancy), so their extra dots are not hidden.
+# ``_solve_tril_kernel``'s merges in TF32 for a bf16-stored inverse (``_solve_tril_prec``); off:
+# every dot exact. The split is untimed (2026-12-01): the launch sweep times it against all-exact.
+SOLVE_TRIL_TF32_MERGES = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
-            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True)}
+            "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
+            "SOLVE_TRIL_TF32_MERGES": (False, True)}
 
 
 @triton.jit
@@ -646,7 +650,8 @@ def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:
 
 def _solve_tril_prec(dtype: torch.dtype) -> str:
     """Precision of ``_solve_tril_kernel``'s off-diagonal merge dots for inputs of ``dtype``: TF32
-    (tensor cores) for bf16, exact float32 otherwise; the diagonal blocks are always exact.
+    (tensor cores) for bf16 (``SOLVE_TRIL_TF32_MERGES``), exact float32 otherwise; the diagonal
+    blocks are always exact.
     With bf16 the inverse is stored in bf16 (``WY_INPUT_DTYPE_DOTS``), whose rounding dominates
     TF32 merges: relative error of the inverse <= 1e-3 against bf16 storage's 9e-4 even for keys
     of pairwise cosine 0.97 and beta 1 (``benchmarks/solve_tril_precision.py``, CPU emulation).
@@ -656,7 +661,7 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
     beta 1; found in review after the last device call). This split (diagonal exact, merges TF32)
     has not been timed; float16 (10-bit mantissa like TF32) and a float32 inverse
     (``WY_INPUT_DTYPE_DOTS`` off) keep exact merges."""
-    return "tf32" if dtype == torch.bfloat16 and WY_INPUT_DTYPE_DOTS else "ieee"
+    return "tf32" if SOLVE_TRIL_TF32_MERGES and dtype == torch.bfloat16 and WY_INPUT_DTYPE_DOTS else "ieee"
 
 
 def wy_fwd(k, v, beta, gc):

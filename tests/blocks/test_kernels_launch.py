@@ -277,6 +277,9 @@ def test_solve_tril_merges_in_tf32_only_for_a_bfloat16_inverse(monkeypatch):
     # TF32's own 10-bit mantissa; only a bf16-stored inverse is coarser than TF32 merges round
     assert delta._solve_tril_prec(torch.float32) == delta._solve_tril_prec(torch.float16) == "ieee"
     assert delta._solve_tril_prec(torch.bfloat16) == "tf32"
+    monkeypatch.setattr(delta, "SOLVE_TRIL_TF32_MERGES", False)
+    assert delta._solve_tril_prec(torch.bfloat16) == "ieee"
+    monkeypatch.setattr(delta, "SOLVE_TRIL_TF32_MERGES", True)
     monkeypatch.setattr(delta, "WY_INPUT_DTYPE_DOTS", False)  # float32 inverse
     assert delta._solve_tril_prec(torch.bfloat16) == "ieee"
 
