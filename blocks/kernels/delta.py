@@ -39,7 +39,6 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, register_kernel
-from .tiles import INTERPRET as _INTERPRET
 from .tiles import dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
@@ -134,6 +133,7 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
 # ``_bwd_dv_local_kernel``): +8.7 / +24.3% delta_rule, +6.2 / +19.3% gated. Work added to the walks'
 # programs costs more than the separate kernels it replaces: the walks run few programs per SM
 # (Nsight Compute: 6-12% occupancy), so their extra dots are not hidden.
+
 # ``_solve_tril_kernel``'s merges in TF32 for a bf16-stored inverse (``_solve_tril_prec``); off:
 # every dot exact. The split is untimed (2026-12-01): the launch sweep times it against all-exact.
 SOLVE_TRIL_TF32_MERGES = True
