@@ -146,12 +146,33 @@ def step_inputs(family: str, B: int = 16, H: int = HEADS, D: int = HEAD_DIM, dev
     return args
 
 
-def _default_walk_min_per_sm() -> float:
-    import inspect
+def apply_sets(text: str) -> dict:
+    """``--set "KEEP_H=False,BWD_SUB_BK=128"``: give module switches these values before anything
+    is timed (the base all variants are compared with), in every kernel module that has the switch;
+    e.g. to sweep the launch of a kernel that only runs with a switch on. Values are parsed as
+    Python literals (``True``, ``128``), else kept as strings. Returns ``{name: value}``."""
+    import ast
 
-    from blocks.kernels import tiles
+    from blocks.kernels import KERNEL_MODULES, kernel_module
 
-    return inspect.signature(tiles.walk_bv).parameters["min_per_sm"].default
+    done: dict = {}
+    for item in filter(None, text.split(",")):
+        name, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set: expected NAME=VALUE, got {item!r}")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        mods = [m for m in {kernel_module(f) for f in KERNEL_MODULES} if name in getattr(m, "SWITCHES", {})]
+        if not mods:
+            raise ValueError(f"--set: {name} is not a switch of any kernel module")
+        for mod in mods:
+            if not any(type(value) is type(v) and value == v for v in mod.SWITCHES[name]):  # 1 is not True
+                raise ValueError(f"--set: {name} takes {mod.SWITCHES[name]}, got {value!r}")
+            setattr(mod, name, value)
+        done[name] = value
+    return done
 
 
 def kernel_settings() -> dict:
@@ -160,14 +181,14 @@ def kernel_settings() -> dict:
     which kernels run; ``walk_min_per_sm`` is the walks' V-block rule, ``tiles.walk_bv``)."""
     import importlib
 
-    from blocks.kernels import KERNEL_MODULES
+    from blocks.kernels import KERNEL_MODULES, tiles
 
     out = {}
     for name in dict.fromkeys(KERNEL_MODULES.values()):
         mod = importlib.import_module(f"blocks.kernels.{name}")
         out[name] = {"switches": {k: getattr(mod, k) for k in getattr(mod, "SWITCHES", {})},
                      "launch": {k: dict(v) for k, v in mod.LAUNCH.items()},
-                     "walk_min_per_sm": getattr(mod, "WALK_MIN_PER_SM", _default_walk_min_per_sm())}
+                     "walk_min_per_sm": getattr(mod, "WALK_MIN_PER_SM", tiles.WALK_MIN_PER_SM)}
     return out
 
 

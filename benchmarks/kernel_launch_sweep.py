@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, comma_ints, cuda_time, fwd_bwd,  # noqa: E402
-                        kernel_settings, positional, switches_line, train_inputs)
+from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, apply_sets, comma_ints, cuda_time,  # noqa: E402
+                        fwd_bwd, kernel_settings, positional, switches_line, train_inputs)
 
 from blocks.kernels import kernel_module, other_switch_values  # noqa: E402
 
@@ -40,35 +40,6 @@ WALK_BV = (16, 32, 64)
 
 ONLY: set[str] = set()  # --only: entries to sweep (empty: all)
 SET_ENV = "ARCHSEARCH_SWEEP_SET"  # --set, passed to the compile workers and timing children
-
-
-def apply_sets(text: str) -> dict:
-    """``--set "KEEP_H=False,BWD_SUB_BK=128"``: give module switches these values before anything
-    is timed (the base all variants are compared with), in every kernel module that has the switch;
-    e.g. to sweep the launch of a kernel that only runs with a switch on. Values are parsed as
-    Python literals (``True``, ``128``), else kept as strings. Returns ``{name: value}``."""
-    import ast
-
-    from blocks.kernels import KERNEL_MODULES
-
-    done: dict = {}
-    for item in filter(None, text.split(",")):
-        name, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set: expected NAME=VALUE, got {item!r}")
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        mods = [m for m in {kernel_module(f) for f in KERNEL_MODULES} if name in getattr(m, "SWITCHES", {})]
-        if not mods:
-            raise ValueError(f"--set: {name} is not a switch of any kernel module")
-        for mod in mods:
-            if not any(type(value) is type(v) and value == v for v in mod.SWITCHES[name]):  # 1 is not True
-                raise ValueError(f"--set: {name} takes {mod.SWITCHES[name]}, got {value!r}")
-            setattr(mod, name, value)
-        done[name] = value
-    return done
 
 
 def variants(family: str) -> list[tuple[str, str, int]]:

@@ -30,7 +30,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from blocks.kernels import delta as d  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
-from gpu_common import comma_ints  # noqa: E402 - benchmarks/ is this script's own folder
+from gpu_common import apply_sets, comma_ints  # noqa: E402 - benchmarks/ is this script's own folder
 
 # the delta backward's inter-kernel gradients (dv2, dw, dk_in, du) are in the activations' dtype,
 # and so is the WY inverse Ai with delta.WY_INPUT_DTYPE_DOTS
@@ -164,7 +164,13 @@ def main() -> int:
     ap.add_argument("--kernels", default="", help="comma-separated name fragments to keep (default all)")
     ap.add_argument("--warps", default="", help="comma list of warp counts to compile each kernel at "
                     "instead of the host code's (e.g. 4,8,16: where do the spills go?)")
+    ap.add_argument("--set", default="", help="module switches to give other values first, as the launch "
+                    "sweep's --set (e.g. UNGATED_DH_ZERO_GATE=False: compile the kernels that path runs)")
     opts = ap.parse_args()
+    try:
+        apply_sets(opts.set)
+    except ValueError as exc:
+        ap.error(str(exc))
     warp_counts = comma_ints(opts.warps)
     if warp_counts is None:
         ap.error(f"--warps: a comma list of integers, got {opts.warps!r}")

@@ -110,8 +110,9 @@ WY_INPUT_DTYPE_DOTS = True
 # Sweep 2026-11-30 17:25 (H200): turning it off costs +8.0 / +9.3% fwd+bwd (delta_rule, 2k /
 # 32k); 2026-12-01 03:04: +7.2 / +9.3%. Why is not known: the reason first given (Triton leaves
 # the ungated loop unpipelined) came from sm_90 compiles made without the JIT's pointer-alignment
-# hint; with it (``kernels_aot_regs.py`` since 2026-12-01) both loops are pipelined (Triton 3.9:
-# 12 async copies ungated, 24 with the gate). Costs a zeroed [B, T, H] float32 tensor per backward.
+# hint; with it both loops are pipelined (Triton 3.9, 4 warps, 3 stages: 12 async copies ungated,
+# 24 with the gate; ``kernels_aot_regs.py --kernels delta.bwd_dh --set UNGATED_DH_ZERO_GATE=False``
+# and without ``--set``). Costs a zeroed [B, T, H] float32 tensor per backward.
 UNGATED_DH_ZERO_GATE = True
 # The delta walks keep V block 64 down to half a program per SM at that block (``tiles.walk_bv``'s
 # ``min_per_sm``; the other families' walks switch to 32 below 4). Sweep 2026-12-01 04:11 (H200,

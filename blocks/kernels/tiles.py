@@ -59,7 +59,10 @@ def state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float32 if x.dtype == torch.float32 else x.dtype
 
 
-def walk_bv(x: torch.Tensor, chains: int, V: int, min_per_sm: float = 4) -> int:
+WALK_MIN_PER_SM = 4  # walk_bv's default; a module may set its own (delta.WALK_MIN_PER_SM)
+
+
+def walk_bv(x: torch.Tensor, chains: int, V: int, min_per_sm: float = WALK_MIN_PER_SM) -> int:
     """V block of a sequential chunk walk over ``chains * cdiv(V, BV)`` programs (each a chain of
     NT dependent steps, its ``[BK, BV]`` float32 state in registers): 64, or 32 when block 64 would
     give fewer than ``min_per_sm`` programs per SM (few (batch, head) pairs, i.e. long sequences)."""

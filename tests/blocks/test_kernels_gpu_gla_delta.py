@@ -106,15 +106,14 @@ def make_inputs(family, B, T, H, K, V, decay, with_h0, seed):
         g = torch.zeros(gate_shape)
     if family == "gla":
         args = [q, k, v, g]
-    elif decay == "correlated":  # the delta rules: keys of pairwise cosine ~0.9 and beta ~1, where
-        # the chunk inverse's repeated squaring amplifies rounding (benchmarks/solve_tril_precision.py)
-        k = l2norm(3.0 * l2norm(rnd(1, 1, H, K)) + l2norm(k))
-        beta = torch.sigmoid(rnd(B, T, H) + 6.0)
-        args = [q, k, v, beta] if family == "delta_rule" else [q, k, v, g, beta]
-        return args, (rnd(B, H, K, V) if with_h0 else None)
     else:
-        k = l2norm(k)
-        beta = torch.sigmoid(rnd(B, T, H))
+        if decay == "correlated":  # keys of pairwise cosine ~0.9 and beta ~1, where the chunk
+            # inverse's repeated squaring amplifies rounding (benchmarks/solve_tril_precision.py)
+            k = l2norm(3.0 * l2norm(rnd(1, 1, H, K)) + l2norm(k))
+            beta = torch.sigmoid(rnd(B, T, H) + 6.0)
+        else:
+            k = l2norm(k)
+            beta = torch.sigmoid(rnd(B, T, H))
         args = [q, k, v, beta] if family == "delta_rule" else [q, k, v, g, beta]
     return args, (rnd(B, H, K, V) if with_h0 else None)
 

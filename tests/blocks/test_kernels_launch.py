@@ -208,6 +208,25 @@ print(*aot.pipelining(k), aot.resources(k)["REG"])
     assert int(copies) > 0 and int(carried) > 1 and int(regs) > 0, out
 
 
+def test_aot_tool_set_gives_switches_other_values_first():
+    """``kernels_aot_regs.py --set``: compile the kernels a switch's other value runs (the launch
+    sweep's ``apply_sets``); an unknown switch is a usage error."""
+    code = """
+import sys, kernels_aot_regs as aot
+from blocks.kernels import delta
+sys.argv = ["kernels_aot_regs.py", "--kernels", "delta.bwd_dh", "--set", "UNGATED_DH_ZERO_GATE=False"]
+rc = aot.main()
+print("RC", rc, delta.UNGATED_DH_ZERO_GATE)
+sys.argv = ["kernels_aot_regs.py", "--set", "NO_SUCH_SWITCH=1"]
+try:
+    aot.main()
+except SystemExit as exc:
+    print("EXIT", exc.code)
+"""
+    out = _python(code, {"TRITON_INTERPRET": None})
+    assert "| delta.bwd_dh | bf16 |" in out and "RC 0 False" in out and "EXIT 2" in out, out
+
+
 def test_sweep_warps_option_adds_warp_counts_and_rejects_bad_ones(sweep, monkeypatch, capsys):
     from blocks.kernels import delta
 
