@@ -85,10 +85,11 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=dh_gated, USE_DHT=True,
                                                        STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
-        yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g,
-                                                             DOT_PREC=prec), *table(d.LAUNCH, "bwd_dqkwg", s))
+        yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(32, BV), USE_G=use_g,
+                                                             DOT_PREC=prec), *table(d.LAUNCH, "bwd_dqkwg_gated" if use_g else "bwd_dqkwg", s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
-                                                       USE_G=use_g, LOWP=lowp, DOT_PREC=prec), *table(d.LAUNCH, "wy_bwd", s))
+                                                       USE_G=use_g, LOWP=lowp, DOT_PREC=prec),
+               *table(d.LAUNCH, "wy_bwd_gated" if use_g else "wy_bwd", s))
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"
         yield (f"{tag}.fwd_h", sd._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g, USE_H0=True,

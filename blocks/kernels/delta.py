@@ -68,6 +68,10 @@ LAUNCH = {
     "fwd_h_bv32": dict(num_warps=4, num_stages=3),
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
+    # the gated rule's own entries for its two largest kernels, whose gate terms change their
+    # registers (sm_90 compiles, 4 warps: bwd_dqkwg 236 gated vs 168 ungated)
+    "bwd_dqkwg_gated": dict(num_warps=4, num_stages=3),
+    "wy_bwd_gated": dict(num_warps=4, num_stages=3),
 }
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU and KEEP_H off: the backward
 # then recomputes what they keep (measured: +8% and +11% per fwd+bwd step; 16 KB less saved
@@ -156,6 +160,21 @@ def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _pair_decay(gc, i_b, i_h, r0, T, H: tl.constexpr, BT: tl.constexpr, b_g, m, FLIP: tl.constexpr):
+    """``exp(G_i - G_j)`` (``FLIP``: ``exp(G_j - G_i)``) for row i, column j of the chunk starting at
+    row ``r0``, where ``m`` [BT, BT] holds, 0 elsewhere; ``b_g`` is ``_load_gc``'s vector (i). The column vector (j) is loaded again rather than derived from ``b_g``: deriving
+    it costs a layout conversion that took 74 more registers per thread in the gated ``wy_bwd``
+    (239 vs 165, sm_90 compile: ``benchmarks/kernels_aot_regs.py --kernels wy_bwd``). The load
+    clamps to the chunk's last valid row (``_load_gc``'s padding) by a ``minimum`` so that the
+    compiler cannot merge it with ``_load_gc``'s masked load."""
+    o_t = r0 + tl.arange(0, BT)
+    b_gj = tl.load(gc + (i_b * T + tl.minimum(o_t, T - 1)) * H + i_h).to(tl.float32)
+    if FLIP:
+        return tl.exp(tl.where(m, b_gj[None, :] - b_g[:, None], float("-inf")))
+    return tl.exp(tl.where(m, b_g[:, None] - b_gj[None, :], float("-inf")))
+
+
+@triton.jit
 def _inv_unit_lower(b_A, BC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower ``[BC, BC]`` block ``A`` (float32), BC = 16. ``A`` is
     nilpotent (``A^16 = 0``), so ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six
@@ -237,7 +256,7 @@ def _kkt_kernel(k, beta, gc, A, T,
     b_A = b_A * b_b[:, None]
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        b_A = b_A * tl.exp(tl.where(m_A, b_g[:, None] - b_g[None, :], float("-inf")))
+        b_A = b_A * _pair_decay(gc, i_b, i_h, i_t * BT, T, H, BT, b_g, m_A, False)
     _store_rows(A, tl.where(m_A, b_A, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
 
 
@@ -374,7 +393,7 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
         b_o = b_o * tl.exp(b_g)[:, None]
-        b_A = b_A * tl.exp(tl.where(m_A, b_g[:, None] - b_g[None, :], float("-inf")))
+        b_A = b_A * _pair_decay(gc, i_b, i_h, i_t * BT, T, H, BT, b_g, m_A, False)
     b_A = tl.where(m_A, b_A, 0.)
     b_vn = _load_rows(vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
     b_o = (b_o + tl.dot(b_A.to(b_vn.dtype), b_vn, input_precision=DOT_PREC)) * scale
@@ -402,7 +421,7 @@ def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T,
     m_ji = o_i[None, :] >= o_i[:, None]
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        b_At = b_At * tl.exp(tl.where(m_ji, b_g[None, :] - b_g[:, None], float("-inf")))
+        b_At = b_At * _pair_decay(gc, i_b, i_h, i_t * BT, T, H, BT, b_g, m_ji, True)
     b_At = tl.where(m_ji, b_At * scale, 0.)
     b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
     b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
@@ -496,13 +515,14 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         b_dP += tl.dot(b_do, tl.trans(b_vn.to(b_do.dtype)), input_precision=DOT_PREC)
         if USE_G:
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)
+    _store_rows(dw, -b_dw, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     o_i = tl.arange(0, BT)
     m_ij = o_i[:, None] >= o_i[None, :]
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
         b_dq = b_dq * (scale * tl.exp(b_g))[:, None]
         b_dk = b_dk * tl.exp(g_last - b_g)[:, None]
-        b_ds = tl.where(m_ij, b_dP * scale * tl.exp(tl.where(m_ij, b_g[:, None] - b_g[None, :], float("-inf"))), 0.)
+        b_ds = tl.where(m_ij, b_dP * scale * _pair_decay(gc, i_b, i_h, i_t * BT, T, H, BT, b_g, m_ij, False), 0.)
         # Terms whose exponent is G_x - G_x (the diagonal of the pairwise decay, the last key's
         # exp(G_C - G_C)) carry no gradient: they are left out rather than added and subtracted,
         # since that +x - x would swamp the tiny true gradient of a strong decay in rounding.
@@ -520,7 +540,6 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     b_dk += tl.dot(tl.trans(b_ds).to(b_q.dtype), b_q, input_precision=DOT_PREC)
     _store_rows(dq, b_dq, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     _store_rows(dk, b_dk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-    _store_rows(dw, -b_dw, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
 
 
 @triton.jit
@@ -539,7 +558,7 @@ def _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.cons
 
 
 @triton.jit
-def _wy_bwd_da(k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
+def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                BV: tl.constexpr, USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
     """First half of the WY backward of one chunk: writes the final ``dv``; returns ``dA``
@@ -565,7 +584,7 @@ def _wy_bwd_da(k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
     b_dA = -tl.dot(tl.trans(b_T), _op(tl.dot(_op(b_dT, k, LOWP), tl.trans(b_T), input_precision=DOT_PREC), k, LOWP),
                    input_precision=DOT_PREC)
     if USE_G:
-        b_dA = b_dA * tl.exp(tl.where(m_s, b_g[:, None] - b_g[None, :], float("-inf")))
+        b_dA = b_dA * _pair_decay(gc, i_b, i_h, r0, T, H, BT, b_g, m_s, False)
     return tl.where(m_s, b_dA, 0.), b_db
 
 
@@ -626,7 +645,7 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP)
-    b_dA, b_db = _wy_bwd_da(k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
+    b_dA, b_db = _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
                             H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC)
     b_kdXw, b_kP, b_kQ = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_dA, i_b, i_h, r0, T,
                                     H, K, BT, BK, LOWP, DOT_PREC)
@@ -761,7 +780,8 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _bwd_dqkwg_kernel[(NK, NT, B * H)](
         q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,
-        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dqkwg", q))
+        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec,
+        **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
     del h, dh, vn
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
@@ -769,7 +789,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     _wy_bwd_kernel[(NT, B * H)](
         k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT,
         BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
-        **_launch(LAUNCH, "wy_bwd", q))
+        **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
     return dq, dk, dv, dbeta, dg, dh0
 
 

@@ -59,13 +59,18 @@ def state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float32 if x.dtype == torch.float32 else x.dtype
 
 
-WALK_MIN_PER_SM = 4  # walk_bv's default; a module may set its own (delta.WALK_MIN_PER_SM)
+# walk_bv's default; a module may set its own (delta.WALK_MIN_PER_SM). 1 since the H200 sweep of
+# 2026-12-01 05:15 (it was 4): V block 64 instead of 32 at 4k / 8k / 16k per fwd+bwd step:
+# linear_attn -0.9 / -8.4 / -3.0%, simple_gla -0.9 / -9.7 / -6.0%, gla +0.1 / -7.4% (4k, 8k);
+# at 32k (128 programs at block 64) these walks stay at 32, as before.
+WALK_MIN_PER_SM = 1
 
 
 def walk_bv(x: torch.Tensor, chains: int, V: int, min_per_sm: float = WALK_MIN_PER_SM) -> int:
     """V block of a sequential chunk walk over ``chains * cdiv(V, BV)`` programs (each a chain of
     NT dependent steps, its ``[BK, BV]`` float32 state in registers): 64, or 32 when block 64 would
-    give fewer than ``min_per_sm`` programs per SM (few (batch, head) pairs, i.e. long sequences)."""
+    give fewer than ``min_per_sm`` programs per SM (few (batch, head) pairs, i.e. long sequences):
+    fewer, longer programs win while the SMs stay covered."""
     BV = min(64, pow2(V))
     if x.is_cuda and BV > 32:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
