@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 BC, BT = 16, 64
-VARIANTS = {"exact": ("ieee", "ieee"), "tf32 everywhere": ("tf32", "tf32"), "exact diagonal, tf32 merges": ("ieee", "tf32")}
+VARIANTS = {"exact": ("ieee", "ieee"), "tf32 everywhere": ("tf32", "tf32"), "exact diagonal, tf32 merges": ("ieee", "tf32"),
+            "tf32x3 diagonal, tf32 merges": ("tf32x3", "tf32")}
 
 
 def tf32(x: torch.Tensor) -> torch.Tensor:
@@ -30,7 +31,14 @@ def tf32(x: torch.Tensor) -> torch.Tensor:
 
 
 def dot(a: torch.Tensor, b: torch.Tensor, prec: str) -> torch.Tensor:
-    """``a @ b`` as a tensor-core dot: inputs rounded at ``prec``, accumulated exactly, float32 out."""
+    """``a @ b`` as a tensor-core dot: inputs rounded at ``prec``, accumulated exactly, float32 out.
+    "tf32x3" is Triton's split TF32: each input as a TF32 high part plus a TF32 remainder, and the
+    three products but the remainders' own."""
+    if prec == "tf32x3":
+        a_hi, b_hi = tf32(a), tf32(b)
+        a_lo, b_lo = tf32(a - a_hi), tf32(b - b_hi)
+        a_hi, b_hi, a_lo, b_lo = (t.double() for t in (a_hi, b_hi, a_lo, b_lo))
+        return (a_hi @ b_hi + a_hi @ b_lo + a_lo @ b_hi).float()
     if prec == "tf32":
         a, b = tf32(a), tf32(b)
     return (a.double() @ b.double()).float()
