@@ -138,24 +138,19 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
 # ``_bwd_dv_local_kernel``): +8.7 / +24.3% delta_rule, +6.2 / +19.3% gated. Work added to the walks'
 # programs costs more than the separate kernels it replaces: the walks run few programs per SM
 # (Nsight Compute: 6-12% occupancy), so their extra dots are not hidden.
+# Removed after losing (sweep 2026-12-01 05:40, ``kernel_launch_sweep_1201_last.md``):
+# ``GATE_LOADS_EARLY`` (the gated ``_bwd_dqkwg_kernel`` / ``_wy_bwd_kernel`` loading G and the dG
+# shares before their dots rather than where used; bwd_dqkwg 236 -> 252 registers): off was -1.2 /
+# -1.8% per step (gated, 2k / 32k); ``SOLVE_TRIL_DIAG_TF32X3`` (split-TF32 "tf32x3" dots in the
+# diagonal blocks, emulated as accurate as exact): -0.3 / +0.9% (delta_rule), no gain.
 
-# The gated ``_bwd_dqkwg_kernel`` and ``_wy_bwd_kernel`` issue their gate loads (``G`` for rows and
-# columns, ``wy_bwd``'s ``dG`` shares) at the start rather than where they are first used, after
-# the dots: Nsight Compute (2026-11-30) had the gated kernels 0.25-0.4 ms slower than the ungated
-# ones on the same DRAM bytes and occupancy, and a load in the epilogue has nothing left to hide
-# its latency behind. Untimed (2026-12-01): the launch sweep times it.
-GATE_LOADS_EARLY = True
-# ``_solve_tril_kernel``'s diagonal blocks in split TF32 when its merges are TF32
-# (``_solve_tril_diag_prec``); off: exact. Untimed (2026-12-01): the launch sweep times it.
-SOLVE_TRIL_DIAG_TF32X3 = True
 # ``_solve_tril_kernel``'s merges in TF32 for a bf16-stored inverse (``_solve_tril_prec``); off:
 # every dot exact. Sweep 2026-12-01 05:13 (H200): off costs +1.5 / +1.7% per fwd+bwd step
 # (delta_rule, 2k / 32k), +1.5 / -0.1% (gated).
 SOLVE_TRIL_TF32_MERGES = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
-            "SOLVE_TRIL_TF32_MERGES": (False, True), "GATE_LOADS_EARLY": (False, True),
-            "SOLVE_TRIL_DIAG_TF32X3": (False, True)}
+            "SOLVE_TRIL_TF32_MERGES": (False, True)}
 
 
 @triton.jit
@@ -174,8 +169,8 @@ def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
 def _load_g_cols(gc, i_b, i_h, r0, T, H: tl.constexpr, BT: tl.constexpr):
     """``_load_gc``'s vector of the chunk starting at row ``r0`` ([BT], float32), loaded again for use
     as the columns of a pair decay (``_pair_decay``) rather than derived from the rows: deriving it
-    costs a layout conversion that took 74 more registers per thread in the gated ``wy_bwd`` (239
-    vs 165, sm_90 compile: ``benchmarks/kernels_aot_regs.py --kernels wy_bwd``). It clamps to the
+    costs a layout conversion that took ~75 more registers per thread in the gated ``wy_bwd`` (239
+    vs 165 at the time, sm_90 compile: ``benchmarks/kernels_aot_regs.py --kernels wy_bwd``). It clamps to the
     chunk's last valid row (``_load_gc``'s padding) by a ``minimum``, so that the compiler cannot
     merge it with ``_load_gc``'s masked load."""
     o_t = r0 + tl.arange(0, BT)
@@ -185,31 +180,32 @@ def _load_g_cols(gc, i_b, i_h, r0, T, H: tl.constexpr, BT: tl.constexpr):
 @triton.jit
 def _pair_decay(b_g, b_gj, m, FLIP: tl.constexpr):
     """``exp(G_i - G_j)`` (``FLIP``: ``exp(G_j - G_i)``) for row i, column j, where ``m`` [BT, BT]
-    holds, 0 elsewhere; ``b_g`` from ``_load_gc`` (i), ``b_gj`` from ``_load_g_cols`` (j)."""
+    holds, 0 elsewhere; ``b_g`` from ``_load_gc`` (i), ``b_gj`` the same values for j (from
+    ``_load_g_cols``, or ``b_g`` itself, which costs a layout conversion instead of a load)."""
     if FLIP:
         return tl.exp(tl.where(m, b_gj[None, :] - b_g[:, None], float("-inf")))
     return tl.exp(tl.where(m, b_g[:, None] - b_gj[None, :], float("-inf")))
 
 
 @triton.jit
-def _inv_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
+def _inv_unit_lower(b_A, BC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower ``[BC, BC]`` block ``A`` (float32), BC = 16. ``A`` is
     nilpotent (``A^16 = 0``), so ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six
     independent-of-each-row dots instead of 15 dependent forward-substitution steps (which measured
-    2 ms per training step at 64k tokens on the H200, latency-bound). ``PREC``: "ieee" (exact
-    float32, on the CUDA cores) or "tf32x3" (split TF32 on the tensor cores, as accurate here), never
-    plain "tf32": the powers of A grow and cancel, which amplifies rounding of the dot inputs
-    (relative error of the inverse up to 1.4 for keys with pairwise cosine 0.97 and beta 1,
-    ``benchmarks/solve_tril_precision.py``)."""
+    2 ms per training step at 64k tokens on the H200, latency-bound). Exact float32
+    dots always: the powers of A grow and cancel, which amplifies rounding of the dot inputs (TF32
+    here: relative error of the inverse up to 1.4 for keys with pairwise cosine 0.97 and beta 1,
+    ``benchmarks/solve_tril_precision.py``). Split TF32 ("tf32x3") would be as accurate (emulated)
+    but measured no faster (sweep 2026-12-01 05:40: -0.3 / +0.9% per step, delta_rule 2k / 32k)."""
     o = tl.arange(0, BC)
     eye = (o[:, None] == o[None, :]).to(tl.float32)
     n1 = -b_A
-    n2 = tl.dot(n1, n1, input_precision=PREC)
-    n4 = tl.dot(n2, n2, input_precision=PREC)
-    n8 = tl.dot(n4, n4, input_precision=PREC)
-    p = tl.dot(eye + n1, eye + n2, input_precision=PREC)
-    p = tl.dot(p, eye + n4, input_precision=PREC)
-    return tl.dot(p, eye + n8, input_precision=PREC)
+    n2 = tl.dot(n1, n1, input_precision="ieee")
+    n4 = tl.dot(n2, n2, input_precision="ieee")
+    n8 = tl.dot(n4, n4, input_precision="ieee")
+    p = tl.dot(eye + n1, eye + n2, input_precision="ieee")
+    p = tl.dot(p, eye + n4, input_precision="ieee")
+    return tl.dot(p, eye + n8, input_precision="ieee")
 
 
 @triton.jit
@@ -279,20 +275,19 @@ def _kkt_kernel(k, beta, gc, A, T,
 
 
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr,
-                       DIAG_PREC: tl.constexpr):
+def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr):
     """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
     ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]``
-    blocks by ``_inv_unit_lower`` (dots at ``DIAG_PREC``), the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
+    blocks by ``_inv_unit_lower``, the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
     block rows ``i > j`` (16x16 dots at ``MERGE_PREC``: exact "ieee" or "tf32")."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC, DIAG_PREC)
-    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC, DIAG_PREC)
-    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC, DIAG_PREC)
-    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC, DIAG_PREC)
+    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC)
+    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC)
+    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC)
+    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
     A10 = _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
     A20 = _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
     A21 = _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
@@ -498,7 +493,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
 def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr, EARLY_G: tl.constexpr):
+                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
@@ -519,9 +514,6 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_dP = tl.zeros([BT, BT], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
-    if USE_G and EARLY_G:  # the gate loads before the loop (their latency hidden behind it)
-        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        b_gj = _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT)
     p_h = ((i_b * NT + i_t) * H + i_h) * K * V
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -537,16 +529,16 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         b_dP += tl.dot(b_do, tl.trans(b_vn.to(b_do.dtype)), input_precision=DOT_PREC)
         if USE_G:
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)
-    _store_rows(dw, -b_dw, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     o_i = tl.arange(0, BT)
     m_ij = o_i[:, None] >= o_i[None, :]
     if USE_G:
-        if not EARLY_G:
-            b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-            b_gj = _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT)
+        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
         b_dq = b_dq * (scale * tl.exp(b_g))[:, None]
         b_dk = b_dk * tl.exp(g_last - b_g)[:, None]
-        b_ds = tl.where(m_ij, b_dP * scale * _pair_decay(b_g, b_gj, m_ij, False), 0.)
+        # the columns' G derived from the rows' (one load), unlike the other kernels: the second
+        # load (``_load_g_cols``) measured bwd_dqkwg 1.36 ms per step against 1.29 (2k, full runs
+        # 05:27 / 04:03); here the load's latency is not hidden and registers do not decide
+        b_ds = tl.where(m_ij, b_dP * scale * _pair_decay(b_g, b_g, m_ij, False), 0.)
         # Terms whose exponent is G_x - G_x (the diagonal of the pairwise decay, the last key's
         # exp(G_C - G_C)) carry no gradient: they are left out rather than added and subtracted,
         # since that +x - x would swamp the tiny true gradient of a strong decay in rounding.
@@ -564,6 +556,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     b_dk += tl.dot(tl.trans(b_ds).to(b_q.dtype), b_q, input_precision=DOT_PREC)
     _store_rows(dq, b_dq, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     _store_rows(dk, b_dk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    _store_rows(dw, -b_dw, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
 
 
 @triton.jit
@@ -582,15 +575,13 @@ def _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.cons
 
 
 @triton.jit
-def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, b_gj, i_b, i_h, r0, T,
+def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               BV: tl.constexpr, USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-               EARLY_G: tl.constexpr):
+               BV: tl.constexpr, USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
     """First half of the WY backward of one chunk: writes the final ``dv``; returns ``dA``
     (``-Ai^T dAi Ai^T`` on A's strictly lower support, times ``exp(G_i - G_j)``, [BT, BT]) and the
     ``dbeta`` term through ``v`` ([BT]), float32. ``dAi = dw X_w^T + du X_u^T`` is summed over key
-    and value slices of ``BK`` / ``BV``. ``b_gj``: the pair decay's column vector when ``EARLY_G``
-    (loaded by the caller), else loaded here."""
+    and value slices of ``BK`` / ``BV``."""
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
@@ -610,9 +601,7 @@ def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, b_gj, i_b, i_h, r0, T,
     b_dA = -tl.dot(tl.trans(b_T), _op(tl.dot(_op(b_dT, k, LOWP), tl.trans(b_T), input_precision=DOT_PREC), k, LOWP),
                    input_precision=DOT_PREC)
     if USE_G:
-        if not EARLY_G:
-            b_gj = _load_g_cols(gc, i_b, i_h, r0, T, H, BT)
-        b_dA = b_dA * _pair_decay(b_g, b_gj, m_s, False)
+        b_dA = b_dA * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, r0, T, H, BT), m_s, False)
     return tl.where(m_s, b_dA, 0.), b_db
 
 
@@ -669,7 +658,7 @@ def _wy_bwd_dg(b_dG, b_shares, dg, i_b, i_h, o_t, T, H: tl.constexpr):
 def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
-                   USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr, EARLY_G: tl.constexpr):
+                   USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
     the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
     ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
@@ -681,20 +670,15 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP)
-    b_gj = b_g  # not read without gates
-    if USE_G and EARLY_G:  # the gate loads first (their latency hidden behind the dots)
-        b_gj = _load_g_cols(gc, i_b, i_h, r0, T, H, BT)
-        b_shares = _wy_bwd_dg_shares(dG_in, i_b, i_h, o_t, T, B, H, NK_G)
-    b_dA, b_db = _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, b_gj, i_b, i_h, r0, T,
-                            H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC, EARLY_G)
+    b_dA, b_db = _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
+                            H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC)
     b_kdXw, b_kP, b_kQ = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_dA, i_b, i_h, r0, T,
                                     H, K, BT, BK, LOWP, DOT_PREC)
     b_db += b_kP + b_kdXw * tl.exp(b_g)
     tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=o_t < T)
     if USE_G:
         # row sums minus column sums of dA * beta * k k^T, plus the term through w
-        if not EARLY_G:
-            b_shares = _wy_bwd_dg_shares(dG_in, i_b, i_h, o_t, T, B, H, NK_G)
+        b_shares = _wy_bwd_dg_shares(dG_in, i_b, i_h, o_t, T, B, H, NK_G)
         _wy_bwd_dg(b_kdXw * b_be + b_kP * b_b - b_kQ, b_shares, dg, i_b, i_h, o_t, T, H)
 
 # --- host side -------------------------------------------------------------------------------
@@ -726,17 +710,6 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
     return "tf32" if SOLVE_TRIL_TF32_MERGES and dtype == torch.bfloat16 and WY_INPUT_DTYPE_DOTS else "ieee"
 
 
-def _solve_tril_diag_prec(dtype: torch.dtype) -> str:
-    """Precision of ``_inv_unit_lower``'s dots: split TF32 ("tf32x3", tensor cores) where the merges
-    are TF32 (a bf16-stored inverse) and ``SOLVE_TRIL_DIAG_TF32X3`` is on, exact "ieee" otherwise.
-    Emulated (``benchmarks/solve_tril_precision.py``), split TF32 diagonal blocks give the inverse
-    the exact diagonal's error (<= 9.7e-4 at key cosine 0.97, beta 1, below bf16 storage's); the
-    exact ones run on the CUDA cores, L1-bound (Nsight Compute 2026-11-30: 96% L1, 0.38 ms per
-    step)."""
-    tc = SOLVE_TRIL_DIAG_TF32X3 and _solve_tril_prec(dtype) == "tf32"
-    return "tf32x3" if tc else "ieee"
-
-
 def wy_fwd(k, v, beta, gc):
     """``(Ai [B, T, H, BT], w [B, T, H, K], u [B, T, H, V])``: the chunks' ``(I + A)^-1`` (float32, or
     the activations' dtype with ``WY_INPUT_DTYPE_DOTS``) and the WY factors, in three kernels
@@ -748,7 +721,6 @@ def wy_fwd(k, v, beta, gc):
                              USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "kkt", k))
     Ai = torch.empty_like(A, dtype=k.dtype if _lowp(k) else torch.float32)
     _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype),
-                                    DIAG_PREC=_solve_tril_diag_prec(k.dtype),
                                     **_launch(LAUNCH, "solve_tril", k))
     return (Ai,) + wu(k, v, beta, gc, Ai)
 
@@ -834,7 +806,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _bwd_dqkwg_kernel[(NK, NT, B * H)](
         q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,
-        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, EARLY_G=GATE_LOADS_EARLY,
+        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec,
         **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
     del h, dh, vn
     dk, dv = torch.empty_like(k), torch.empty_like(v)
@@ -843,7 +815,6 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     _wy_bwd_kernel[(NT, B * H)](
         k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT,
         BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
-        EARLY_G=GATE_LOADS_EARLY,
         **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
     return dq, dk, dv, dbeta, dg, dh0
 
