@@ -30,8 +30,12 @@ def comma_ints(text: str) -> list[int] | None:
         return None
 
 
-def cuda_time(fn: Callable[[], object], budget_s: float = 0.6, max_iters: int = 50) -> tuple[float, int]:
-    """Median seconds of ``fn()`` over CUDA events, after one warm-up call; ``(seconds, iters)``."""
+def cuda_time(fn: Callable[[], object], budget_s: float = 0.6, max_iters: int = 50,
+              queued: bool = False) -> tuple[float, int]:
+    """Median seconds of ``fn()`` over CUDA events, after one warm-up call; ``(seconds, iters)``.
+    Each call starts on an idle GPU (the host's time to its first kernel counts), unless ``queued``:
+    then the calls are launched back to back, as a training loop does, and the host may run ahead
+    of the GPU (what counts is GPU time and any gap the host leaves between kernels)."""
     fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -39,15 +43,25 @@ def cuda_time(fn: Callable[[], object], budget_s: float = 0.6, max_iters: int = 
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
     iters = 2 if first > SLOW_S else max(3, min(max_iters, int(budget_s / max(first, 1e-6))))
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in pairs:
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times), iters
+        if not queued:
+            end.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) / 1e3 for start, end in pairs), iters
+
+
+def train_times(fn: Callable[[], object]) -> dict:
+    """One training step's throughput timed both ways (``cuda_time``), side by side: ``s`` /
+    ``mtok_s`` from an idle GPU each step (how every table before 2026-12-01 was measured) and
+    ``queued_s`` / ``queued_mtok_s`` with the steps back to back."""
+    sec, iters = cuda_time(fn)
+    queued, _ = cuda_time(fn, queued=True)
+    return {"s": sec, "mtok_s": TOKENS / sec / 1e6, "iters": iters,
+            "queued_s": queued, "queued_mtok_s": TOKENS / queued / 1e6}
 
 
 def graph_time(fn: Callable[[], object], steps: int = 20, reps: int = 10) -> float:

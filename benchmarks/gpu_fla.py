@@ -16,7 +16,8 @@ import traceback
 
 import torch
 
-from gpu_common import LENGTHS, TOKENS, cuda_time, fwd_bwd, graph_time, positional, step_inputs, train_inputs
+from gpu_common import (LENGTHS, TOKENS, cuda_time, fwd_bwd, graph_time, positional, step_inputs, train_inputs,
+                        train_times)
 
 
 def _fla_train_call(family: str, args: dict):
@@ -82,9 +83,9 @@ def main(argv=None) -> int:
             t0 = time.time()
             try:
                 args = train_inputs(family, TOKENS // T, T)
-                sec, iters = cuda_time(fwd_bwd(_fla_train_call(family, args), positional(family, args)))
-                res["train"][family][str(T)] = {"s": sec, "mtok_s": TOKENS / sec / 1e6, "iters": iters,
-                                                "wall_s": time.time() - t0}
+                res["train"][family][str(T)] = dict(train_times(fwd_bwd(_fla_train_call(family, args),
+                                                                        positional(family, args))),
+                                                    wall_s=time.time() - t0)
             except Exception as exc:
                 msg = str(exc).splitlines()[0][:300] if str(exc) else ""
                 res["errors"][f"train/{family}"] = f"{type(exc).__name__}: {msg}"
