@@ -39,7 +39,7 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, register_kernel
-from .tiles import dot_operand as _op, launch as _launch
+from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
 from .tiles import walk_bv as _tiles_walk_bv
@@ -69,7 +69,8 @@ LAUNCH = {
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
     # the gated rule's own entries for its two largest kernels, whose gate terms change their
-    # registers (sm_90 compiles, 4 warps: bwd_dqkwg 236 gated vs 168 ungated)
+    # registers (sm_90 compiles, 4 warps: bwd_dqkwg 242 gated vs 164 ungated; swept 05:24, the
+    # shared settings stay best)
     "bwd_dqkwg_gated": dict(num_warps=4, num_stages=3),
     "wy_bwd_gated": dict(num_warps=4, num_stages=3),
 }
@@ -138,10 +139,11 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
 # ``_bwd_dv_local_kernel``): +8.7 / +24.3% delta_rule, +6.2 / +19.3% gated. Work added to the walks'
 # programs costs more than the separate kernels it replaces: the walks run few programs per SM
 # (Nsight Compute: 6-12% occupancy), so their extra dots are not hidden.
-# Removed after losing (sweep 2026-12-01 05:40, ``kernel_launch_sweep_1201_last.md``):
-# ``GATE_LOADS_EARLY`` (the gated ``_bwd_dqkwg_kernel`` / ``_wy_bwd_kernel`` loading G and the dG
-# shares before their dots rather than where used; bwd_dqkwg 236 -> 252 registers): off was -1.2 /
-# -1.8% per step (gated, 2k / 32k); ``SOLVE_TRIL_DIAG_TF32X3`` (split-TF32 "tf32x3" dots in the
+# Removed after losing (sweep 2026-12-01 05:40, ``kernel_launch_sweep_1201_last.md``; per fwd+bwd
+# step with the switch on, 2k / 32k): ``GATE_LOADS_EARLY`` (the gated ``_bwd_dqkwg_kernel`` /
+# ``_wy_bwd_kernel`` loading G and the dG shares before their dots rather than where used;
+# bwd_dqkwg 236 -> 252 registers): +1.2 / +1.8% (gated; the ungated rule, which it does not touch,
+# moved 0.3 / 1.1%: the noise floor); ``SOLVE_TRIL_DIAG_TF32X3`` (split-TF32 "tf32x3" dots in the
 # diagonal blocks, emulated as accurate as exact): -0.3 / +0.9% (delta_rule), no gain.
 
 # ``_solve_tril_kernel``'s merges in TF32 for a bf16-stored inverse (``_solve_tril_prec``); off:
@@ -535,9 +537,10 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
         b_dq = b_dq * (scale * tl.exp(b_g))[:, None]
         b_dk = b_dk * tl.exp(g_last - b_g)[:, None]
-        # the columns' G derived from the rows' (one load), unlike the other kernels: the second
-        # load (``_load_g_cols``) measured bwd_dqkwg 1.36 ms per step against 1.29 (2k, full runs
-        # 05:27 / 04:03); here the load's latency is not hidden and registers do not decide
+        # the columns' G derived from the rows' (one load), unlike the other kernels: with the
+        # second load (``_load_g_cols``), and the dw store moved ahead of this block in the same
+        # commit, bwd_dqkwg took 1.36 ms per step against 1.29 (2k, full runs 05:27 / 04:03; both
+        # undone, 1.29 again at 05:50); which of the two cost it is not known
         b_ds = tl.where(m_ij, b_dP * scale * _pair_decay(b_g, b_g, m_ij, False), 0.)
         # Terms whose exponent is G_x - G_x (the diagonal of the pairwise decay, the last key's
         # exp(G_C - G_C)) carry no gradient: they are left out rather than added and subtracted,
@@ -635,20 +638,12 @@ def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_dA, i_b, i_h, r0, T,
 
 
 @triton.jit
-def _wy_bwd_dg_shares(dG_in, i_b, i_h, o_t, T, B, H: tl.constexpr, NK_G: tl.constexpr):
-    """The sum of the ``NK_G`` key-slice shares of the chunk-local ``dG`` ([BT], float32)."""
-    b_s = tl.zeros(o_t.shape, dtype=tl.float32)
-    for i_s in range(NK_G):
-        b_s += tl.load(dG_in + ((i_s * B + i_b) * T + o_t) * H + i_h, mask=o_t < T, other=0.)
-    return b_s
-
-
-@triton.jit
-def _wy_bwd_dg(b_dG, b_shares, dg, i_b, i_h, o_t, T, H: tl.constexpr):
-    """Add ``b_shares`` (``_wy_bwd_dg_shares``) to the chunk-local ``dG`` ([BT]) and write
+def _wy_bwd_dg(b_dG, dG_in, dg, i_b, i_h, o_t, T, B, H: tl.constexpr, NK_G: tl.constexpr):
+    """Add the ``NK_G`` key-slice shares of the chunk-local ``dG`` ([BT]) and write
     ``dg_s = sum_{t >= s in the chunk} dG_t``."""
     m_t = o_t < T
-    b_dG += b_shares
+    for i_s in range(NK_G):
+        b_dG += tl.load(dG_in + ((i_s * B + i_b) * T + o_t) * H + i_h, mask=m_t, other=0.)
     b_dG = tl.where(m_t, b_dG, 0.)
     b_rev = tl.sum(b_dG, 0) - tl.cumsum(b_dG, axis=0) + b_dG
     tl.store(dg + (i_b * T + o_t) * H + i_h, b_rev.to(dg.dtype.element_ty), mask=m_t)
@@ -678,8 +673,7 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=o_t < T)
     if USE_G:
         # row sums minus column sums of dA * beta * k k^T, plus the term through w
-        b_shares = _wy_bwd_dg_shares(dG_in, i_b, i_h, o_t, T, B, H, NK_G)
-        _wy_bwd_dg(b_kdXw * b_be + b_kP * b_b - b_kQ, b_shares, dg, i_b, i_h, o_t, T, H)
+        _wy_bwd_dg(b_kdXw * b_be + b_kP * b_b - b_kQ, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
 
 # --- host side -------------------------------------------------------------------------------
 def _lowp(x: torch.Tensor) -> bool:
@@ -690,7 +684,7 @@ def _lowp(x: torch.Tensor) -> bool:
 def chunk_cumsum(g: torch.Tensor) -> torch.Tensor:
     B, T, H = g.shape
     gc = torch.empty(B, T, H, dtype=torch.float32, device=g.device)
-    _cumsum_kernel[(triton.cdiv(T, BT), B * H)](g, gc, T, H=H, BT=BT, num_warps=_warps(1))
+    _cumsum_kernel[(_cdiv(T, BT), B * H)](g, gc, T, H=H, BT=BT, num_warps=_warps(1))
     return gc
 
 
@@ -715,7 +709,7 @@ def wy_fwd(k, v, beta, gc):
     the activations' dtype with ``WY_INPUT_DTYPE_DOTS``) and the WY factors, in three kernels
     (``A``, its inverse, ``w, u``)."""
     B, T, H, K = k.shape
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
     _kkt_kernel[(NT, B * H)](k, beta, gc, A, T, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
                              USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "kkt", k))
@@ -731,7 +725,7 @@ def wu(k, v, beta, gc, Ai):
     V = v.shape[-1]
     w = torch.empty_like(k)
     u = torch.empty_like(v)
-    _wu_kernel[(triton.cdiv(T, BT), B * H)](
+    _wu_kernel[(_cdiv(T, BT), B * H)](
         k, v, beta, gc, Ai, w, u, T, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
         USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), **_launch(LAUNCH, "wu", k))
     return w, u
@@ -740,12 +734,12 @@ def wu(k, v, beta, gc, Ai):
 def fwd_h(k, w, u, gc, h0, output_final_state):
     B, T, H, K = k.shape
     V = u.shape[-1]
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     BV = walk_bv(k, B * H, V)  # the sequential walk: grid (V/BV, B*H), full K per program
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     vn = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    _fwd_h_kernel[(triton.cdiv(V, BV), B * H)](
+    _fwd_h_kernel[(_cdiv(V, BV), B * H)](
         k, w, u, gc, h, vn, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
         USE_G=gc is not None, USE_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=_prec(k),
         **(_launch(LAUNCH, "fwd_h", k) if BV > 32 else _launch(LAUNCH, "fwd_h_bv32", k)))
@@ -755,10 +749,10 @@ def fwd_h(k, w, u, gc, h0, output_final_state):
 def fwd_o(q, k, vn, gc, h, scale):
     B, T, H, K = q.shape
     V = vn.shape[-1]
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
     o = torch.empty_like(vn)
-    _fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+    _fwd_o_kernel[(_cdiv(V, BV), NT, B * H)](
         q, k, vn, gc, h, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         USE_G=gc is not None, DOT_PREC=_prec(q), **_launch(LAUNCH, "fwd_o", q))
     return o
@@ -770,7 +764,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     what is missing is recomputed."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     use_g = gc is not None
     prec = _prec(q)
     if w is None or (h_kept is None and u is None):
@@ -782,7 +776,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their
     # memory traffic (4 x [B, T, H, D]: written once, read up to three times).
     dv_loc = torch.empty_like(v)
-    _bwd_dv_local_kernel[(triton.cdiv(V, BVo), NT, B * H)](
+    _bwd_dv_local_kernel[(_cdiv(V, BVo), NT, B * H)](
         q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
         USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
     BV = walk_bv(q, B * H, V)
@@ -792,7 +786,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     gc_dh = gc
     if gc_dh is None and UNGATED_DH_ZERO_GATE:
         gc_dh = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
-    _bwd_dh_kernel[(triton.cdiv(V, BV), B * H)](
+    _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
         q, k, w, gc_dh, do, dv_loc, dv2, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf, BV=BV,
         USE_G=gc_dh is not None, USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec,
         **_launch(LAUNCH, "bwd_dh", q))
@@ -802,7 +796,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     # block sizes and warps from sm_90 AOT compiles (cuobjdump -res-usage): the smallest register
     # spills among the variants tried, e.g. dq/dk/dw at 8 warps, BV=32: 96 B of stack per thread
     BKs = min(DQKWG_BK, BKf)
-    NK = triton.cdiv(K, BKs)
+    NK = _cdiv(K, BKs)
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _bwd_dqkwg_kernel[(NK, NT, B * H)](
         q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,

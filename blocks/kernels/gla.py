@@ -40,7 +40,7 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, register_kernel
-from .tiles import dot_operand as _op, launch as _launch
+from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv
 
@@ -494,14 +494,14 @@ def _rev_cumsum_kernel(x, P, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.con
 def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
     """(BK, BV) of the sequential chunk walks (grid ``(K/BK, V/BV, B*H)``; ``tiles.walk_bv``)."""
     BK = min(64, _pow2(K))
-    return BK, walk_bv(x, B * H * triton.cdiv(K, BK), V)
+    return BK, walk_bv(x, B * H * _cdiv(K, BK), V)
 
 
 def chunk_cumsum(gk: torch.Tensor) -> torch.Tensor:
     B, T, H, K = gk.shape
     gc = torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device)
     BK = min(64, _pow2(K))
-    _cumsum_kernel[(triton.cdiv(K, BK), triton.cdiv(T, BT), B * H)](gk, gc, T, H=H, K=K, BT=BT, BK=BK,
+    _cumsum_kernel[(_cdiv(K, BK), _cdiv(T, BT), B * H)](gk, gc, T, H=H, K=K, BT=BT, BK=BK,
                                                                     **_launch(LAUNCH, "cumsum", gk))
     return gc
 
@@ -509,11 +509,11 @@ def chunk_cumsum(gk: torch.Tensor) -> torch.Tensor:
 def fwd_h(k, v, gc, h0, output_final_state):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     BK, BV = _walk_blocks(k, B, H, K, V)
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    _fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)](
+    _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H)](
         k, v, gc, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None,
         STORE_HT=output_final_state, DOT_PREC=_prec(k), **_launch(LAUNCH, "walk", k))
     return h, ht
@@ -531,7 +531,7 @@ def intra_a(q, k, gc, scale):
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
     lowp, lowp_diag = _intra_a_lowp(q.dtype)
-    _intra_a_kernel[(triton.cdiv(T, BT) * NC, B * H)](
+    _intra_a_kernel[(_cdiv(T, BT) * NC, B * H)](
         q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K), BKD=min(_pow2(K), BKD),
         DOT_PREC=_prec(q), SPAN_MAX=SPAN_MAX, LOWP=lowp, LOWP_DIAG=lowp_diag, **_launch(LAUNCH, "intra_a", q))
     return A
@@ -540,10 +540,10 @@ def intra_a(q, k, gc, scale):
 def fwd_o(q, v, gc, h, A, scale):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
     o = torch.empty_like(v)
-    _fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+    _fwd_o_kernel[(_cdiv(V, BV), NT, B * H)](
         q, v, gc, h, A, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=_prec(q),
         **_launch(LAUNCH, "fwd_o", q))
     return o
@@ -554,13 +554,13 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     recomputed."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     prec = _prec(q)
     h = h_kept if h_kept is not None else fwd_h(k, v, gc, h0, False)[0]
     BKw, BVw = _walk_blocks(q, B, H, K, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
-    _bwd_dh_kernel[(triton.cdiv(K, BKw), triton.cdiv(V, BVw), B * H)](
+    _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
         q, do, gc, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
         USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, **_launch(LAUNCH, "walk", q))
     dv = torch.empty_like(v)
@@ -568,19 +568,19 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     # A and G and k, L2-bound (87% of L2 throughput, Nsight Compute 22:59); 128: -2.3 / -1.3% per
     # fwd+bwd step at 2k / 32k (sweep 23:21)
     BVd = min(128, _pow2(V))
-    _bwd_dv_kernel[(triton.cdiv(V, BVd), NT, B * H)](
+    _bwd_dv_kernel[(_cdiv(V, BVd), NT, B * H)](
         k, gc, A, do, dh, dv, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd, DOT_PREC=prec,
         **_launch(LAUNCH, "bwd_dv", q))
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
-    _bwd_sub_kernel[(triton.cdiv(K, BKf), NT * NC, B * H)](
+    _bwd_sub_kernel[(_cdiv(K, BKf), NT * NC, B * H)](
         q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
         BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
     del h, dh
     BKr = min(64, _pow2(K))
-    _rev_cumsum_kernel[(triton.cdiv(K, BKr), NT, B * H)](dg, P, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC,
+    _rev_cumsum_kernel[(_cdiv(K, BKr), NT, B * H)](dg, P, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC,
                                                          **_launch(LAUNCH, "rev_cumsum", q))
     return dq, dk, dv, dg, dh0
 

@@ -29,7 +29,7 @@ from blocks.ops.utils import check_qkv
 
 from . import low_memory_from_env, register_kernel
 from .tiles import dot_prec as _prec, launch as _launch, pow2 as _pow2, state_dtype as _state_dtype
-from .tiles import walk_bv
+from .tiles import cdiv as _cdiv, walk_bv
 
 BT = 64  # chunk length inside the kernels; the math does not depend on it (the ops' chunk_size
          # is an argument of the PyTorch form, the kernels pick the size that suits the hardware)
@@ -244,17 +244,17 @@ def _bwd_dqkv_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT,
 def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
     """(BK, BV) of the sequential chunk walks (grid ``(K/BK, V/BV, B*H)``; ``tiles.walk_bv``)."""
     BK = min(64, _pow2(K))
-    return BK, walk_bv(x, B * H * triton.cdiv(K, BK), V)
+    return BK, walk_bv(x, B * H * _cdiv(K, BK), V)
 
 
 def fwd_h(k, v, g, h0, output_final_state):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     BK, BV = _walk_blocks(k, B, H, K, V)
     h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
+    grid = (_cdiv(K, BK), _cdiv(V, BV), B * H)
     _fwd_h_kernel[grid](k, v, g, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                         USE_G=g is not None, USE_H0=h0 is not None, STORE_HT=output_final_state,
                         DOT_PREC=_prec(k), **_launch(LAUNCH, "walk", k))
@@ -264,10 +264,10 @@ def fwd_h(k, v, g, h0, output_final_state):
 def fwd_o(q, k, v, g, h, scale):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
     o = torch.empty_like(v)
-    grid = (triton.cdiv(V, BV), NT, B * H)
+    grid = (_cdiv(V, BV), NT, B * H)
     _fwd_o_kernel[grid](q, k, v, g, h, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                         USE_G=g is not None, DOT_PREC=_prec(q), **_launch(LAUNCH, "fwd_o", q))
     return o
@@ -276,11 +276,11 @@ def fwd_o(q, k, v, g, h, scale):
 def bwd_dh(q, do, g, dht, h0_needs_grad, scale):
     B, T, H, K = q.shape
     V = do.shape[-1]
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     BK, BV = _walk_blocks(q, B, H, K, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if h0_needs_grad else None
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
+    grid = (_cdiv(K, BK), _cdiv(V, BV), B * H)
     _bwd_dh_kernel[grid](q, do, g, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                          USE_G=g is not None, USE_DHT=dht is not None, STORE_DH0=h0_needs_grad,
                          DOT_PREC=_prec(q), **_launch(LAUNCH, "walk", q))
@@ -290,7 +290,7 @@ def bwd_dh(q, do, g, dht, h0_needs_grad, scale):
 def bwd_dqkv(q, k, v, g, h, do, dh, scale):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, BT)
+    NT = _cdiv(T, BT)
     BK, BV = _pow2(K), min(64, _pow2(V))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dA = q.new_empty(B, H, T, dtype=torch.float32) if g is not None else None

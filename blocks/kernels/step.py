@@ -21,6 +21,7 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import inplace_enabled, register_kernel
+from .tiles import cdiv, pow2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 NO_GATE, SCALAR_GATE, KEY_GATE = 0, 1, 2
@@ -86,11 +87,11 @@ def fused_step(q, k, v, g=None, beta=None, state=None, scale=None, gate=NO_GATE)
     else:
         s_out = q.new_empty(B, H, K, V, dtype=torch.float32)
     o = torch.empty_like(v, dtype=q.dtype)
-    BK = max(16, triton.next_power_of_2(K))
+    BK = pow2(K)
     # ~4K float32 state elements per program keeps registers low and gives B*H*V/BV programs
     # (1024 at batch 16, 16 heads, V=128) to cover the multiprocessors.
-    BV = max(1, min(triton.next_power_of_2(V), 4096 // BK))
-    grid = (triton.cdiv(V, BV), B * H)
+    BV = max(1, min(pow2(V, 1), 4096 // BK))
+    grid = (cdiv(V, BV), B * H)
     _step_kernel[grid](q, k, v, g, beta, s_in, s_out, o, scale, K=K, V=V, BK=BK, BV=BV,
                        GATE=gate, DELTA=beta is not None, HAS_STATE=s_in is not None,
                        num_warps=1 if _INTERPRET else 4)

@@ -192,24 +192,61 @@ def test_benchmark_plots_only_what_the_run_measured(tmp_path):
 
 def test_benchmark_reports_queued_training_beside_idle_start():
     """Training steps are timed from an idle GPU and back to back (``gpu_common.train_times``);
-    the report has a table for each, and results from before the queued timing keep one table."""
+    the report has a table for each, and results without the queued timing keep one table."""
     import json
 
     gpu_kernels = _benchmark("gpu_kernels")
     res = json.loads((ROOT / "docs/benchmarks/gpu_results.json").read_text())
+    for table in res["train"].values():  # as a run before the queued timing wrote it
+        for rec in table.values():
+            rec.pop("queued_s", None), rec.pop("queued_mtok_s", None)
     text = gpu_kernels.markdown(res)
     assert "each step from an idle GPU" in text and "launched back to back" not in text
-    queued = json.loads(json.dumps(res))
-    for table in queued["train"].values():
+    for table in res["train"].values():
         for rec in table.values():
             if "mtok_s" in rec:
                 rec["queued_mtok_s"] = rec["mtok_s"] * 1.5
-    text = gpu_kernels.markdown(queued)
+    text = gpu_kernels.markdown(res)
     head, tail = text.split("## Training, steps launched back to back")
-    rec = queued["train"]["delta_rule"]["2048"]
+    rec = res["train"]["delta_rule"]["2048"]
     assert gpu_kernels.fmt(rec["mtok_s"]) in head.split("## Training")[1]
     first_row = next(line for line in tail.splitlines() if line.startswith("| ours delta_rule"))
     assert gpu_kernels.fmt(rec["queued_mtok_s"]) in first_row
+
+
+def test_cuda_time_waits_for_each_step_only_when_not_queued(monkeypatch):
+    """``cuda_time`` without ``queued`` waits for each call's end event before launching the next
+    (every call starts on an idle GPU); with it, the calls go out back to back and one
+    synchronisation follows. CUDA's events are replaced by a recorder (no GPU needed)."""
+    gpu_common = _benchmark("gpu_common")
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.t = None
+
+        def record(self):
+            log.append("record")
+            self.t = len(log)
+
+        def synchronize(self):
+            log.append("wait")
+
+        def elapsed_time(self, end):
+            return float(end.t - self.t)  # ms
+
+    monkeypatch.setattr(gpu_common.torch.cuda, "Event", Event)
+    monkeypatch.setattr(gpu_common.torch.cuda, "synchronize", lambda: log.append("sync"))
+    for queued in (False, True):
+        log.clear()
+        sec, iters = gpu_common.cuda_time(lambda: log.append("call"), max_iters=4, queued=queued)
+        timed = log[log.index("call", log.index("sync", log.index("sync") + 1)) - 1:]  # after warm-up
+        assert iters == 4 and timed.count("call") == 4
+        if queued:
+            assert "wait" not in timed and timed[-1] == "sync"
+        else:
+            assert timed.count("wait") == 4 and timed[:4] == ["record", "call", "record", "wait"]
+        assert sec == pytest.approx(2e-3)  # start, call, end: two log entries apart
 
 
 def test_aot_tool_reports_whether_a_loop_was_pipelined():
@@ -323,6 +360,21 @@ def test_solve_tril_merges_in_tf32_only_for_a_bfloat16_inverse(monkeypatch):
     monkeypatch.setattr(delta, "SOLVE_TRIL_TF32_MERGES", True)
     monkeypatch.setattr(delta, "WY_INPUT_DTYPE_DOTS", False)  # float32 inverse
     assert delta._solve_tril_prec(torch.bfloat16) == "ieee"
+
+
+def test_host_grid_helpers_agree_with_triton():
+    """``tiles.cdiv`` / ``tiles.pow2`` replace ``triton.cdiv`` / ``triton.next_power_of_2`` in the
+    host code (plain Python: no per-call ``constexpr_function`` overhead) and must give the same
+    grids and blocks."""
+    import triton
+
+    from blocks.kernels import tiles
+
+    for n in range(1, 600):
+        assert tiles.pow2(n, 1) == triton.next_power_of_2(n)
+        assert tiles.pow2(n) == max(16, triton.next_power_of_2(n))
+        for b in (1, 7, 16, 64, 128):
+            assert tiles.cdiv(n, b) == triton.cdiv(n, b)
 
 
 def test_solve_tril_emulation_shows_why_only_the_merges_take_tf32():
