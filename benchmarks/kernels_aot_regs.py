@@ -1,5 +1,6 @@
 """Compile the chunk kernels (linear_attn / simple_gla, gla, the delta rules) for a GPU architecture WITHOUT a GPU and
-print each kernel's registers, spill stack, shared memory and whether its loops were software-pipelined.
+print each kernel's registers, spill stack, shared memory, whether its loops were software-pipelined
+and its static SASS instruction, shuffle and barrier counts.
 
     python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8]
 
@@ -134,21 +135,34 @@ def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: i
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def resources(kernel) -> dict[str, str]:
-    """``{"REG": .., "STACK": .., "SHARED": ..}`` from ``cuobjdump -res-usage`` of the cubin."""
+def _cuobjdump(kernel, flag: str) -> str:
+    """The bundled ``cuobjdump <flag>`` of the kernel's cubin."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def resources(kernel) -> dict[str, str]:
+    """``{"REG": .., "STACK": .., "SHARED": ..}`` from ``cuobjdump -res-usage`` of the cubin."""
     fields = {}
-    for line in out.splitlines():
+    for line in _cuobjdump(kernel, "-res-usage").splitlines():
         if "REG:" in line:
             for item in line.replace(",", " ").split():
                 if ":" in item:
                     key, _, val = item.partition(":")
                     fields[key] = val
     return fields
+
+
+def sass_counts(kernel) -> tuple[int, int, int]:
+    """``(instructions, shuffles, barriers)`` in the kernel's SASS, counted statically (a loop body
+    once): cross-thread reductions show up as ``SHFL`` and, across warps, ``BAR``; compare variants
+    of one kernel with it, not run times."""
+    ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
+                                           _cuobjdump(kernel, "-sass"))]
+    return len(ops), sum(o.startswith("SHFL") for o in ops), sum(o.startswith("BAR") for o in ops)
 
 
 def pipelining(kernel) -> tuple[int, str]:
@@ -180,8 +194,8 @@ def main() -> int:
     keep = [k for k in opts.kernels.split(",") if k]
     dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
     failures = 0
-    print("| kernel | dtype | warps | regs | stack (B/thread) | shared (B) | async copies | loop-carried | compile s |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | dtype | warps | regs | stack (B/thread) | shared (B) | async copies | loop-carried | "
+          "SASS instr / SHFL / BAR | compile s |\n|---|---|---|---|---|---|---|---|---|---|")
     runs = ((a, (name, fn, cx, w, st)) for a in dtypes for (name, fn, cx, host_w, st) in jobs(a)
             for w in (warp_counts or [host_w]))
     for act, (name, fn, cx, warps, stages) in runs:
@@ -192,11 +206,12 @@ def main() -> int:
             kernel = compile_one(fn, arg_types(act), cx, warps, stages, opts.arch)
             res = resources(kernel)
             copies, carried = pipelining(kernel)
+            sass = " / ".join(map(str, sass_counts(kernel)))
             print(f"| {name} | {act} | {warps} | {res.get('REG')} | {res.get('STACK')} | {kernel.metadata.shared} | "
-                  f"{copies} | {carried} | {time.time() - t0:.0f} |", flush=True)
+                  f"{copies} | {carried} | {sass} | {time.time() - t0:.0f} |", flush=True)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failures += 1
-            print(f"| {name} | {act} | {warps} | FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:150]} |||||",
+            print(f"| {name} | {act} | {warps} | FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:150]} ||||||",
                   flush=True)
     return 1 if failures else 0
 

@@ -148,9 +148,10 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
 
 # The gated ``_bwd_dqkwg_kernel`` forms the gate gradient's ``sum_j M_ij - sum_j M_ji`` (M: the
 # intra-chunk score term, [BT, BT]) as one row sum of ``M - M^T`` instead of a row sum and a column
-# sum. The column sum crosses warps: in sm_90 compiles (``benchmarks/kernels_aot_regs.py``, 4
-# warps) the kernel has 2048 instead of 2280 instructions, 26 instead of 106 shuffles, 22 instead of
-# 30 barriers, 254 instead of 242 registers; the gated kernel is 1.29 ms per step against 0.89 for
+# sum. The column sum crosses warps: in sm_90 compiles (``benchmarks/kernels_aot_regs.py --kernels
+# bwd_dqkwg --set DQKWG_DG_ANTISYM=True`` and without ``--set``, 4 warps) the kernel has 2048 instead
+# of 2280 SASS instructions, 26 instead of 106 shuffles, 22 instead of 30 barriers, 254 instead of
+# 242 registers; the gated kernel is 1.29 ms per step against 0.89 for
 # the ungated one on the same bytes, issuing more often (Nsight Compute, 2026-11-30). Off until
 # timed (2026-12-01): the launch sweep's switch rows turn it on.
 DQKWG_DG_ANTISYM = False
@@ -805,9 +806,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     del dv_loc
     dq = torch.empty_like(q)
     dk_p, dw = torch.empty_like(k), torch.empty_like(k)
-    # block sizes and warps from sm_90 AOT compiles (cuobjdump -res-usage): the smallest register
-    # spills among the variants tried, e.g. dq/dk/dw at 8 warps, BV=32: 96 B of stack per thread
-    BKs = min(DQKWG_BK, BKf)
+    BKs = min(DQKWG_BK, BKf)  # the key split (DQKWG_BK); warps and stages from LAUNCH (swept)
     NK = _cdiv(K, BKs)
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _bwd_dqkwg_kernel[(NK, NT, B * H)](

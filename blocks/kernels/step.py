@@ -12,8 +12,6 @@ eager PyTorch needs 5-6 kernels and several passes over the state for the same s
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -21,9 +19,8 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import inplace_enabled, register_kernel
-from .tiles import cdiv, pow2
+from .tiles import INTERPRET as _INTERPRET, cdiv, pow2
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 NO_GATE, SCALAR_GATE, KEY_GATE = 0, 1, 2
 
 

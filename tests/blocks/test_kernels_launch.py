@@ -267,6 +267,25 @@ print(*aot.pipelining(k), aot.resources(k)["REG"])
     assert int(copies) > 0 and int(carried) > 1 and int(regs) > 0, out
 
 
+def test_aot_tool_counts_sass_shuffles_the_antisym_gate_gradient_saves():
+    """``kernels_aot_regs.sass_counts``: static SASS instruction / shuffle / barrier counts. The
+    gated ``bwd_dqkwg`` with ``DG_ANTISYM`` (one row sum of ``M - M^T``) has fewer shuffles and
+    barriers than with a row and a column sum of ``M``: the claim ``delta.DQKWG_DG_ANTISYM`` rests on."""
+    code = """
+import kernels_aot_regs as aot
+from blocks.kernels import delta
+job = next(j for j in aot.jobs("bf16") if j[0] == "gated_delta.bwd_dqkwg")
+name, fn, cx, warps, stages = job
+for on in (False, True):
+    k = aot.compile_one(fn, aot.arg_types("bf16"), dict(cx, DG_ANTISYM=on), warps, stages, 90)
+    print(*aot.sass_counts(k))
+"""
+    out = _python(code, {"TRITON_INTERPRET": None})
+    off, on = (tuple(map(int, line.split())) for line in out.strip().splitlines()[-2:])
+    (n_off, shfl_off, bar_off), (n_on, shfl_on, bar_on) = off, on
+    assert n_on < n_off and shfl_on < shfl_off and bar_on < bar_off and n_off > 500, out
+
+
 def test_aot_tool_set_gives_switches_other_values_first():
     """``kernels_aot_regs.py --set``: compile the kernels a switch's other value runs (the launch
     sweep's ``apply_sets``); an unknown switch is a usage error."""
