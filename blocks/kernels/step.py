@@ -25,36 +25,53 @@ NO_GATE, SCALAR_GATE, KEY_GATE = 0, 1, 2
 
 
 @triton.jit
-def _step_kernel(q, k, v, g, beta, s_in, s_out, o, scale,
+def _step_kernel(q, k, v, g, beta, s_in, s_out, o, scale, H,
+                 sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbeta_b, sbeta_h,
                  K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                  GATE: tl.constexpr, DELTA: tl.constexpr, HAS_STATE: tl.constexpr):
-    """Grid (V/BV, B*H); BK >= K."""
+    """Grid (V/BV, B*H); BK >= K. ``q, k, v, g, beta`` are read through their (batch, head)
+    strides (``s<name>_b``, ``s<name>_h``; the last dim contiguous), so column slices of one
+    projection need no copy; the states and ``o`` are contiguous."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-    b_k = tl.load(k + i_bh * K + o_k, mask=m_k, other=0.).to(tl.float32)
-    b_q = tl.load(q + i_bh * K + o_k, mask=m_k, other=0.).to(tl.float32) * scale
-    b_v = tl.load(v + i_bh * V + o_v, mask=m_v, other=0.).to(tl.float32)
+    b_k = tl.load(k + i_b * sk_b + i_h * sk_h + o_k, mask=m_k, other=0.).to(tl.float32)
+    b_q = tl.load(q + i_b * sq_b + i_h * sq_h + o_k, mask=m_k, other=0.).to(tl.float32) * scale
+    b_v = tl.load(v + i_b * sv_b + i_h * sv_h + o_v, mask=m_v, other=0.).to(tl.float32)
     if HAS_STATE:
         b_s = tl.load(s_in + p_s, mask=m_kv, other=0.)
         if GATE == 1:
-            b_s = b_s * tl.exp(tl.load(g + i_bh).to(tl.float32))
+            b_s = b_s * tl.exp(tl.load(g + i_b * sg_b + i_h * sg_h).to(tl.float32))
         if GATE == 2:
-            b_s = b_s * tl.exp(tl.load(g + i_bh * K + o_k, mask=m_k, other=0.).to(tl.float32))[:, None]
+            b_s = b_s * tl.exp(tl.load(g + i_b * sg_b + i_h * sg_h + o_k, mask=m_k, other=0.).to(tl.float32))[:, None]
         if DELTA:
             b_v = b_v - tl.sum(b_s * b_k[:, None], axis=0)
     else:
         b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if DELTA:
-        b_v = b_v * tl.load(beta + i_bh).to(tl.float32)
+        b_v = b_v * tl.load(beta + i_b * sbeta_b + i_h * sbeta_h).to(tl.float32)
     b_s = b_s + b_k[:, None] * b_v[None, :]
     tl.store(s_out + p_s, b_s, mask=m_kv)
     tl.store(o + i_bh * V + o_v, tl.sum(b_s * b_q[:, None], axis=0).to(o.dtype.element_ty), mask=m_v)
+
+
+def _rows(x: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:
+    """``(x, batch stride, head stride)`` of a ``[B, H]`` or ``[B, H, D]`` input, copied only when
+    its last dim is not contiguous. In a decode step ``q, k, v`` are usually column slices of one
+    projection (``[B, H, D]`` with a batch stride of the projection's width): read in place they
+    save one copy kernel each per layer and step."""
+    if x is None:
+        return None, 0, 0
+    if x.dim() == 3 and x.shape[-1] > 1 and x.stride(-1) != 1:
+        x = x.contiguous()
+    return x, x.stride(0), x.stride(1)
 
 
 @torch.compiler.disable  # compiled callers (decode_graph's compiled layers) break here: the
@@ -71,11 +88,8 @@ def fused_step(q, k, v, g=None, beta=None, state=None, scale=None, gate=NO_GATE)
     if state is not None and tuple(state.shape) != (B, H, K, V):
         raise ValueError(f"state: must have shape {(B, H, K, V)}, got {tuple(state.shape)}")
     scale = K ** -0.5 if scale is None else float(scale)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if g is not None:
-        g = g.contiguous()
-    if beta is not None:
-        beta = beta.contiguous()
+    (q, *sq), (k, *sk), (v, *sv) = _rows(q), _rows(k), _rows(v)
+    (g, *sg), (beta, *sbeta) = _rows(g), _rows(beta)
     s_in = None
     if state is not None:
         s_in = state if state.dtype == torch.float32 and state.is_contiguous() else state.float().contiguous()
@@ -83,14 +97,14 @@ def fused_step(q, k, v, g=None, beta=None, state=None, scale=None, gate=NO_GATE)
         s_out = state
     else:
         s_out = q.new_empty(B, H, K, V, dtype=torch.float32)
-    o = torch.empty_like(v, dtype=q.dtype)
+    o = q.new_empty(B, H, V)
     BK = pow2(K)
     # ~4K float32 state elements per program keeps registers low and gives B*H*V/BV programs
     # (1024 at batch 16, 16 heads, V=128) to cover the multiprocessors.
     BV = max(1, min(pow2(V, 1), 4096 // BK))
     grid = (cdiv(V, BV), B * H)
-    _step_kernel[grid](q, k, v, g, beta, s_in, s_out, o, scale, K=K, V=V, BK=BK, BV=BV,
-                       GATE=gate, DELTA=beta is not None, HAS_STATE=s_in is not None,
+    _step_kernel[grid](q, k, v, g, beta, s_in, s_out, o, scale, H, *sq, *sk, *sv, *sg, *sbeta,
+                       K=K, V=V, BK=BK, BV=BV, GATE=gate, DELTA=beta is not None, HAS_STATE=s_in is not None,
                        num_warps=1 if _INTERPRET else 4)
     return o, s_out
 

@@ -175,6 +175,13 @@ def test_step_kernel_matches_pytorch_step(family, dims):
         with kernels.inplace_decode_state():
             o2, S2 = op.step(*args, state=S_inplace, scale=0.7)
         assert S2 is S_inplace and rel(S2, rS) < 1e-6 and torch.equal(o2, o)
+        # column slices of a wider buffer (a decode layer's q|k|v projection): read through their
+        # strides, same results
+        sliced = [torch.cat([a, torch.zeros_like(a[..., :3])], -1)[..., :a.shape[-1]] if a.dim() == 3 else a
+                  for a in args]
+        assert not sliced[2].is_contiguous()
+        o3, S3 = op.step(*sliced, state=S, scale=0.7)
+        assert torch.equal(o3, o) and torch.equal(S3, S1)
 
 
 def _tiny_model(layers):
@@ -328,6 +335,56 @@ def test_chunk_kernels_in_interpreter(family, switches, monkeypatch):
     assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
     for a, b in zip(mine, ref):
         assert rel(a.grad, b.grad) < 1e-4
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize("family", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("layout", ["contiguous", "slices"])
+def test_step_kernel_in_interpreter(family, layout):
+    """The fused decode step against the op's PyTorch step: with and without a state, in place, and
+    with ``q, k, v`` (and the gates) as column slices of one projection, as a decode layer hands
+    them over (read through their strides, no copy)."""
+    import importlib
+
+    from blocks.kernels import step
+
+    op = importlib.import_module(f"blocks.ops.{family}")
+    kernel = {"linear_attn": step.linear_attn_step, "simple_gla": step.simple_gla_step, "gla": step.gla_step,
+              "delta_rule": step.delta_rule_step, "gated_delta_rule": step.gated_delta_rule_step}[family]
+    gen = torch.Generator().manual_seed(5)
+    B, H, K, V = 3, 2, 24, 20  # neither dim a power of two
+    widths = {"q": K, "k": K, "v": V, "g": K if family == "gla" else 1, "beta": 1}
+    proj = torch.randn(B, H, sum(widths.values()) + 3, generator=gen)  # 3 spare columns: a wider row
+    cols, start = {}, 0
+    for name, w in widths.items():
+        cols[name] = proj[..., start:start + w]
+        start += w
+    cols["k"] = cols["k"] / cols["k"].norm(dim=-1, keepdim=True)  # a fresh tensor, like l2norm's
+    if family in ("simple_gla", "gated_delta_rule"):
+        cols["g"] = F.logsigmoid(cols["g"][..., 0])
+    elif family == "gla":
+        cols["g"] = F.logsigmoid(cols["g"])
+    cols["beta"] = cols["beta"][..., 0].sigmoid()
+    names = ["q", "k", "v"] + {"simple_gla": ["g"], "gla": ["g"], "delta_rule": ["beta"],
+                               "gated_delta_rule": ["g", "beta"]}.get(family, [])
+    args = [cols[n] for n in names]
+    if layout == "contiguous":
+        args = [a.contiguous() for a in args]
+    else:
+        assert not args[0].is_contiguous() and not args[2].is_contiguous()
+    S = torch.randn(B, H, K, V, generator=gen)
+    ref_args = [a.contiguous() for a in args]
+    ro, rS = op.step(*ref_args, state=S, scale=0.7)
+    ro0, rS0 = op.step(*ref_args, state=None)
+    with checked_memory():
+        o, S1 = kernel(*args, state=S, scale=0.7)
+        o0, S0 = kernel(*args, state=None)
+        S_inplace = S.clone()
+        with kernels.inplace_decode_state():
+            o2, S2 = kernel(*args, state=S_inplace, scale=0.7)
+    assert S1 is not S and rel(S1, rS) < 1e-6 and rel(o, ro) < 1e-5
+    assert rel(S0, rS0) < 1e-6 and rel(o0, ro0) < 1e-5
+    assert S2 is S_inplace and rel(S2, rS) < 1e-6 and torch.equal(o2, o)
 
 
 # --- CPU side: no GPU, the ops keep their PyTorch forms ----------------------------------------
