@@ -407,3 +407,15 @@ def test_solve_tril_emulation_shows_why_only_the_merges_take_tf32():
     assert errs["tf32x3 diagonal, tf32 merges"] < 2 * errs["bf16 storage of the exact inverse"]
     assert errs["tf32x3 diagonal, tf32 merges"] < 1.1 * errs["exact diagonal, tf32 merges"]
 
+
+
+def test_dg_pair_emulation_shows_why_the_gate_pair_term_stays_float32():
+    """``benchmarks/dg_pair_precision.py``: the gated ``bwd_dqkwg``'s gate pair term formed through
+    dots with ``ds`` rounded to bf16 is ~1e-3 of its scale off; split in two bf16 parts it is ~1e-5,
+    and the kernel's float32 row and column sums ~1e-6."""
+    import torch
+
+    errs = _benchmark("dg_pair_precision").worst_errors(1.0, 3, torch.Generator().manual_seed(0))
+    assert errs["float32 sums"] < 3e-6
+    assert 3e-6 < errs["split bf16 ds dots"] < 5e-5
+    assert errs["bf16 ds dots"] > 1e-3
