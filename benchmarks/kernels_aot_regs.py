@@ -3,6 +3,7 @@ print each kernel's registers, spill stack, shared memory, whether its loops wer
 and its static SASS instruction, shuffle and barrier counts.
 
     python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8]
+                                          [--set NAME=VALUE,...] [--lines N]
 
 Triton lowers to PTX and Triton's bundled ptxas assembles it for ``sm_<arch>``; ``cuobjdump
 -res-usage`` (also bundled) reads the resources. A compile error here is one the GPU would hit,
@@ -14,6 +15,7 @@ host code of ``blocks/kernels/delta.py`` and ``gla.py`` for the benchmark's prob
 from __future__ import annotations
 
 import argparse
+import collections
 import re
 import subprocess
 import sys
@@ -70,7 +72,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     s = 2 if act == "bf16" else 1
     for use_g in (True, False):
         tag = "gated_delta" if use_g else "delta"
-        yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec),
+        yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED),
                *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
             yield ("delta.solve_tril", d._solve_tril_kernel,
@@ -81,17 +83,17 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
                                                      DOT_PREC=prec), *table(d.LAUNCH, "fwd_h_bv32", s))
-        yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec), *table(d.LAUNCH, "fwd_o", s))
+        yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED), *table(d.LAUNCH, "fwd_o", s))
         yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
-                                                                   DOT_PREC=prec), *table(d.LAUNCH, "bwd_dv_local", s))
+                                                                   DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED), *table(d.LAUNCH, "bwd_dv_local", s))
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=dh_gated, USE_DHT=True,
                                                        STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(32, BV), USE_G=use_g,
-                                                             DOT_PREC=prec, DG_ANTISYM=d.DQKWG_DG_ANTISYM),
+                                                             DOT_PREC=prec, DG_ANTISYM=d.DQKWG_DG_ANTISYM, PAIR_FACTORED=d.PAIR_DECAY_FACTORED),
                *table(d.LAUNCH, "bwd_dqkwg_gated" if use_g else "bwd_dqkwg", s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
-                                                       USE_G=use_g, LOWP=lowp, DOT_PREC=prec),
+                                                       USE_G=use_g, LOWP=lowp, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED),
                *table(d.LAUNCH, "wy_bwd_gated" if use_g else "wy_bwd", s))
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"
@@ -135,9 +137,9 @@ def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: i
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def _cuobjdump(kernel, flag: str) -> str:
-    """The bundled ``cuobjdump <flag>`` of the kernel's cubin."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+def _cuobjdump(kernel, flag: str, tool_name: str = "cuobjdump") -> str:
+    """The bundled ``cuobjdump <flag>`` (or ``tool_name``, e.g. ``nvdisasm``) of the kernel's cubin."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool_name
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -156,12 +158,39 @@ def resources(kernel) -> dict[str, str]:
     return fields
 
 
+_SASS_OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def sass_by_line(kernel) -> dict[tuple[str, int], collections.Counter]:
+    """SASS opcodes (without modifiers) per source line ``(file name, line)``, from ``nvdisasm``'s
+    line info (Triton compiles with it): where a kernel's instructions come from, e.g. which part of
+    an epilogue is worth rewriting. Counted statically, like ``sass_counts``."""
+    by_line: dict[tuple[str, int], collections.Counter] = collections.defaultdict(collections.Counter)
+    where = ("?", 0)
+    for text in _cuobjdump(kernel, "-g", "nvdisasm").splitlines():
+        loc = re.search(r'//## File "([^"]+)", line (\d+)', text)
+        if loc:
+            where = (Path(loc.group(1)).name, int(loc.group(2)))
+            continue
+        op = _SASS_OP.search(text)
+        if op:
+            by_line[where][op.group(1).split(".")[0]] += 1
+    return by_line
+
+
+def print_lines(kernel, top: int) -> None:
+    """The ``top`` source lines with the most SASS instructions, as markdown rows under the kernel."""
+    counts = sorted(sass_by_line(kernel).items(), key=lambda kv: -sum(kv[1].values()))[:top]
+    for (file, line), ops in counts:
+        common = ", ".join(f"{op} {n}" for op, n in ops.most_common(4))
+        print(f"|  | {file}:{line} | {sum(ops.values())} instructions: {common} ||||||||")
+
+
 def sass_counts(kernel) -> tuple[int, int, int]:
     """``(instructions, shuffles, barriers)`` in the kernel's SASS, counted statically (a loop body
     once): cross-thread reductions show up as ``SHFL`` and, across warps, ``BAR``; compare variants
     of one kernel with it, not run times."""
-    ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
-                                           _cuobjdump(kernel, "-sass"))]
+    ops = [m.group(1) for m in _SASS_OP.finditer(_cuobjdump(kernel, "-sass"))]
     return len(ops), sum(o.startswith("SHFL") for o in ops), sum(o.startswith("BAR") for o in ops)
 
 
@@ -183,7 +212,11 @@ def main() -> int:
                     "instead of the host code's (e.g. 4,8,16: where do the spills go?)")
     ap.add_argument("--set", default="", help="module switches to give other values first, as the launch "
                     "sweep's --set (e.g. UNGATED_DH_ZERO_GATE=False: compile the kernels that path runs)")
+    ap.add_argument("--lines", type=int, default=0, metavar="N", help="also print, under each kernel, the N source "
+                    "lines with the most SASS instructions (nvdisasm line info)")
     opts = ap.parse_args()
+    if opts.lines < 0:
+        ap.error(f"--lines: must be >= 0, got {opts.lines}")
     try:
         apply_sets(opts.set)
     except ValueError as exc:
@@ -209,6 +242,8 @@ def main() -> int:
             sass = " / ".join(map(str, sass_counts(kernel)))
             print(f"| {name} | {act} | {warps} | {res.get('REG')} | {res.get('STACK')} | {kernel.metadata.shared} | "
                   f"{copies} | {carried} | {sass} | {time.time() - t0:.0f} |", flush=True)
+            if opts.lines:
+                print_lines(kernel, opts.lines)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failures += 1
             print(f"| {name} | {act} | {warps} | FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:150]} ||||||",

@@ -155,6 +155,21 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
 # the ungated one on the same bytes, issuing more often (Nsight Compute, 2026-11-30). Off until
 # timed (2026-12-01): the launch sweep's switch rows turn it on.
 DQKWG_DG_ANTISYM = False
+# The gated kernels' pair decays ``exp(G_i - G_j)`` ([BT, BT] tiles in ``_kkt_kernel``,
+# ``_fwd_o_kernel``, ``_bwd_dv_local_kernel``, ``_bwd_dqkwg_kernel``, ``_wy_bwd_kernel``) as the outer
+# product of two [BT] vectors of exponentials through the chunk's first row, while the chunk's decay
+# spans less than ``PAIR_SPAN_MAX`` (one uniform branch per program; else one exponential per pair,
+# as before), as gla's diagonal blocks do (``gla.SPAN_MAX``). In sm_90 compiles the exact pair decay
+# of the gated ``bwd_dqkwg`` is 250 of its 2280 SASS instructions, 30 of them MUFU (ex2) per thread
+# (``benchmarks/kernels_aot_regs.py --kernels gated_delta.bwd_dqkwg --lines 5``). With the switch on
+# the kernels hold both paths (static counts up: ``--set PAIR_DECAY_FACTORED=True``); with the
+# exact branch edited out (not kept) the factored path compiled to 784 / 792 / 648 / 2136 / 2160
+# instructions against 928 / 848 / 672 / 2280 / 2312 (kkt, fwd_o, bwd_dv_local, bwd_dqkwg,
+# wy_bwd). Off until timed (2026-12-01): the launch sweep's switch rows turn it on.
+PAIR_DECAY_FACTORED = False
+# Both factors stay normal float32 numbers (exp(-80) ~ 1.8e-35 > 1.2e-38; exp(80) ~ 5.5e34), so
+# their product keeps float32's relative precision.
+PAIR_SPAN_MAX = tl.constexpr(80.0)
 # ``_solve_tril_kernel``'s merges in TF32 for a bf16-stored inverse (``_solve_tril_prec``); off:
 # every dot exact. Sweep 2026-12-01 05:13 (H200): off costs +1.5 / +1.7% per fwd+bwd step
 # (delta_rule, 2k / 32k), +1.5 / -0.1% (gated).
@@ -162,7 +177,7 @@ SOLVE_TRIL_TF32_MERGES = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
-            "DQKWG_DG_ANTISYM": (False, True)}
+            "DQKWG_DG_ANTISYM": (False, True), "PAIR_DECAY_FACTORED": (False, True)}
 
 
 @triton.jit
@@ -190,10 +205,35 @@ def _load_g_cols(gc, i_b, i_h, r0, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _pair_decay(b_g, b_gj, m, FLIP: tl.constexpr):
+def _pair_decay(b_g, b_gj, m, FLIP: tl.constexpr, gc, i_b, i_h, r0, T, H: tl.constexpr, BT: tl.constexpr,
+                FACTORED: tl.constexpr):
     """``exp(G_i - G_j)`` (``FLIP``: ``exp(G_j - G_i)``) for row i, column j, where ``m`` [BT, BT]
     holds, 0 elsewhere; ``b_g`` from ``_load_gc`` (i), ``b_gj`` the same values for j (from
-    ``_load_g_cols``, or ``b_g`` itself, which costs a layout conversion instead of a load)."""
+    ``_load_g_cols``, or ``b_g`` itself, which costs a layout conversion instead of a load), of the
+    chunk starting at row ``r0`` of ``gc``.
+
+    ``FACTORED`` (``PAIR_DECAY_FACTORED``): while the chunk's decay spans less than
+    ``PAIR_SPAN_MAX``, as the outer product ``exp(G_i - G_0) exp(G_0 - G_j)`` through the chunk's
+    first row (2 * BT exponentials instead of BT * BT; both factors stay normal float32 numbers);
+    else exactly."""
+    if FACTORED:
+        g0 = tl.load(gc + (i_b * T + r0) * H + i_h).to(tl.float32)
+        g_end = tl.load(gc + (i_b * T + tl.minimum(r0 + BT, T) - 1) * H + i_h).to(tl.float32)
+        if g0 - g_end < PAIR_SPAN_MAX:
+            if FLIP:
+                b_e = tl.where(m, tl.exp(g0 - b_g)[:, None] * tl.exp(b_gj - g0)[None, :], 0.)
+            else:
+                b_e = tl.where(m, tl.exp(b_g - g0)[:, None] * tl.exp(g0 - b_gj)[None, :], 0.)
+        else:
+            b_e = _pair_decay_exact(b_g, b_gj, m, FLIP)
+    else:
+        b_e = _pair_decay_exact(b_g, b_gj, m, FLIP)
+    return b_e
+
+
+@triton.jit
+def _pair_decay_exact(b_g, b_gj, m, FLIP: tl.constexpr):
+    """``_pair_decay`` with one exponential per pair."""
     if FLIP:
         return tl.exp(tl.where(m, b_gj[None, :] - b_g[:, None], float("-inf")))
     return tl.exp(tl.where(m, b_g[:, None] - b_gj[None, :], float("-inf")))
@@ -262,7 +302,7 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _kkt_kernel(k, beta, gc, A, T,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+                USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
     """Grid (NT, B*H): ``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)`` of chunk ``i_t`` into
     ``A: [B, T, H, BT]`` float32 (row ``i`` of its chunk's ``[BT, BT]`` matrix), one ``[BT, K]`` x
     ``[K, BT]`` product per chunk."""
@@ -282,7 +322,8 @@ def _kkt_kernel(k, beta, gc, A, T,
     b_A = b_A * b_b[:, None]
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        b_A = b_A * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_A, False)
+        b_A = b_A * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_A, False,
+                                gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
     _store_rows(A, tl.where(m_A, b_A, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
 
 
@@ -394,7 +435,7 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
 def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+                  USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)``."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
@@ -419,7 +460,8 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
         b_o = b_o * tl.exp(b_g)[:, None]
-        b_A = b_A * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_A, False)
+        b_A = b_A * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_A, False,
+                                gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
     b_A = tl.where(m_A, b_A, 0.)
     b_vn = _load_rows(vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
     b_o = (b_o + tl.dot(b_A.to(b_vn.dtype), b_vn, input_precision=DOT_PREC)) * scale
@@ -430,7 +472,7 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
 def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                         USE_G: tl.constexpr, DOT_PREC: tl.constexpr):
+                         USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``dU`` through the intra-chunk output, ``P^T do`` with
     ``P = scale mask(q k^T) * exp(G_i - G_j)`` (stored in ``dv``'s dtype)."""
     i_v = tl.program_id(0)
@@ -447,7 +489,8 @@ def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T,
     m_ji = o_i[None, :] >= o_i[:, None]
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        b_At = b_At * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_ji, True)
+        b_At = b_At * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_ji, True,
+                                  gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
     b_At = tl.where(m_ji, b_At * scale, 0.)
     b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
     b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
@@ -505,7 +548,8 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
 def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr, DG_ANTISYM: tl.constexpr):
+                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr, DG_ANTISYM: tl.constexpr,
+                      PAIR_FACTORED: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
@@ -551,7 +595,8 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         # second load (``_load_g_cols``), and the dw store moved ahead of this block in the same
         # commit, bwd_dqkwg took 1.36 ms per step against 1.29 (2k, full runs 05:27 / 04:03; both
         # undone, 1.29 again at 05:50); which of the two cost it is not known
-        b_ds = tl.where(m_ij, b_dP * scale * _pair_decay(b_g, b_g, m_ij, False), 0.)
+        b_ds = tl.where(m_ij, b_dP * scale * _pair_decay(b_g, b_g, m_ij, False, gc, i_b, i_h, i_t * BT, T, H, BT,
+                                                         PAIR_FACTORED), 0.)
         # Terms whose exponent is G_x - G_x (the diagonal of the pairwise decay, the last key's
         # exp(G_C - G_C)) carry no gradient: they are left out rather than added and subtracted,
         # since that +x - x would swamp the tiny true gradient of a strong decay in rounding.
@@ -593,7 +638,8 @@ def _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.cons
 @triton.jit
 def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               BV: tl.constexpr, USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
+               BV: tl.constexpr, USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
+               PAIR_FACTORED: tl.constexpr):
     """First half of the WY backward of one chunk: writes the final ``dv``; returns ``dA``
     (``-Ai^T dAi Ai^T`` on A's strictly lower support, times ``exp(G_i - G_j)``, [BT, BT]) and the
     ``dbeta`` term through ``v`` ([BT]), float32. ``dAi = dw X_w^T + du X_u^T`` is summed over key
@@ -617,7 +663,8 @@ def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
     b_dA = -tl.dot(tl.trans(b_T), _op(tl.dot(_op(b_dT, k, LOWP), tl.trans(b_T), input_precision=DOT_PREC), k, LOWP),
                    input_precision=DOT_PREC)
     if USE_G:
-        b_dA = b_dA * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, r0, T, H, BT), m_s, False)
+        b_dA = b_dA * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, r0, T, H, BT), m_s, False,
+                                  gc, i_b, i_h, r0, T, H, BT, PAIR_FACTORED)
     return tl.where(m_s, b_dA, 0.), b_db
 
 
@@ -666,7 +713,8 @@ def _wy_bwd_dg(b_dG, dG_in, dg, i_b, i_h, o_t, T, B, H: tl.constexpr, NK_G: tl.c
 def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
-                   USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
+                   USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
+                   PAIR_FACTORED: tl.constexpr):
     """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
     the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
     ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
@@ -679,7 +727,7 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     o_t = r0 + tl.arange(0, BT)
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP)
     b_dA, b_db = _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
-                            H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC)
+                            H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC, PAIR_FACTORED)
     b_kdXw, b_kP, b_kQ = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_dA, i_b, i_h, r0, T,
                                     H, K, BT, BK, LOWP, DOT_PREC)
     b_db += b_kP + b_kdXw * tl.exp(b_g)
@@ -725,7 +773,8 @@ def wy_fwd(k, v, beta, gc):
     NT = _cdiv(T, BT)
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
     _kkt_kernel[(NT, B * H)](k, beta, gc, A, T, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
-                             USE_G=gc is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "kkt", k))
+                             USE_G=gc is not None, DOT_PREC=_prec(k), PAIR_FACTORED=PAIR_DECAY_FACTORED,
+                             **_launch(LAUNCH, "kkt", k))
     Ai = torch.empty_like(A, dtype=k.dtype if _lowp(k) else torch.float32)
     _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype),
                                     **_launch(LAUNCH, "solve_tril", k))
@@ -767,7 +816,7 @@ def fwd_o(q, k, vn, gc, h, scale):
     o = torch.empty_like(vn)
     _fwd_o_kernel[(_cdiv(V, BV), NT, B * H)](
         q, k, vn, gc, h, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_G=gc is not None, DOT_PREC=_prec(q), **_launch(LAUNCH, "fwd_o", q))
+        USE_G=gc is not None, DOT_PREC=_prec(q), PAIR_FACTORED=PAIR_DECAY_FACTORED, **_launch(LAUNCH, "fwd_o", q))
     return o
 
 
@@ -791,7 +840,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     dv_loc = torch.empty_like(v)
     _bwd_dv_local_kernel[(_cdiv(V, BVo), NT, B * H)](
         q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
-        USE_G=use_g, DOT_PREC=prec, **_launch(LAUNCH, "bwd_dv_local", q))
+        USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, **_launch(LAUNCH, "bwd_dv_local", q))
     BV = walk_bv(q, B * H, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dv2 = torch.empty_like(v)
@@ -812,6 +861,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     _bwd_dqkwg_kernel[(NK, NT, B * H)](
         q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,
         BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, DG_ANTISYM=DQKWG_DG_ANTISYM,
+        PAIR_FACTORED=PAIR_DECAY_FACTORED,
         **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
     del h, dh, vn
     dk, dv = torch.empty_like(k), torch.empty_like(v)
@@ -820,6 +870,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     _wy_bwd_kernel[(NT, B * H)](
         k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT,
         BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
+        PAIR_FACTORED=PAIR_DECAY_FACTORED,
         **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
     return dq, dk, dv, dbeta, dg, dh0
 

@@ -286,6 +286,25 @@ for on in (False, True):
     assert n_on < n_off and shfl_on < shfl_off and bar_on < bar_off and n_off > 500, out
 
 
+def test_aot_tool_attributes_sass_to_source_lines():
+    """``kernels_aot_regs.py --lines``: every SASS instruction of the gated ``bwd_dqkwg`` falls on a
+    source line (``nvdisasm`` line info), and the pair decay's exponential line carries its
+    ``MUFU`` (ex2) instructions: the figures ``delta.PAIR_DECAY_FACTORED`` cites."""
+    code = """
+import inspect, kernels_aot_regs as aot
+from blocks.kernels import delta
+name, fn, cx, warps, stages = next(j for j in aot.jobs("bf16") if j[0] == "gated_delta.bwd_dqkwg")
+k = aot.compile_one(fn, aot.arg_types("bf16"), cx, warps, stages, 90)
+src, first = inspect.getsourcelines(delta._pair_decay_exact.fn)
+line = first + next(i for i, t in enumerate(src) if "b_g[:, None] - b_gj[None, :]" in t)
+by_line = aot.sass_by_line(k)
+print(sum(sum(c.values()) for c in by_line.values()), aot.sass_counts(k)[0], by_line[("delta.py", line)]["MUFU"])
+"""
+    out = _python(code, {"TRITON_INTERPRET": None})
+    attributed, total, mufu = map(int, out.split()[-3:])
+    assert attributed == total > 500 and mufu >= 16, out
+
+
 def test_aot_tool_set_gives_switches_other_values_first():
     """``kernels_aot_regs.py --set``: compile the kernels a switch's other value runs (the launch
     sweep's ``apply_sets``); an unknown switch is a usage error."""
