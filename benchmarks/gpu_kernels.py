@@ -324,9 +324,11 @@ def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes
 
 
 def _profile_step(dec) -> dict:
-    """Kernels in one replay of the captured step: count, summed device time, the heaviest ones.
-    Busy time close to the step time means the kernels themselves are slow; far below it means
-    the step is bound by the per-kernel gaps (too many small kernels)."""
+    """Kernels in one replay of the captured step: count, summed device time, and every kernel
+    name with its launches and time (``by_kernel``, heaviest first; ``top_us`` its first eight, as
+    runs before 2026-12-01 wrote it). Busy time close to the step time means the kernels themselves
+    are slow; far below it means the step is bound by the per-kernel gaps (too many small
+    kernels); the launches per name say which small kernels each layer adds."""
     from torch.profiler import ProfilerActivity, profile
 
     try:
@@ -335,14 +337,23 @@ def _profile_step(dec) -> dict:
             torch.cuda.synchronize()
         dec.position += 1
         evs = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        total = {}
-        for e in evs:
-            total[e.name] = total.get(e.name, 0.0) + e.device_time_total
-        top = sorted(total.items(), key=lambda kv: -kv[1])[:8]
-        return {"kernels": len(evs), "busy_us": sum(total.values()),
-                "top_us": [[n[:80], round(t, 1)] for n, t in top]}
+        return kernel_summary([(e.name, e.device_time_total) for e in evs])
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def kernel_summary(events: list[tuple[str, float]]) -> dict:
+    """``{"kernels", "busy_us", "by_kernel": [[name, launches, us], ...] heaviest first, "top_us"}``
+    of ``(kernel name, device us)`` events (names cut to 120 characters)."""
+    total: dict[str, list] = {}
+    for name, us in events:
+        rec = total.setdefault(name, [0, 0.0])
+        rec[0] += 1
+        rec[1] += us
+    ranked = sorted(total.items(), key=lambda kv: -kv[1][1])
+    return {"kernels": len(events), "busy_us": sum(us for _, us in events),
+            "by_kernel": [[n[:120], c, round(t, 1)] for n, (c, t) in ranked],
+            "top_us": [[n[:80], round(t, 1)] for n, (_, t) in ranked[:8]]}
 
 
 def kernel_breakdown(families=LINEAR_FAMILIES, lengths=(2048, 32768)) -> dict:
@@ -558,10 +569,12 @@ def _md_model(res: dict) -> list[str]:
             lines.append(f"| {name} | {r['params'] / 1e9:.2f} B | {r['bytes_per_step'] / 1e6:.0f} | {r['graph_s'] * 1e3:.3f} | "
                          f"{r['roofline_s'] * 1e3:.3f} | {r['x_roofline']:.2f} | {fmt(r.get('eager_s'), 1e3, 2)} | "
                          f"{r['tokens_per_s']:.0f} | {r['max_abs_logit_diff_vs_eager']:.2g} |")
-    prof = [(n, r["profile"]) for n, r in md.items() if isinstance(r.get("profile"), dict) and "kernels" in r["profile"]]
+    prof = [(n, r) for n, r in md.items() if isinstance(r.get("profile"), dict) and "kernels" in r["profile"]]
     if prof:
         lines += ["", "Kernels in one replayed step (count, summed kernel time): "
-                  + "; ".join(f"{n}: {p['kernels']} kernels, {p['busy_us'] / 1e3:.2f} ms busy" for n, p in prof)]
+                  + "; ".join(f"{n}: {r['profile']['kernels']} kernels, {r['profile']['busy_us'] / 1e3:.2f} ms busy"
+                              for n, r in prof)]
+        lines += _md_kernel_lists(prof)
     kb = res.get("kernel_breakdown")
     if isinstance(kb, dict) and "error" not in kb:
         lines += ["", "## Where a training step goes (fwd + bwd, device ms per step, heaviest kernels)", ""]
@@ -570,6 +583,28 @@ def _md_model(res: dict) -> list[str]:
                 if "kernels_ms" in r:
                     lines.append(f"- {fam} T={T}: {r['busy_ms']:.2f} ms busy; "
                                  + ", ".join(f"{n} {t:.2f}" for n, t in list(r["kernels_ms"].items())[:6]))
+    return lines
+
+
+def _md_kernel_lists(prof: list[tuple[str, dict]], rows: int = 16) -> list[str]:
+    """Per profiled decode model: its heaviest kernels with launches and time, and the time between
+    kernels (graph time minus busy time)."""
+    lines: list[str] = []
+    for name, r in prof:
+        p = r["profile"]
+        if "by_kernel" not in p:  # runs before 2026-12-01 kept only the top eight's times
+            continue
+        gaps = r["graph_s"] * 1e6 - p["busy_us"] if "graph_s" in r else None
+        lines += ["", f"### Kernels of one decode step: {name}", "",
+                  f"{p['kernels']} launches, {p['busy_us']:.0f} us busy"
+                  + (f", {gaps:.0f} us between kernels (graph {r['graph_s'] * 1e6:.0f} us)" if gaps is not None else ""),
+                  "", "| kernel | launches | us | us / launch |", "|---|---|---|---|"]
+        for kname, count, us in p["by_kernel"][:rows]:
+            lines.append(f"| `{kname[:90]}` | {count} | {us:.1f} | {us / count:.2f} |")
+        rest = p["by_kernel"][rows:]
+        if rest:
+            lines.append(f"| {len(rest)} more kernel names | {sum(c for _, c, _ in rest)} | "
+                         f"{sum(t for _, _, t in rest):.1f} | |")
     return lines
 
 

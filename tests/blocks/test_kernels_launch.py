@@ -438,3 +438,19 @@ def test_dg_pair_emulation_shows_why_the_gate_pair_term_stays_float32():
     assert errs["float32 sums"] < 3e-6
     assert 3e-6 < errs["split bf16 ds dots"] < 5e-5
     assert errs["bf16 ds dots"] > 1e-3
+
+
+def test_decode_profile_lists_every_kernel_with_its_launches():
+    """``gpu_kernels.kernel_summary``: launches and time per kernel name, heaviest first; the report
+    lists them per decode model with the time between kernels (graph minus busy)."""
+    gpu_kernels = _benchmark("gpu_kernels")
+    events = [("gemm", 10.0), ("step", 3.0), ("copy", 1.0), ("gemm", 12.0), ("copy", 1.5)]
+    p = gpu_kernels.kernel_summary(events)
+    assert p["kernels"] == 5 and p["busy_us"] == 27.5
+    assert p["by_kernel"] == [["gemm", 2, 22.0], ["step", 1, 3.0], ["copy", 2, 2.5]]
+    lines = gpu_kernels._md_kernel_lists([("m x2 @ 8", {"graph_s": 40e-6, "profile": p})], rows=2)
+    text = "\n".join(lines)
+    assert "5 launches, 28 us busy, 12 us between kernels (graph 40 us)" in text
+    assert "| `gemm` | 2 | 22.0 | 11.00 |" in text and "| 1 more kernel names | 2 | 2.5 | |" in text
+    # a profile as runs before 2026-12-01 wrote it (no by_kernel) adds no list
+    assert gpu_kernels._md_kernel_lists([("old", {"profile": {"kernels": 1, "busy_us": 1.0, "top_us": []}})]) == []
