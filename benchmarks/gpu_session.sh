@@ -6,6 +6,7 @@
 #      which alternative kernels win (docs/benchmarks/README.md, "Ready to time")
 #   3  the full benchmark (`gpu_kernels.py`, fla skipped) with what the checkout has now
 #   ncu  (only when named in STEPS) hardware counters of the training kernels (`ncu_kernels.py`)
+#   gemm (only when named in STEPS) the decode GEMMs: cuBLAS vs a Triton split-K kernel (`decode_gemm.py`)
 #
 # Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
 # step), so a step that overruns costs only itself. Steps 1-2 take ~5 min on the H200 and step 3
@@ -19,11 +20,11 @@
 # carry: [".whl"]; see /work/shared/device/README.md). Exit status: 1 if any step failed or hit
 # its cap (each step's status is printed).
 #
-# Knobs (environment): STEPS (comma list of tests,sweep,ncu,bench; default tests,sweep),
+# Knobs (environment): STEPS (comma list of tests,sweep,ncu,gemm,bench; default tests,sweep),
 # TESTS_S (cap, 200), SWEEP_S (cap, 300), NCU_S (cap, 240), BENCH_S (cap, 540), FAMILIES (sweep's,
 # all five), ONLY (the sweep's --only entries, default switch; e.g. switch,wy_bwd,wu), WARPS (its
 # --warps, 4,8,16), SET (its --set, e.g. BWD_SUB_BK=128), NCU_CASES (ncu_kernels.py --cases),
-# TESTS_K (pytest -k expression for the tests step, default all).
+# TESTS_K (pytest -k expression for the tests step, default all), GEMM_S (cap, 240).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench_out/gpu_session}
@@ -37,6 +38,7 @@ ONLY=${ONLY:-switch}
 WARPS=${WARPS:-4,8,16}
 SET=${SET:-}
 NCU_S=${NCU_S:-240}
+GEMM_S=${GEMM_S:-240}
 TESTS_K=${TESTS_K:-}
 export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1
 # sourced: a set-up failure exits here, with gpu_host_env.sh's message on stderr
@@ -72,6 +74,9 @@ if [[ ,$STEPS, == *,sweep,* ]]; then
 fi
 if [[ ,$STEPS, == *,ncu,* ]]; then
   step ncu "$NCU_S" $PY benchmarks/ncu_kernels.py --out "$OUT/ncu" ${NCU_CASES:+--cases "$NCU_CASES"} || failed=1
+fi
+if [[ ,$STEPS, == *,gemm,* ]]; then
+  step gemm "$GEMM_S" $PY benchmarks/decode_gemm.py --out "$OUT/gemm" || failed=1
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
   deadline=$((BENCH_S > 260 ? BENCH_S - 200 : 60))  # sections starting later are skipped

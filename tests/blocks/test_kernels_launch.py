@@ -454,3 +454,41 @@ def test_decode_profile_lists_every_kernel_with_its_launches():
     assert "| `gemm` | 2 | 22.0 | 11.00 |" in text and "| 1 more kernel names | 2 | 2.5 | |" in text
     # a profile as runs before 2026-12-01 wrote it (no by_kernel) adds no list
     assert gpu_kernels._md_kernel_lists([("old", {"profile": {"kernels": 1, "busy_us": 1.0, "top_us": []}})]) == []
+
+
+@pytest.mark.skipif(not tiles.INTERPRET, reason="runs the kernel in Triton's interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("M,N,K,split_k", [(3, 100, 200, 1), (16, 100, 200, 3), (1, 64, 256, 4)])
+def test_decode_gemm_skinny_kernel_matches_mm(M, N, K, split_k):
+    """``benchmarks/decode_gemm.py``'s split-K kernel: ``x w^T`` for a decode batch, with N and K
+    off its blocks and the reduction split (float32 partials summed by a second kernel)."""
+    from interpreter_bounds import checked_memory
+
+    decode_gemm = _benchmark("decode_gemm")
+    gen = torch.Generator().manual_seed(M + N + K)
+    x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen)
+    with checked_memory():
+        y = decode_gemm.skinny_mm(x, w, BN=32, BK=64, split_k=split_k, num_warps=1, num_stages=1)
+    assert y.shape == (M, N) and torch.allclose(y, x @ w.t(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="M<=16"):
+        decode_gemm.skinny_mm(torch.randn(17, K), w)
+
+
+def test_decode_gemm_shapes_are_the_benchmark_models():
+    """The GEMMs timed are one layer's of the 24-layer, d_model 2048 benchmark model (meta device:
+    no memory): the fused input projection, the output projection and the MLP's two."""
+    shapes = _benchmark("decode_gemm").decode_shapes()
+    assert shapes == {"mixer.in_proj.linear": (8224, 2048), "mixer.o_proj": (2048, 2048),
+                      "mlp.w13": (11008, 2048), "mlp.w2": (2048, 5504)}
+
+
+def test_decode_gemm_report_names_the_best_configuration_or_the_failure():
+    decode_gemm = _benchmark("decode_gemm")
+    cublas = {"kernel": "cuBLAS (torch.mm)", "us": 5.7, "tb_s": 1.46, "vs_cublas": 1.0}
+    res = {"device": "GPU", "when": "now", "batch": 16, "grid": "small", "gemms": {
+        "o": {"N": 2048, "K": 2048, "bytes": 8.5e6, "cublas": cublas,
+              "skinny": [{"kernel": "skinny BN=32 BK=128 split=4 w=4 s=4", "us": 3.0, "tb_s": 2.8, "vs_cublas": 1.9},
+                         {"kernel": "skinny BN=128 BK=256 split=8 w=8 s=5", "error": "OutOfResources"}]},
+        "w2": {"N": 2048, "K": 5504, "bytes": 2.2e7, "cublas": cublas, "skinny": [{"kernel": "skinny", "error": "x"}]}}}
+    text = decode_gemm.markdown(res)
+    assert "| o (2048 x 2048) | 8.5 | 5.70 | 1.46 | 3.00 | 2.80 | 1.90 | BN=32 BK=128 split=4 w=4 s=4 |" in text
+    assert "| w2 (2048 x 5504) | 22.0 | 5.70 | 1.46 | - | - | - | every configuration failed |" in text
