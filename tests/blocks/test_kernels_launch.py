@@ -457,38 +457,55 @@ def test_decode_profile_lists_every_kernel_with_its_launches():
 
 
 @pytest.mark.skipif(not tiles.INTERPRET, reason="runs the kernel in Triton's interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("case", ["gemm", "in_proj", "o_proj", "w2"])
 @pytest.mark.parametrize("M,N,K,split_k", [(3, 100, 200, 1), (16, 100, 200, 3), (1, 64, 256, 4)])
-def test_decode_gemm_skinny_kernel_matches_mm(M, N, K, split_k):
-    """``benchmarks/decode_gemm.py``'s split-K kernel: ``x w^T`` for a decode batch, with N and K
-    off its blocks and the reduction split (float32 partials summed by a second kernel)."""
+def test_decode_gemm_skinny_kernel_matches_the_torch_case(case, M, N, K, split_k):
+    """``benchmarks/decode_gemm.py``'s split-K kernel, plain and with each case's fused prologue
+    (RMSNorm, silu-mul) and residual epilogue, against the case in torch: N and K off its blocks,
+    the reduction split (float32 partials summed by a second kernel, which adds the residual)."""
     from interpreter_bounds import checked_memory
 
-    decode_gemm = _benchmark("decode_gemm")
+    dg = _benchmark("decode_gemm")
     gen = torch.Generator().manual_seed(M + N + K)
-    x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen)
+    _, prologue, residual = dg.CASES.get(case, (None, dg.NO_PROLOGUE, False))
+    x = torch.randn(M, 2 * K if prologue == dg.SILU_MUL else K, generator=gen)
+    w, gamma, r = torch.randn(N, K, generator=gen), 1 + 0.1 * torch.randn(K, generator=gen), torch.randn(M, N, generator=gen)
     with checked_memory():
-        y = decode_gemm.skinny_mm(x, w, BN=32, BK=64, split_k=split_k, num_warps=1, num_stages=1)
-    assert y.shape == (M, N) and torch.allclose(y, x @ w.t(), rtol=1e-4, atol=1e-4)
+        y = dg.skinny_mm(x, w, BN=32, BK=64, split_k=split_k, num_warps=1, num_stages=1, prologue=prologue,
+                         gamma=gamma if prologue == dg.RMSNORM else None, residual=r if residual else None)
+    want = x @ w.t() if case == "gemm" else dg.reference(case, x, w, gamma, r)
+    assert y.shape == (M, N) and torch.allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_gemm_refuses_what_it_cannot_run():
+    dg = _benchmark("decode_gemm")
+    w = torch.randn(8, 32)
     with pytest.raises(ValueError, match="M<=16"):
-        decode_gemm.skinny_mm(torch.randn(17, K), w)
+        dg.skinny_mm(torch.randn(17, 32), w)
+    with pytest.raises(ValueError, match="64"):  # silu-mul takes [a | b]: 2K columns
+        dg.skinny_mm(torch.randn(2, 32), w, prologue=dg.SILU_MUL)
+    with pytest.raises(ValueError, match="gamma"):
+        dg.skinny_mm(torch.randn(2, 32), w, prologue=dg.RMSNORM)
 
 
-def test_decode_gemm_shapes_are_the_benchmark_models():
-    """The GEMMs timed are one layer's of the 24-layer, d_model 2048 benchmark model (meta device:
-    no memory): the fused input projection, the output projection and the MLP's two."""
+def test_decode_gemm_cases_are_the_benchmark_models_gemms():
+    """One layer's GEMMs of the 24-layer, d_model 2048 benchmark model (meta device: no memory):
+    the fused input projection, the output projection and the MLP's two."""
     shapes = _benchmark("decode_gemm").decode_shapes()
-    assert shapes == {"mixer.in_proj.linear": (8224, 2048), "mixer.o_proj": (2048, 2048),
-                      "mlp.w13": (11008, 2048), "mlp.w2": (2048, 5504)}
+    assert shapes == {"in_proj": (8224, 2048), "o_proj": (2048, 2048), "w13": (11008, 2048), "w2": (2048, 5504)}
 
 
 def test_decode_gemm_report_names_the_best_configuration_or_the_failure():
-    decode_gemm = _benchmark("decode_gemm")
-    cublas = {"kernel": "cuBLAS (torch.mm)", "us": 5.7, "tb_s": 1.46, "vs_cublas": 1.0}
-    res = {"device": "GPU", "when": "now", "batch": 16, "grid": "small", "gemms": {
-        "o": {"N": 2048, "K": 2048, "bytes": 8.5e6, "cublas": cublas,
-              "skinny": [{"kernel": "skinny BN=32 BK=128 split=4 w=4 s=4", "us": 3.0, "tb_s": 2.8, "vs_cublas": 1.9},
-                         {"kernel": "skinny BN=128 BK=256 split=8 w=8 s=5", "error": "OutOfResources"}]},
-        "w2": {"N": 2048, "K": 5504, "bytes": 2.2e7, "cublas": cublas, "skinny": [{"kernel": "skinny", "error": "x"}]}}}
-    text = decode_gemm.markdown(res)
-    assert "| o (2048 x 2048) | 8.5 | 5.70 | 1.46 | 3.00 | 2.80 | 1.90 | BN=32 BK=128 split=4 w=4 s=4 |" in text
-    assert "| w2 (2048 x 5504) | 22.0 | 5.70 | 1.46 | - | - | - | every configuration failed |" in text
+    dg = _benchmark("decode_gemm")
+    rows = [{"kernel": "cuBLAS GEMM alone (torch.mm)", "us": 5.7, "tb_s": 1.46},
+            {"kernel": "torch.compile (cuBLAS + Inductor)", "us": 9.0, "tb_s": 0.9},
+            {"kernel": "skinny BN=32 BK=128 split=4 w=4 s=4", "us": 4.0, "tb_s": 2.1, "fused": False},
+            {"kernel": "skinny fused BN=32 BK=128 split=4 w=4 s=4", "us": 4.5, "tb_s": 1.9, "fused": True},
+            {"kernel": "skinny fused BN=128 BK=256 split=8 w=8 s=5", "error": "OutOfResources", "fused": True}]
+    res = {"device": "GPU", "when": "now", "batch": 16, "grid": "small", "cases": {
+        "o_proj": {"N": 2048, "K": 2048, "bytes": 8.5e6, "rows": rows},
+        "w2": {"N": 2048, "K": 5504, "bytes": 2.2e7, "rows": rows[:2] + [dict(rows[4])]}}}
+    text = dg.markdown(res)
+    assert ("| o_proj (2048 x 2048) | 8.5 | 5.70 (1.46 TB/s) | 9.00 (0.90 TB/s) | 4.00 (2.10 TB/s) | "
+            "4.50 (1.90 TB/s) | 2.00 | BN=32 BK=128 split=4 w=4 s=4 |") in text
+    assert "| w2 (2048 x 5504) | 22.0 | 5.70 (1.46 TB/s) | 9.00 (0.90 TB/s) | - | - | - | every configuration failed |" in text
