@@ -86,9 +86,14 @@ class _SoftmaxCache:
         return blk.o_proj(o)
 
 
-# GraphDecoder(compile=...) -> torch.compile mode. Inductor's own CUDA graphs stay off: the whole
-# step is captured as one graph here.
-COMPILE_MODES = {"default": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+# GraphDecoder(compile=...) -> torch.compile's arguments. Inductor's own CUDA graphs stay off: the
+# whole step is captured as one graph here. "pdl": Inductor's programmatic dependent launch on
+# Hopper and later (each generated kernel may start while the one before it finishes, waiting in
+# the kernel for the data it reads): aimed at the ~0.9 us between consecutive kernels of the
+# captured step (2.36 ms for 1.94 ms of kernels, 484 of them, gated_deltanet x24 at 05:27); not
+# timed yet (2026-12-01). On a CPU it compiles as "default".
+COMPILE_MODES = {"default": {"mode": "default"}, "max-autotune": {"mode": "max-autotune-no-cudagraphs"},
+                 "pdl": {"options": {"triton.enable_pdl": True}}}
 
 
 class GraphDecoder:
@@ -100,8 +105,9 @@ class GraphDecoder:
     def __init__(self, model, batch: int, capacity: int, compile: bool | str = False, use_graph: bool = True) -> None:
         """``use_graph=False`` runs the same static-buffer step eagerly (any device, no capture): the
         CPU tests check the static path against ``HybridLM.decode_step`` this way. ``compile``: False,
-        True (= ``"default"``) or ``"max-autotune"`` (Inductor also times Triton GEMM templates
-        against cuBLAS for the step's skinny matmuls; minutes of compiling)."""
+        True (= ``"default"``), ``"max-autotune"`` (Inductor also times Triton GEMM templates
+        against cuBLAS for the step's skinny matmuls; minutes of compiling) or ``"pdl"`` (Inductor's
+        programmatic dependent launch, Hopper and later; ``COMPILE_MODES``)."""
         if not (isinstance(compile, bool) or compile in COMPILE_MODES):
             raise UserError(f"compile: must be true, false or one of {', '.join(COMPILE_MODES)}, got {compile!r}")
         if use_graph and not available():
@@ -129,7 +135,7 @@ class GraphDecoder:
         # share their code, so Inductor compiles once and every layer reuses it); it fuses the
         # dozens of small elementwise kernels per layer that otherwise dominate a decode step.
         mode = "default" if compile is True else compile
-        self.layer_fns = [torch.compile(layer, dynamic=False, mode=COMPILE_MODES[mode])
+        self.layer_fns = [torch.compile(layer, dynamic=False, **COMPILE_MODES[mode])
                           if mode and i not in self.caches else layer for i, layer in enumerate(model.layers)]
         self.compiled = mode  # False or the mode's name
         self.graph: torch.cuda.CUDAGraph | None = None

@@ -685,7 +685,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compiled-cases", default="gated_deltanet x24,gated_deltanet 3:1 softmax,simple_gla x24")
     ap.add_argument("--compile-modes", default="default",
                     help="comma list for the compiled decode rows: default, max-autotune (Inductor times "
-                    "Triton GEMM templates against cuBLAS; minutes of compiling per model)")
+                    "Triton GEMM templates against cuBLAS; minutes of compiling per model), pdl "
+                    "(Inductor's programmatic dependent launch)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(filter(None, a.families.split(",")))

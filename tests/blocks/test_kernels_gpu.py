@@ -232,7 +232,7 @@ def test_decode_graph_matches_eager_model(dtype):
 
 
 @gpu
-@pytest.mark.parametrize("mode", [True, "max-autotune"])
+@pytest.mark.parametrize("mode", [True, "max-autotune", "pdl"])
 def test_compiled_decode_graph_matches_eager_model(mode):
     """``compile=True`` (or a named mode): the linear layers through ``torch.compile`` inside the
     captured graph (the benchmark's fastest decode), float32, against the eager model step by step."""
@@ -447,11 +447,24 @@ def test_compiled_static_decode_path_matches_eager_model_on_cpu():
     _steps_match_eager(model, dec, prompt, steps, 1e-5, 1e-6)
 
 
+@pytest.mark.parametrize("mode, kwargs", [(True, {"mode": "default"}), ("max-autotune", {"mode": "max-autotune-no-cudagraphs"}),
+                                          ("pdl", {"options": {"triton.enable_pdl": True}})])
+def test_compile_modes_reach_torch_compile(mode, kwargs, monkeypatch):
+    """Each named mode compiles every linear layer (not the softmax ones) with its own arguments."""
+    from archsearch import decode_graph
+
+    calls = []
+    monkeypatch.setattr(decode_graph.torch, "compile", lambda fn, **kw: calls.append((fn, kw)) or fn)
+    model = _cpu_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2})])
+    decode_graph.GraphDecoder(model, 1, capacity=4, compile=mode, use_graph=False)
+    assert calls == [(model.layers[0], dict(dynamic=False, **kwargs))]
+
+
 def test_unknown_compile_mode_is_a_one_line_error():
     from archsearch.decode_graph import GraphDecoder
 
     model = _cpu_model([("simple_gla", {"num_heads": 2})])
-    with pytest.raises(UserError, match="compile: must be true, false or one of default, max-autotune, got 'fast'"):
+    with pytest.raises(UserError, match="compile: must be true, false or one of default, max-autotune, pdl, got 'fast'"):
         GraphDecoder(model, 1, capacity=4, compile="fast", use_graph=False)
 
 
