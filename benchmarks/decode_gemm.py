@@ -4,8 +4,8 @@ work around them fused in.
 A 24-layer, d_model 2048 decode step at batch 16 spends about 1.04 of its 1.94 ms of kernel time in
 four GEMMs per layer, and most of the rest in ~15 small kernels per layer and the gaps between
 them (0.42 ms; the 2026-12-01 05:27 profile of the compiled graph, ``docs/benchmarks/gpu_results.json``).
-cuBLAS reaches 58-69% of the copy bandwidth on the input projection, the MLP's w1|w3 and w2, and
-35% on the 2048 x 2048 output projection. This script measures, before anything in the model
+cuBLAS reaches 57-69% of the copy bandwidth on the input projection, the MLP's w1|w3 and w2, and
+35% on the 2048 x 2048 output projection (its four kernels matched to the GEMMs by weight bytes). This script measures, before anything in the model
 depends on it, whether a kernel written for that shape does better, and what folding the GEMMs'
 neighbours into it saves. One case per GEMM of a layer, as the model runs it:
 
