@@ -282,20 +282,27 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
     return out
 
 
-def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes: str = "default") -> dict:
+def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes: str = "default",
+                         mixers: str = "off") -> dict:
     """The same models with their linear layers through torch.compile inside the captured graph,
-    once per compile mode in ``modes`` (``archsearch.decode_graph.COMPILE_MODES``)."""
+    once per compile mode in ``modes`` (``archsearch.decode_graph.COMPILE_MODES``) and per setting
+    of ``blocks.kernels.decode_mixer.ENABLED`` in ``mixers`` (``off``, ``on``: the delta-rule layers'
+    decode step between their projections as one kernel)."""
     from archsearch import decode_graph
     from archsearch.model import HybridLM
+    from blocks.kernels import decode_mixer
 
     out = {}
-    runs = [(name, block, every, ctx, mode) for mode in filter(None, modes.split(","))
+    runs = [(name, block, every, ctx, mode, mixer) for mode in filter(None, modes.split(","))
+            for mixer in filter(None, mixers.split(","))
             for name, block, every, ctx in (("gated_deltanet x24", "gated_deltanet", 0, 4096),
                                             ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, 4096),
                                             ("simple_gla x24", "simple_gla", 0, 4096))
             if not cases or name in cases.split(",")]
-    for name, block, every, ctx, mode in runs:
-        label = "compiled" if mode == "default" else f"compiled, {mode}"
+    enabled = decode_mixer.ENABLED
+    for name, block, every, ctx, mode, mixer in runs:
+        label = ("compiled" if mode == "default" else f"compiled, {mode}") + (", fused mixer" if mixer == "on" else "")
+        decode_mixer.ENABLED = mixer == "on"
         try:
             with torch.device("cuda"):
                 model = HybridLM(model_spec(block, softmax_every=every))
@@ -320,6 +327,7 @@ def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes
             out[f"{name} ({label})"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             traceback.print_exc()
         torch.cuda.empty_cache()
+    decode_mixer.ENABLED = enabled
     return out
 
 
@@ -687,6 +695,8 @@ def main(argv=None) -> int:
                     help="comma list for the compiled decode rows: default, max-autotune (Inductor times "
                     "Triton GEMM templates against cuBLAS; minutes of compiling per model), pdl "
                     "(Inductor's programmatic dependent launch)")
+    ap.add_argument("--decode-mixers", default="off", help="comma list for the compiled decode rows: off, on "
+                    "(blocks.kernels.decode_mixer: each delta-rule layer's step between its projections as one kernel)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(filter(None, a.families.split(",")))
@@ -695,6 +705,8 @@ def main(argv=None) -> int:
         ap.error(f"--families: unknown {sorted(unknown)}; known: {', '.join(LINEAR_FAMILIES)}")
     from archsearch.decode_graph import COMPILE_MODES
 
+    if set(filter(None, a.decode_mixers.split(","))) - {"off", "on"}:
+        ap.error(f"--decode-mixers: a comma list of off, on; got {a.decode_mixers!r}")
     bad_modes = set(filter(None, a.compile_modes.split(","))) - set(COMPILE_MODES)
     if bad_modes:
         ap.error(f"--compile-modes: unknown {sorted(bad_modes)}; known: {', '.join(COMPILE_MODES)}")
@@ -731,7 +743,8 @@ def main(argv=None) -> int:
                 ("fla", lambda: fla_bench(a.fla_timeout, [int(x) for x in a.fla_lengths.split(",")] if a.fla_lengths
                                           else lengths, a.fla_families)),
                 ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"],
-                                                                cases=a.compiled_cases, modes=a.compile_modes))]
+                                                                cases=a.compiled_cases, modes=a.compile_modes,
+                                                                mixers=a.decode_mixers))]
     for name, fn in sections:
         if name in skip or (name == "softmax_decode" and "softmax" in skip) or (name == "model_decode" and "model" in skip):
             continue

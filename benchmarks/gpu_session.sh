@@ -8,7 +8,8 @@
 #   ncu  (only when named in STEPS) hardware counters of the training kernels (`ncu_kernels.py`)
 #   gemm (only when named in STEPS) the decode GEMMs: cuBLAS vs a Triton split-K kernel (`decode_gemm.py`)
 #   decode (only when named in STEPS) the compiled decode graphs of gated_deltanet x24 and simple_gla x24
-#        with Inductor's default mode and with programmatic dependent launch (`--compile-modes default,pdl`)
+#        with Inductor's default mode and with programmatic dependent launch (`--compile-modes default,pdl`),
+#        each with and without the fused delta-rule decode mixer (`--decode-mixers off,on`)
 #
 # Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
 # step), so a step that overruns costs only itself. Steps 1-2 take ~5 min on the H200 and step 3
@@ -84,7 +85,8 @@ fi
 if [[ ,$STEPS, == *,decode,* ]]; then
   step decode "$DECODE_S" $PY benchmarks/gpu_kernels.py --out "$OUT/decode" \
     --skip correctness,train,step,softmax,kernel_breakdown,model,fla \
-    --compiled-cases "gated_deltanet x24,simple_gla x24" --compile-modes default,pdl || failed=1
+    --compiled-cases "gated_deltanet x24,simple_gla x24" --compile-modes default,pdl --decode-mixers off,on \
+    || failed=1
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
   deadline=$((BENCH_S > 260 ? BENCH_S - 200 : 60))  # sections starting later are skipped

@@ -186,6 +186,12 @@ class LinearBlock(Block):
         """The op's ``o: [B, T, H, Vs]`` -> ``[B, T, H, V]``."""
         return o
 
+    def fused_decode(self, x: torch.Tensor, proj: dict[str, torch.Tensor], state: State):
+        """One decode step (``x: [B, 1, d_model]`` continuing ``state``) between the projections as
+        one fused kernel: ``(o: [B, 1, H*V]`` for ``o_proj``, ``new_state)``, or None to take the
+        block's own path (the default; ``blocks.kernels.decode_mixer`` for the delta rules)."""
+        return None
+
     # ----- the shared machinery -----------------------------------------------------------
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The raw projections ``W_q x, W_k x: [B, T, H*Kin]``, ``W_v x: [B, T, H*V]`` (no conv), for
@@ -200,6 +206,11 @@ class LinearBlock(Block):
         H = self.num_heads
         new_state: State = {}
         proj = self.in_proj(x)
+        if T == 1 and state is not None:
+            fused = self.fused_decode(x, proj, state)
+            if fused is not None:
+                o, new_state = fused
+                return self.o_proj(o), new_state
         qkv = proj["qkv"]  # [B, T, H*(2*Kin + V)]
         if self.conv is not None:
             qkv, new_state["conv"] = self.conv(qkv, None if state is None else state["conv"])

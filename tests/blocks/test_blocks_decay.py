@@ -138,3 +138,33 @@ def test_conv_state_is_last_inputs():
     _, s2 = b(x[:, :2])  # shorter than the conv: zero-padded on the left
     torch.testing.assert_close(s2["conv"][:, 0], torch.zeros(1, 3 * D))
     torch.testing.assert_close(s2["conv"][:, 1:], _side(b, x[:, :2], "qkv"))
+
+
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
+def test_delta_blocks_hand_a_decode_step_to_the_fused_mixer_when_it_applies(name, monkeypatch):
+    """A one-token step continuing a state goes to ``blocks.kernels.decode_mixer`` (through
+    ``cuda_kernel``) when it says it applies, and its output through ``o_proj``; otherwise, and
+    for prefill, the block's own path runs."""
+    import blocks.delta as delta_blocks
+
+    block = blocks.build(name, d_model=32, num_heads=2)
+    x1, xs = torch.randn(2, 1, 32), torch.randn(2, 5, 32)
+    _, state = block(xs)
+    calls = []
+
+    def fake_step(blk, proj, st):
+        calls.append((blk, set(proj), st))
+        return torch.ones(2, 1, 2 * blk.head_dim_v), {"S": st["S"] + 1}
+
+    for applies in (False, True):
+        fake_step.applies = lambda blk, x, applies=applies: applies
+        monkeypatch.setattr(delta_blocks, "cuda_kernel", lambda fam, form, x: fake_step if (fam, form) == ("delta_mixer", "decode") else None)
+        calls.clear()
+        y, new = block(x1, state)
+        block(xs, state)  # T > 1: never the decode mixer
+        if applies:
+            assert len(calls) == 1 and calls[0][0] is block and calls[0][2] is state and "qkv" in calls[0][1]
+            assert torch.equal(y, block.o_proj(torch.ones(2, 1, 2 * block.head_dim_v)))
+            assert torch.equal(new["S"], state["S"] + 1)
+        else:
+            assert not calls and set(new) == set(state)

@@ -509,3 +509,19 @@ def test_decode_gemm_report_names_the_best_configuration_or_the_failure():
     assert ("| o_proj (2048 x 2048) | 8.5 | 5.70 (1.46 TB/s) | 9.00 (0.90 TB/s) | 4.00 (2.10 TB/s) | "
             "4.50 (1.90 TB/s) | 2.00 | BN=32 BK=128 split=4 w=4 s=4 |") in text
     assert "| w2 (2048 x 5504) | 22.0 | 5.70 (1.46 TB/s) | 9.00 (0.90 TB/s) | - | - | - | every configuration failed |" in text
+
+
+def test_decode_mixer_applies_only_where_it_was_checked(monkeypatch):
+    """``decode_mixer.applies``: off unless switched on; then the delta blocks in chunk mode with head
+    dims up to 128 (its one program holds a head's whole state) and a known dtype."""
+    import blocks
+    from blocks.kernels import decode_mixer
+
+    x = torch.zeros(2, 1, 32)
+    block = blocks.build("gated_deltanet", d_model=32, num_heads=2)
+    assert not decode_mixer.applies(block, x)  # ENABLED is off until timed
+    monkeypatch.setattr(decode_mixer, "ENABLED", True)
+    assert decode_mixer.applies(block, x) and decode_mixer.applies(blocks.build("deltanet", d_model=32, num_heads=2), x)
+    assert not decode_mixer.applies(blocks.build("gated_deltanet", d_model=32, num_heads=2, mode="recurrent"), x)
+    assert not decode_mixer.applies(blocks.build("gated_deltanet", d_model=320, num_heads=2), torch.zeros(2, 1, 320))
+    assert not decode_mixer.applies(block, x.double())

@@ -1,0 +1,184 @@
+"""One Triton kernel for a delta-rule block's whole decode step between its two projections.
+
+A decode step of a ``deltanet`` / ``gated_deltanet`` layer runs, between the input projection and
+the output projection, the short conv and its cache update, SiLU, the L2 norms of q and k, the
+gates (``beta = sigmoid(b)``, ``g = -exp(A_log) softplus(a + dt_bias)``), the state update
+(``blocks.kernels.step``), the head norm and the output gate: under ``torch.compile`` about eight
+kernels per layer and step (the 2026-12-01 05:27 profile of the compiled 24-layer graph: ~20
+kernels per layer, 0.42 ms of its 2.36 ms between kernels). Here they are one, one program per
+(batch, head) with the head's whole ``[K, V]`` float32 state in registers:
+
+    x_c   = silu(sum_t w[c, t] * [cache | proj][t, c])          c: the head's q, k, v channels
+    q, k  = l2norm(x_q), l2norm(x_k);  v = x_v
+    S     = exp(g) S;  S += k (beta (v - S^T k))^T;  o = scale S^T q
+    o     = rmsnorm(o) * w_norm * silu(gate)                     (as the block's options say)
+
+The intermediate roundings follow the block's own path (``LinearBlock.forward``): every value the
+block holds in the activation dtype (conv output, q, k, v, o) is rounded to it here too. The conv
+cache and the state are updated in place inside ``blocks.kernels.inplace_decode_state()`` (each
+program owns its head's channels and state), else written to new tensors.
+
+Off until timed (``ENABLED``): the block keeps its own path, which ``decode_graph`` compiles.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import inplace_enabled, register_kernel
+from .tiles import INTERPRET as _INTERPRET, pow2
+
+# Predicted (not yet timed on a GPU): ~6 fewer kernels per delta-rule layer and decode step.
+# ``benchmarks/gpu_kernels.py --decode-mixers off,on`` times the compiled decode graphs both ways.
+ENABLED = False
+# One program per (batch, head) holds the head's [128, 128] float32 state: sm_90 compiles of the
+# gated kernel at K = V = 128 take 206 / 178 / 100 registers at 4 / 8 / 16 warps, no spills, so 4
+# warps fit two programs per multiprocessor (256 programs at batch 16, 16 heads: one wave on 132).
+NUM_WARPS = 4
+
+
+@triton.jit
+def _conv_silu(proj, cache, new_cache, conv_w, i_b, c0, o_c, m_c, sp_b, C, W: tl.constexpr,
+               DTYPE: tl.constexpr, WRITE_CACHE: tl.constexpr):
+    """``silu(conv)`` of channels ``c0 + o_c`` (``[BC]`` float32, rounded to ``DTYPE`` as the block
+    holds it) and, with ``WRITE_CACHE``, the shifted cache rows of these channels into ``new_cache``
+    (``ShortConv``: rows ``t < W-1`` of the window are the cache, row ``W-1`` the new input, tap
+    ``t`` weighs row ``t``; W in 2..4). ``W == 0``: no conv, the projection itself."""
+    c = c0 + o_c
+    x_new = tl.load(proj + i_b * sp_b + c, mask=m_c, other=0.)
+    if W == 0:
+        return x_new.to(tl.float32)
+    p_row = cache + i_b * (W - 1) * C + c
+    p_new = new_cache + i_b * (W - 1) * C + c
+    y = x_new.to(tl.float32) * tl.load(conv_w + c * W + W - 1, mask=m_c, other=0.).to(DTYPE).to(tl.float32)
+    x_0 = tl.load(p_row, mask=m_c, other=0.)
+    y += x_0.to(tl.float32) * tl.load(conv_w + c * W, mask=m_c, other=0.).to(DTYPE).to(tl.float32)
+    if W >= 3:
+        x_1 = tl.load(p_row + C, mask=m_c, other=0.)
+        y += x_1.to(tl.float32) * tl.load(conv_w + c * W + 1, mask=m_c, other=0.).to(DTYPE).to(tl.float32)
+    if W >= 4:
+        x_2 = tl.load(p_row + 2 * C, mask=m_c, other=0.)
+        y += x_2.to(tl.float32) * tl.load(conv_w + c * W + 2, mask=m_c, other=0.).to(DTYPE).to(tl.float32)
+    if WRITE_CACHE:
+        tl.debug_barrier()  # every thread has read the old rows before any is overwritten (in place)
+        if W == 2:
+            tl.store(p_new, x_new, mask=m_c)
+        if W == 3:
+            tl.store(p_new, x_1, mask=m_c)
+            tl.store(p_new + C, x_new, mask=m_c)
+        if W == 4:
+            tl.store(p_new, x_1, mask=m_c)
+            tl.store(p_new + C, x_2, mask=m_c)
+            tl.store(p_new + 2 * C, x_new, mask=m_c)
+    y = y.to(DTYPE).to(tl.float32)  # the conv's output in the activation dtype, then SiLU
+    return (y * tl.sigmoid(y)).to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _l2norm(x, DTYPE: tl.constexpr):
+    """``blocks.ops.utils.l2norm`` of a ``[BK]`` float32 vector, rounded to ``DTYPE``."""
+    return (x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)).to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _delta_mixer_kernel(proj, sp_b, cache, new_cache, conv_w, side, ss_b, a_col, b_col, A_log, dt_bias,
+                        s_in, s_out, gate, sg_b, norm_w, eps, o, scale, H, C,
+                        K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                        W: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr, OUT_GATE: tl.constexpr,
+                        WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
+    """Grid (B*H,). ``proj: [B, C]`` the q|k|v columns of the input projection (row stride
+    ``sp_b``; C = H*(2K+V)); ``cache``/``new_cache: [B, W-1, C]``; ``conv_w: [C, W]``; ``side``:
+    the projection's rows (stride ``ss_b``) whose columns ``a_col + h`` / ``b_col + h`` are the
+    decay and beta logits; ``A_log, dt_bias: [H]``; state ``[B, H, K, V]`` float32; ``gate``: the
+    output gate's pre-activation ``[B, H*V]`` (stride ``sg_b``); ``norm_w: [V]``; ``o: [B, H*V]``."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    b_q = _l2norm(_conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE,
+                             WRITE_CACHE), DTYPE) * scale
+    b_k = _l2norm(_conv_silu(proj, cache, new_cache, conv_w, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W, DTYPE,
+                             WRITE_CACHE), DTYPE)
+    b_v = _conv_silu(proj, cache, new_cache, conv_w, i_b, 2 * H * K + i_h * V, o_v, m_v, sp_b, C, W, DTYPE,
+                     WRITE_CACHE)
+    b_beta = tl.sigmoid(tl.load(side + i_b * ss_b + b_col + i_h).to(tl.float32))
+    m_kv = m_k[:, None] & m_v[None, :]
+    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    b_s = tl.load(s_in + p_s, mask=m_kv, other=0.)
+    if GATED:
+        x = tl.load(side + i_b * ss_b + a_col + i_h).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
+        softplus = tl.where(x > 20., x, tl.log(1. + tl.exp(tl.minimum(x, 20.))))  # F.softplus's threshold
+        b_s = b_s * tl.exp(-tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus)
+    b_u = (b_v - tl.sum(b_s * b_k[:, None], axis=0)) * b_beta
+    b_s = b_s + b_k[:, None] * b_u[None, :]
+    tl.store(s_out + p_s, b_s, mask=m_kv)
+    b_o = tl.sum(b_s * b_q[:, None], axis=0).to(DTYPE).to(tl.float32)  # the op's output dtype
+    if NORM:
+        b_o = tl.where(m_v, b_o, 0.)
+        b_o = b_o * tl.rsqrt(tl.sum(b_o * b_o, 0) / V + eps) * tl.load(norm_w + o_v, mask=m_v, other=0.).to(tl.float32)
+        b_o = b_o.to(DTYPE).to(tl.float32)
+    if OUT_GATE:
+        b_g = tl.load(gate + i_b * sg_b + i_h * V + o_v, mask=m_v, other=0.).to(tl.float32)
+        b_g = (b_g * tl.sigmoid(b_g)).to(DTYPE).to(tl.float32)
+        b_o = b_o * b_g
+    tl.store(o + i_b * H * V + i_h * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+
+
+_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+@register_kernel("delta_mixer", "decode")
+@torch.compiler.disable  # compiled callers break here, as at blocks.kernels.step.fused_step
+def delta_mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The decode step of a ``deltanet`` / ``gated_deltanet`` block between its projections.
+
+    ``proj``: the block's ``InputProjection`` output for one position (``[B, 1, width]`` views);
+    ``state``: its decode state (``S: [B, H, K, V]`` float32, ``conv: [B, W-1, C]``). Returns
+    ``(o: [B, 1, H*V]`` ready for ``o_proj``, ``new_state)``, in place inside
+    ``inplace_decode_state()`` when the state tensors allow it."""
+    H, K, V = block.num_heads, block.head_dim_k, block.head_dim_v
+    qkv = proj["qkv"][:, 0]  # [B, C]
+    B, C = qkv.shape
+    dtype = qkv.dtype
+    W = block.conv.size if block.conv is not None else 0
+    S = state["S"]
+    in_place = inplace_enabled() and S.dtype == torch.float32 and S.is_contiguous()
+    s_in = S if S.dtype == torch.float32 and S.is_contiguous() else S.float().contiguous()
+    s_out = S if in_place else torch.empty_like(s_in)
+    new_state = {"S": s_out}
+    cache = new_cache = conv_w = qkv  # placeholders, never read without a conv
+    if W:
+        cache = state["conv"].to(dtype).contiguous()
+        cache_in_place = inplace_enabled() and cache is state["conv"]
+        new_cache = cache if cache_in_place else torch.empty_like(cache)
+        new_state["conv"] = new_cache
+        conv_w = block.conv.weight.reshape(C, W)
+    # "a" and "beta" are columns of the projection's rows, read through qkv's row pointer
+    base = proj["qkv"].data_ptr()
+    col = lambda name: (proj[name].data_ptr() - base) // proj[name].element_size()  # noqa: E731
+    gated = hasattr(block, "A_log")
+    gate = proj["gate"][:, 0] if block.gate is not None else qkv
+    o = qkv.new_empty(B, H * V)
+    norm_w = block.norm.weight if block.norm is not None else block.o_proj.weight
+    _delta_mixer_kernel[(B * H,)](
+        qkv, qkv.stride(0), cache, new_cache, conv_w, qkv, qkv.stride(0), col("a") if gated else 0, col("beta"),
+        block.A_log if gated else s_in, block.dt_bias if gated else s_in, s_in, s_out, gate, gate.stride(0),
+        norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
+        K=K, V=V, BK=pow2(K), BV=pow2(V), W=W, GATED=gated, NORM=block.norm is not None,
+        OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0, DTYPE=_DTYPES[dtype],
+        num_warps=1 if _INTERPRET else NUM_WARPS)
+    return o[:, None], new_state
+
+
+def applies(block, x: torch.Tensor) -> bool:
+    """Whether ``delta_mixer_step`` runs ``block``'s decode step for the input ``x``: switched on,
+    the block's chunk mode, a SiLU output gate (if any), head dims up to 128, a known dtype."""
+    return (ENABLED and block.config.mode == "chunk" and (block.gate is None or block.gate.act_name == "silu")
+            and block.head_dim_k <= 128 and block.head_dim_v <= 128 and x.dtype in _DTYPES)
+
+
+delta_mixer_step.applies = applies
