@@ -82,15 +82,15 @@ def _l2norm(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _delta_mixer_kernel(proj, sp_b, cache, new_cache, conv_w, side, ss_b, a_col, b_col, A_log, dt_bias,
+def _delta_mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log, dt_bias,
                         s_in, s_out, gate, sg_b, norm_w, eps, o, scale, H, C,
                         K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         W: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr, OUT_GATE: tl.constexpr,
                         WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
     """Grid (B*H,). ``proj: [B, C]`` the q|k|v columns of the input projection (row stride
-    ``sp_b``; C = H*(2K+V)); ``cache``/``new_cache: [B, W-1, C]``; ``conv_w: [C, W]``; ``side``:
-    the projection's rows (stride ``ss_b``) whose columns ``a_col + h`` / ``b_col + h`` are the
-    decay and beta logits; ``A_log, dt_bias: [H]``; state ``[B, H, K, V]`` float32; ``gate``: the
+    ``sp_b``; C = H*(2K+V)); ``cache``/``new_cache: [B, W-1, C]``; ``conv_w: [C, W]``;
+    ``a``, ``bl``: the decay and beta logits ``[B, H]`` (row strides ``sa_b``, ``sb_b``, column
+    slices of the projection); ``A_log, dt_bias: [H]``; state ``[B, H, K, V]`` float32; ``gate``: the
     output gate's pre-activation ``[B, H*V]`` (stride ``sg_b``); ``norm_w: [V]``; ``o: [B, H*V]``."""
     i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
@@ -105,12 +105,12 @@ def _delta_mixer_kernel(proj, sp_b, cache, new_cache, conv_w, side, ss_b, a_col,
                              WRITE_CACHE), DTYPE)
     b_v = _conv_silu(proj, cache, new_cache, conv_w, i_b, 2 * H * K + i_h * V, o_v, m_v, sp_b, C, W, DTYPE,
                      WRITE_CACHE)
-    b_beta = tl.sigmoid(tl.load(side + i_b * ss_b + b_col + i_h).to(tl.float32))
+    b_beta = tl.sigmoid(tl.load(bl + i_b * sb_b + i_h).to(tl.float32))
     m_kv = m_k[:, None] & m_v[None, :]
     p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
     b_s = tl.load(s_in + p_s, mask=m_kv, other=0.)
     if GATED:
-        x = tl.load(side + i_b * ss_b + a_col + i_h).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
+        x = tl.load(a + i_b * sa_b + i_h).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
         softplus = tl.where(x > 20., x, tl.log(1. + tl.exp(tl.minimum(x, 20.))))  # F.softplus's threshold
         b_s = b_s * tl.exp(-tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus)
     b_u = (b_v - tl.sum(b_s * b_k[:, None], axis=0)) * b_beta
@@ -131,6 +131,11 @@ def _delta_mixer_kernel(proj, sp_b, cache, new_cache, conv_w, side, ss_b, a_col,
 _DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
+def _unit_last(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (rows read through their stride), copied only if its last dim is not contiguous."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 @register_kernel("delta_mixer", "decode")
 @torch.compiler.disable  # compiled callers break here, as at blocks.kernels.step.fused_step
 def delta_mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -141,7 +146,7 @@ def delta_mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torc
     ``(o: [B, 1, H*V]`` ready for ``o_proj``, ``new_state)``, in place inside
     ``inplace_decode_state()`` when the state tensors allow it."""
     H, K, V = block.num_heads, block.head_dim_k, block.head_dim_v
-    qkv = proj["qkv"][:, 0]  # [B, C]
+    qkv = _unit_last(proj["qkv"][:, 0])  # [B, C]
     B, C = qkv.shape
     dtype = qkv.dtype
     W = block.conv.size if block.conv is not None else 0
@@ -157,15 +162,14 @@ def delta_mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torc
         new_cache = cache if cache_in_place else torch.empty_like(cache)
         new_state["conv"] = new_cache
         conv_w = block.conv.weight.reshape(C, W)
-    # "a" and "beta" are columns of the projection's rows, read through qkv's row pointer
-    base = proj["qkv"].data_ptr()
-    col = lambda name: (proj[name].data_ptr() - base) // proj[name].element_size()  # noqa: E731
     gated = hasattr(block, "A_log")
-    gate = proj["gate"][:, 0] if block.gate is not None else qkv
+    beta_logit = _unit_last(proj["beta"][:, 0])  # [B, H] column slices of the projection: read in place
+    a = _unit_last(proj["a"][:, 0]) if gated else beta_logit
+    gate = _unit_last(proj["gate"][:, 0]) if block.gate is not None else qkv
     o = qkv.new_empty(B, H * V)
     norm_w = block.norm.weight if block.norm is not None else block.o_proj.weight
     _delta_mixer_kernel[(B * H,)](
-        qkv, qkv.stride(0), cache, new_cache, conv_w, qkv, qkv.stride(0), col("a") if gated else 0, col("beta"),
+        qkv, qkv.stride(0), cache, new_cache, conv_w, a, a.stride(0), beta_logit, beta_logit.stride(0),
         block.A_log if gated else s_in, block.dt_bias if gated else s_in, s_in, s_out, gate, gate.stride(0),
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
         K=K, V=V, BK=pow2(K), BV=pow2(V), W=W, GATED=gated, NORM=block.norm is not None,
