@@ -30,6 +30,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from blocks.kernels import decode_mixer as dm  # noqa: E402
 from blocks.kernels import delta as d  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
@@ -37,7 +38,9 @@ from gpu_common import apply_sets, comma_ints  # noqa: E402 - benchmarks/ is thi
 
 # the delta backward's inter-kernel gradients (dv2, dw, dk_in, du) are in the activations' dtype,
 # and so is the WY inverse Ai with delta.WY_INPUT_DTYPE_DOTS
-ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv", "dv2", "dw", "dk_in", "du")
+ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv", "dv2", "dw", "dk_in", "du",
+               # the decode mixer's projection columns, conv cache and weights, block parameters
+               "proj", "cache", "new_cache", "conv_w", "a", "bl", "gate", "norm_w", "A_log", "dt_bias")
 
 
 def arg_types(act: str) -> dict[str, str]:
@@ -49,7 +52,8 @@ def arg_types(act: str) -> dict[str, str]:
         types[n] = "*fp32"
     if d.WY_INPUT_DTYPE_DOTS:
         types["Ai"] = f"*{act}"
-    types.update(T="i32", NT="i32", B="i32", scale="fp32")
+    types.update(T="i32", NT="i32", B="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
+                 **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "H", "C")})
     return types
 
 
@@ -121,6 +125,12 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                   SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_sub", s))
     yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), NP=4),
            *table(g.LAUNCH, "rev_cumsum", s))
+    # the decode mixer of the benchmark's decode models (conv 4 for the delta rules, none for simple_gla)
+    for tag, delta, gated, conv in (("gated_deltanet", True, True, 4), ("deltanet", True, False, 4),
+                                    ("simple_gla", False, True, 0)):
+        yield (f"decode_mixer.{tag}", dm._mixer_kernel,
+               dict(K=K, V=V, BK=BK, BV=BV, W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True,
+                    WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1)
 
 
 def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int):

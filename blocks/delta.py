@@ -19,7 +19,7 @@ import torch
 from .ops import delta_rule as delta_rule_op, gated_delta_rule as gated_delta_rule_op
 from .common import mamba2_decay, mamba2_decay_params
 from .linear_family import LinearBlock, LinearConfig
-from .ops.utils import cuda_kernel, l2norm
+from .ops.utils import l2norm
 from .registry import register
 
 
@@ -38,19 +38,8 @@ class GatedDeltaNetConfig(LinearConfig):
     conv_size: int = 4
 
 
-class _DeltaBlock(LinearBlock):
-    """The delta rules' shared decode path: their whole decode step between the projections as one
-    kernel on CUDA when ``blocks.kernels.decode_mixer`` is switched on (off until timed)."""
-
-    def fused_decode(self, x, proj, state):
-        step = cuda_kernel("delta_mixer", "decode", x)
-        if step is None or not step.applies(self, x):
-            return None
-        return step(self, proj, state)
-
-
 @register("deltanet")
-class DeltaNet(_DeltaBlock):
+class DeltaNet(LinearBlock):
     """Delta rule with ``beta = sigmoid(W_b x)`` per head and step."""
 
     letter = "D"
@@ -66,7 +55,7 @@ class DeltaNet(_DeltaBlock):
 
 
 @register("gated_deltanet")
-class GatedDeltaNet(_DeltaBlock):
+class GatedDeltaNet(LinearBlock):
     """Gated delta rule: decay ``g = -exp(A_log) * softplus(W_a x + dt_bias)`` and ``beta = sigmoid(W_b x)``."""
 
     letter = "N"

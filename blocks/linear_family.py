@@ -29,6 +29,7 @@ from torch import nn
 
 from .base import Block, BlockConfig, State, check
 from .common import HeadNorm, InputProjection, OutputGate, ShortConv, dtype_bytes
+from .ops.utils import cuda_kernel
 
 
 def is_int(x: Any) -> bool:
@@ -188,9 +189,13 @@ class LinearBlock(Block):
 
     def fused_decode(self, x: torch.Tensor, proj: dict[str, torch.Tensor], state: State):
         """One decode step (``x: [B, 1, d_model]`` continuing ``state``) between the projections as
-        one fused kernel: ``(o: [B, 1, H*V]`` for ``o_proj``, ``new_state)``, or None to take the
-        block's own path (the default; ``blocks.kernels.decode_mixer`` for the delta rules)."""
-        return None
+        one kernel on CUDA (``blocks.kernels.decode_mixer``, for the families it says it serves and
+        while it is switched on): ``(o: [B, 1, H*V]`` for ``o_proj``, ``new_state)``, or None to
+        take the block's own path."""
+        step = cuda_kernel("mixer", "decode", x)
+        if step is None or not step.applies(self, x):
+            return None
+        return step(self, proj, state)
 
     # ----- the shared machinery -----------------------------------------------------------
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

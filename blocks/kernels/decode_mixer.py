@@ -1,16 +1,17 @@
-"""One Triton kernel for a delta-rule block's whole decode step between its two projections.
+"""One Triton kernel for a linear block's whole decode step between its two projections
+(``deltanet``, ``gated_deltanet``, ``simple_gla``).
 
-A decode step of a ``deltanet`` / ``gated_deltanet`` layer runs, between the input projection and
-the output projection, the short conv and its cache update, SiLU, the L2 norms of q and k, the
-gates (``beta = sigmoid(b)``, ``g = -exp(A_log) softplus(a + dt_bias)``), the state update
-(``blocks.kernels.step``), the head norm and the output gate: under ``torch.compile`` about eight
-kernels per layer and step (the 2026-12-01 05:27 profile of the compiled 24-layer graph: ~20
+A decode step of such a layer runs, between the input projection and the output projection, the
+short conv and its cache update, SiLU, the delta rules' L2 norms of q and k, the gates
+(``beta = sigmoid(b)``; ``g = -exp(A_log) softplus(a + dt_bias)``, Mamba-2's decay of
+gated_deltanet and simple_gla), the state update (``blocks.kernels.step``), the head norm and the
+output gate: under ``torch.compile`` about eight kernels per gated_deltanet layer and step (the 2026-12-01 05:27 profile of the compiled 24-layer graph: ~20
 kernels per layer, 0.42 ms of its 2.36 ms between kernels). Here they are one, one program per
 (batch, head) with the head's whole ``[K, V]`` float32 state in registers:
 
     x_c   = silu(sum_t w[c, t] * [cache | proj][t, c])          c: the head's q, k, v channels
-    q, k  = l2norm(x_q), l2norm(x_k);  v = x_v
-    S     = exp(g) S;  S += k (beta (v - S^T k))^T;  o = scale S^T q
+    q, k  = l2norm(x_q), l2norm(x_k);  v = x_v                   (delta rules; else q, k = x_q, x_k)
+    S     = exp(g) S;  S += k (beta (v - S^T k))^T;  o = scale S^T q      (simple_gla: S += k v^T)
     o     = rmsnorm(o) * w_norm * silu(gate)                     (as the block's options say)
 
 The intermediate roundings follow the block's own path (``LinearBlock.forward``): every value the
@@ -29,12 +30,13 @@ import triton.language as tl
 from . import inplace_enabled, register_kernel
 from .tiles import INTERPRET as _INTERPRET, pow2
 
-# Predicted (not yet timed on a GPU): ~6 fewer kernels per delta-rule layer and decode step.
+# Predicted (not yet timed on a GPU): ~6 fewer kernels per gated_deltanet layer and decode step.
 # ``benchmarks/gpu_kernels.py --decode-mixers off,on`` times the compiled decode graphs both ways.
 ENABLED = False
 # One program per (batch, head) holds the head's [128, 128] float32 state: sm_90 compiles of the
-# gated kernel at K = V = 128 take 206 / 178 / 100 registers at 4 / 8 / 16 warps, no spills, so 4
-# warps fit two programs per multiprocessor (256 programs at batch 16, 16 heads: one wave on 132).
+# gated_deltanet kernel at K = V = 128 take 207 / 176 / 106 registers at 4 / 8 / 16 warps, no spills
+# (``benchmarks/kernels_aot_regs.py --kernels decode_mixer --warps 4,8,16``), so 4 warps fit two
+# programs per multiprocessor (256 programs at batch 16, 16 heads: one wave on 132).
 NUM_WARPS = 4
 
 
@@ -82,13 +84,14 @@ def _l2norm(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _delta_mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log, dt_bias,
-                        s_in, s_out, gate, sg_b, norm_w, eps, o, scale, H, C,
-                        K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                        W: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr, OUT_GATE: tl.constexpr,
-                        WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
+def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log, dt_bias,
+                  s_in, s_out, gate, sg_b, norm_w, eps, o, scale, H, C,
+                  K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  W: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
+                  OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
     """Grid (B*H,). ``proj: [B, C]`` the q|k|v columns of the input projection (row stride
     ``sp_b``; C = H*(2K+V)); ``cache``/``new_cache: [B, W-1, C]``; ``conv_w: [C, W]``;
+    ``DELTA``: the delta rule with L2-normed q, k (else ``S += k v^T``); ``GATED``: Mamba-2's decay.
     ``a``, ``bl``: the decay and beta logits ``[B, H]`` (row strides ``sa_b``, ``sb_b``, column
     slices of the projection); ``A_log, dt_bias: [H]``; state ``[B, H, K, V]`` float32; ``gate``: the
     output gate's pre-activation ``[B, H*V]`` (stride ``sg_b``); ``norm_w: [V]``; ``o: [B, H*V]``."""
@@ -99,13 +102,14 @@ def _delta_mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b,
     o_v = tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    b_q = _l2norm(_conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE,
-                             WRITE_CACHE), DTYPE) * scale
-    b_k = _l2norm(_conv_silu(proj, cache, new_cache, conv_w, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W, DTYPE,
-                             WRITE_CACHE), DTYPE)
+    b_q = _conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
+    b_k = _conv_silu(proj, cache, new_cache, conv_w, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
     b_v = _conv_silu(proj, cache, new_cache, conv_w, i_b, 2 * H * K + i_h * V, o_v, m_v, sp_b, C, W, DTYPE,
                      WRITE_CACHE)
-    b_beta = tl.sigmoid(tl.load(bl + i_b * sb_b + i_h).to(tl.float32))
+    if DELTA:
+        b_q = _l2norm(b_q, DTYPE)
+        b_k = _l2norm(b_k, DTYPE)
+    b_q = b_q * scale
     m_kv = m_k[:, None] & m_v[None, :]
     p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
     b_s = tl.load(s_in + p_s, mask=m_kv, other=0.)
@@ -113,8 +117,9 @@ def _delta_mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b,
         x = tl.load(a + i_b * sa_b + i_h).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
         softplus = tl.where(x > 20., x, tl.log(1. + tl.exp(tl.minimum(x, 20.))))  # F.softplus's threshold
         b_s = b_s * tl.exp(-tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus)
-    b_u = (b_v - tl.sum(b_s * b_k[:, None], axis=0)) * b_beta
-    b_s = b_s + b_k[:, None] * b_u[None, :]
+    if DELTA:
+        b_v = (b_v - tl.sum(b_s * b_k[:, None], axis=0)) * tl.sigmoid(tl.load(bl + i_b * sb_b + i_h).to(tl.float32))
+    b_s = b_s + b_k[:, None] * b_v[None, :]
     tl.store(s_out + p_s, b_s, mask=m_kv)
     b_o = tl.sum(b_s * b_q[:, None], axis=0).to(DTYPE).to(tl.float32)  # the op's output dtype
     if NORM:
@@ -136,10 +141,19 @@ def _unit_last(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-@register_kernel("delta_mixer", "decode")
+# the ops module behind each block this kernel serves -> (delta rule, the decay's side projection)
+KINDS = {"delta_rule": (True, None), "gated_delta_rule": (True, "a"), "simple_gla": (False, "dt")}
+
+
+def _kind(block) -> tuple[bool, str | None] | None:
+    return KINDS.get(block.op.__name__.rsplit(".", 1)[-1])
+
+
+@register_kernel("mixer", "decode")
 @torch.compiler.disable  # compiled callers break here, as at blocks.kernels.step.fused_step
-def delta_mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-    """The decode step of a ``deltanet`` / ``gated_deltanet`` block between its projections.
+def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The decode step of a ``deltanet`` / ``gated_deltanet`` / ``simple_gla`` block between its
+    projections.
 
     ``proj``: the block's ``InputProjection`` output for one position (``[B, 1, width]`` views);
     ``state``: its decode state (``S: [B, H, K, V]`` float32, ``conv: [B, W-1, C]``). Returns
@@ -162,27 +176,30 @@ def delta_mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torc
         new_cache = cache if cache_in_place else torch.empty_like(cache)
         new_state["conv"] = new_cache
         conv_w = block.conv.weight.reshape(C, W)
-    gated = hasattr(block, "A_log")
-    beta_logit = _unit_last(proj["beta"][:, 0])  # [B, H] column slices of the projection: read in place
-    a = _unit_last(proj["a"][:, 0]) if gated else beta_logit
+    delta, decay = _kind(block)
+    # [B, H] column slices of the projection, read in place (placeholders where the kind has none)
+    beta_logit = _unit_last(proj["beta"][:, 0]) if delta else qkv
+    a = _unit_last(proj[decay][:, 0]) if decay else qkv
     gate = _unit_last(proj["gate"][:, 0]) if block.gate is not None else qkv
     o = qkv.new_empty(B, H * V)
     norm_w = block.norm.weight if block.norm is not None else block.o_proj.weight
-    _delta_mixer_kernel[(B * H,)](
+    _mixer_kernel[(B * H,)](
         qkv, qkv.stride(0), cache, new_cache, conv_w, a, a.stride(0), beta_logit, beta_logit.stride(0),
-        block.A_log if gated else s_in, block.dt_bias if gated else s_in, s_in, s_out, gate, gate.stride(0),
+        block.A_log if decay else s_in, block.dt_bias if decay else s_in, s_in, s_out, gate, gate.stride(0),
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
-        K=K, V=V, BK=pow2(K), BV=pow2(V), W=W, GATED=gated, NORM=block.norm is not None,
+        K=K, V=V, BK=pow2(K), BV=pow2(V), W=W, DELTA=delta, GATED=decay is not None, NORM=block.norm is not None,
         OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0, DTYPE=_DTYPES[dtype],
         num_warps=1 if _INTERPRET else NUM_WARPS)
     return o[:, None], new_state
 
 
 def applies(block, x: torch.Tensor) -> bool:
-    """Whether ``delta_mixer_step`` runs ``block``'s decode step for the input ``x``: switched on,
-    the block's chunk mode, a SiLU output gate (if any), head dims up to 128, a known dtype."""
-    return (ENABLED and block.config.mode == "chunk" and (block.gate is None or block.gate.act_name == "silu")
+    """Whether ``mixer_step`` runs ``block``'s decode step for the input ``x``: switched on, one of
+    ``KINDS``, the block's chunk mode, a SiLU output gate (if any), head dims up to 128 (one
+    program holds a head's whole state), a known dtype."""
+    return (ENABLED and _kind(block) is not None and block.config.mode == "chunk"
+            and (block.gate is None or block.gate.act_name == "silu")
             and block.head_dim_k <= 128 and block.head_dim_v <= 128 and x.dtype in _DTYPES)
 
 
-delta_mixer_step.applies = applies
+mixer_step.applies = applies

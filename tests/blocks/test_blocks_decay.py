@@ -140,12 +140,12 @@ def test_conv_state_is_last_inputs():
     torch.testing.assert_close(s2["conv"][:, 1:], _side(b, x[:, :2], "qkv"))
 
 
-@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
-def test_delta_blocks_hand_a_decode_step_to_the_fused_mixer_when_it_applies(name, monkeypatch):
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet", "simple_gla", "gla"])
+def test_linear_blocks_hand_a_decode_step_to_the_fused_mixer_when_it_applies(name, monkeypatch):
     """A one-token step continuing a state goes to ``blocks.kernels.decode_mixer`` (through
     ``cuda_kernel``) when it says it applies, and its output through ``o_proj``; otherwise, and
     for prefill, the block's own path runs."""
-    import blocks.delta as delta_blocks
+    import blocks.linear_family as linear_family
 
     block = blocks.build(name, d_model=32, num_heads=2)
     x1, xs = torch.randn(2, 1, 32), torch.randn(2, 5, 32)
@@ -158,7 +158,8 @@ def test_delta_blocks_hand_a_decode_step_to_the_fused_mixer_when_it_applies(name
 
     for applies in (False, True):
         fake_step.applies = lambda blk, x, applies=applies: applies
-        monkeypatch.setattr(delta_blocks, "cuda_kernel", lambda fam, form, x: fake_step if (fam, form) == ("delta_mixer", "decode") else None)
+        monkeypatch.setattr(linear_family, "cuda_kernel",
+                            lambda fam, form, x: fake_step if (fam, form) == ("mixer", "decode") else None)
         calls.clear()
         y, new = block(x1, state)
         block(xs, state)  # T > 1: never the decode mixer

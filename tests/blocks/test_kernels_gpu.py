@@ -393,15 +393,17 @@ MIXER_CONFIGS = [  # (block, config): the benchmark's defaults, every conv size,
     ("gated_deltanet", {"num_heads": 2, "conv_size": 2, "output_norm": False}),
     ("gated_deltanet", {"num_heads": 2, "conv_size": 3, "output_gate": False}),
     ("deltanet", {"num_heads": 2, "conv_size": 0, "output_gate": True}),
+    ("simple_gla", {"num_heads": 2}),
+    ("simple_gla", {"num_heads": 2, "conv_size": 4, "head_dim_k": 12, "head_dim_v": 20}),
 ]
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 @pytest.mark.parametrize("block_name, config", MIXER_CONFIGS, ids=lambda c: str(c))
 def test_decode_mixer_kernel_in_interpreter(block_name, config):
-    """``blocks.kernels.decode_mixer``: a delta-rule block's decode step between its projections as
-    one kernel against the block's own path (conv and its cache, L2 norms, gates, state update,
-    head norm, output gate): functional, and in place inside ``inplace_decode_state``."""
+    """``blocks.kernels.decode_mixer``: a delta-rule or simple_gla block's decode step between its
+    projections as one kernel against the block's own path (conv and its cache, L2 norms, gates,
+    state update, head norm, output gate): functional, and in place inside ``inplace_decode_state``."""
     from blocks.kernels import decode_mixer
     from blocks.registry import build
 
@@ -417,14 +419,14 @@ def test_decode_mixer_kernel_in_interpreter(block_name, config):
         y_ref, ref = block(x, state)
         proj = block.in_proj(x)
         with checked_memory():
-            o, new = decode_mixer.delta_mixer_step(block, proj, state)
+            o, new = decode_mixer.mixer_step(block, proj, state)
             y = block.o_proj(o)
             assert new["S"] is not state["S"] and all(new[n] is not state[n] for n in new)
             assert rel(y, y_ref) < 1e-5 and set(new) == set(ref)
             assert all(rel(new[n], ref[n]) < 1e-5 for n in ref)
             mine = {n: t.clone() for n, t in state.items()}
             with kernels.inplace_decode_state():
-                o2, new2 = decode_mixer.delta_mixer_step(block, proj, mine)
+                o2, new2 = decode_mixer.mixer_step(block, proj, mine)
         assert all(new2[n] is mine[n] for n in mine) and torch.equal(o2, o)
         assert all(torch.equal(mine[n], new[n]) for n in new)
 
@@ -432,14 +434,14 @@ def test_decode_mixer_kernel_in_interpreter(block_name, config):
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_decode_mixer_in_the_decode_graph_matches_eager(dtype, monkeypatch):
-    """With ``decode_mixer.ENABLED`` the delta-rule layers of a captured (and a compiled) decode
-    graph run the fused kernel, step by step against the eager model."""
+    """With ``decode_mixer.ENABLED`` the delta-rule and simple_gla layers of a captured (and a
+    compiled) decode graph run the fused kernel, step by step against the eager model."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer
 
     monkeypatch.setattr(decode_mixer, "ENABLED", True)
     model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2}),
-                         ("deltanet", {"num_heads": 2})]).to(dtype)
+                         ("deltanet", {"num_heads": 2}), ("simple_gla", {"num_heads": 2})]).to(dtype)
     B, P, steps = 3, 9, 5
     prompt = torch.randint(0, 97, (B, P))
     for compile_mode in (False, True):

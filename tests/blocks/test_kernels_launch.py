@@ -512,8 +512,9 @@ def test_decode_gemm_report_names_the_best_configuration_or_the_failure():
 
 
 def test_decode_mixer_applies_only_where_it_was_checked(monkeypatch):
-    """``decode_mixer.applies``: off unless switched on; then the delta blocks in chunk mode with head
-    dims up to 128 (its one program holds a head's whole state) and a known dtype."""
+    """``decode_mixer.applies``: off unless switched on; then the delta blocks and simple_gla (not
+    gla, whose decay is per key channel) in chunk mode with head dims up to 128 (its one program
+    holds a head's whole state) and a known dtype."""
     import blocks
     from blocks.kernels import decode_mixer
 
@@ -522,6 +523,9 @@ def test_decode_mixer_applies_only_where_it_was_checked(monkeypatch):
     assert not decode_mixer.applies(block, x)  # ENABLED is off until timed
     monkeypatch.setattr(decode_mixer, "ENABLED", True)
     assert decode_mixer.applies(block, x) and decode_mixer.applies(blocks.build("deltanet", d_model=32, num_heads=2), x)
+    assert decode_mixer.applies(blocks.build("simple_gla", d_model=32, num_heads=2), x)
+    assert not decode_mixer.applies(blocks.build("gla", d_model=32, num_heads=2), x)
+    assert not decode_mixer.applies(blocks.build("linear_attn", d_model=32, num_heads=2), x)
     assert not decode_mixer.applies(blocks.build("gated_deltanet", d_model=32, num_heads=2, mode="recurrent"), x)
     assert not decode_mixer.applies(blocks.build("gated_deltanet", d_model=320, num_heads=2), torch.zeros(2, 1, 320))
     assert not decode_mixer.applies(block, x.double())
