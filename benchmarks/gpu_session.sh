@@ -27,7 +27,7 @@
 # TESTS_S (cap, 200), SWEEP_S (cap, 300), NCU_S (cap, 240), BENCH_S (cap, 540), FAMILIES (sweep's,
 # all five), ONLY (the sweep's --only entries, default switch; e.g. switch,wy_bwd,wu), WARPS (its
 # --warps, 4,8,16), SET (its --set, e.g. BWD_SUB_BK=128), NCU_CASES (ncu_kernels.py --cases),
-# TESTS_K (pytest -k expression for the tests step, default all), GEMM_S (cap, 240), DECODE_S (cap, 240).
+# TESTS_K (pytest -k expression for the tests step, default all), GEMM_S (cap, 240), DECODE_S (cap, 300).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench_out/gpu_session}
@@ -42,7 +42,7 @@ WARPS=${WARPS:-4,8,16}
 SET=${SET:-}
 NCU_S=${NCU_S:-240}
 GEMM_S=${GEMM_S:-240}
-DECODE_S=${DECODE_S:-240}
+DECODE_S=${DECODE_S:-300}
 TESTS_K=${TESTS_K:-}
 export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1
 # sourced: a set-up failure exits here, with gpu_host_env.sh's message on stderr
