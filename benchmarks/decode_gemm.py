@@ -74,7 +74,7 @@ def _load_x(x, gamma, o_m, o_k, m_m, m_k, sxm, K, rstd, PROLOGUE: tl.constexpr, 
         a = tl.load(p, mask=mask, other=0.).to(tl.float32)
         b = tl.load(p + K, mask=mask, other=0.).to(tl.float32)
         return (a * tl.sigmoid(a) * b).to(DTYPE)
-    return tl.load(p, mask=mask, other=0.)
+    return tl.load(p, mask=mask, other=0.).to(DTYPE)
 
 
 @triton.jit
@@ -114,15 +114,19 @@ def _skinny_mm_kernel(x, w, out, gamma, res, M, N, K, sxm, swn, so_s, so_m, srm,
 
 
 @triton.jit
-def _sum_splits_kernel(part, res, y, MN, SPLIT_K: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
-    """``y[i] = sum_s part[s, i] (+ res[i])`` over the flattened ``[M, N]`` (contiguous; cast on store)."""
+def _sum_splits_kernel(part, res, y, M, N, srm, sym, SPLIT_K: tl.constexpr, RESIDUAL: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """``y[m, n] = sum_s part[s, m, n] (+ res[m, n])`` (``part`` contiguous ``[SPLIT_K, M, N]``;
+    ``res``, ``y`` with row strides ``srm``, ``sym``; cast on store)."""
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = o < M * N
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for s in range(SPLIT_K):
-        acc += tl.load(part + s * MN + o, mask=o < MN, other=0.)
+        acc += tl.load(part + s * M * N + o, mask=mask, other=0.)
+    m, n = o // N, o % N
     if RESIDUAL:
-        acc += tl.load(res + o, mask=o < MN, other=0.).to(tl.float32)
-    tl.store(y + o, acc.to(y.dtype.element_ty), mask=o < MN)
+        acc += tl.load(res + m * srm + n, mask=mask, other=0.).to(tl.float32)
+    tl.store(y + m * sym + n, acc.to(y.dtype.element_ty), mask=mask)
 
 
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, BN: int = 64, BK: int = 128, split_k: int = 1,
@@ -151,12 +155,14 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, BN: int = 64, BK: int = 128, spl
         _skinny_mm_kernel[(triton.cdiv(N, BN), 1)](x, w, out, *args, 0, out.stride(0), res.stride(0), EPS,
                                                    RESIDUAL=residual is not None, **launch)
         return out
-    if partials is None or partials.shape[0] < splits:
+    if (partials is None or partials.shape[0] < splits or tuple(partials.shape[1:]) != (M, N)
+            or not partials.is_contiguous()):
         partials = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
     _skinny_mm_kernel[(triton.cdiv(N, BN), splits)](x, w, partials, *args, partials.stride(0), partials.stride(1),
                                                     res.stride(0), EPS, RESIDUAL=False, **launch)
-    _sum_splits_kernel[(triton.cdiv(M * N, 1024),)](partials, res, out, M * N, SPLIT_K=splits,
-                                                     RESIDUAL=residual is not None, BLOCK=1024, num_warps=4)
+    _sum_splits_kernel[(triton.cdiv(M * N, 1024),)](partials, res, out, M, N, res.stride(0), out.stride(0),
+                                                     SPLIT_K=splits, RESIDUAL=residual is not None, BLOCK=1024,
+                                                     num_warps=4)
     return out
 
 
@@ -219,11 +225,12 @@ def bench_case(case: str, N: int, K: int, batch: int, grid) -> dict:
     refs = {"case": reference(case, s0["x"].float(), s0["w"].float(), s0["gamma"].float(), s0["r"].float()),
             "gemm": s0["x"][:, :K].float() @ s0["w"].float().t()}
     x_bytes = s0["x"].numel() * 2 + (K * 2 if prologue == RMSNORM else 0) + (batch * N * 2 if residual else 0)
-    nbytes = N * K * 2 + x_bytes + batch * N * 2
+    nbytes = {"case": N * K * 2 + x_bytes + batch * N * 2, "gemm": (N * K + batch * K + batch * N) * 2}
     rows = []
 
     def add(label: str, call, ref: str, **extra) -> None:
-        """Check ``call(s0)`` against ``refs[ref]``, then time it over the 24 input sets."""
+        """Check ``call(s0)`` against ``refs[ref]``, then time it over the 24 input sets (TB/s of the
+        bytes the case, or the bare GEMM, must move)."""
         try:
             got = call(s0).float()
             err = ((got - refs[ref]).norm() / refs[ref].norm()).item()
@@ -231,7 +238,7 @@ def bench_case(case: str, N: int, K: int, batch: int, grid) -> dict:
                 rows.append({"kernel": label, "error": f"relative error {err:.2e} against float32", **extra})
                 return
             sec = time_layers(call, sets)
-            rows.append({"kernel": label, "us": sec * 1e6, "tb_s": nbytes / sec / 1e12, **extra})
+            rows.append({"kernel": label, "us": sec * 1e6, "tb_s": nbytes[ref] / sec / 1e12, **extra})
         except Exception as exc:  # noqa: BLE001 - a configuration the compiler or GPU refuses: report, go on
             rows.append({"kernel": label, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}", **extra})
 
@@ -255,7 +262,7 @@ def bench_case(case: str, N: int, K: int, batch: int, grid) -> dict:
     for r in rows:
         if "us" in r and base:
             r["vs_cublas_gemm"] = base / r["us"]
-    return {"N": N, "K": K, "batch": batch, "bytes": nbytes, "rows": rows}
+    return {"N": N, "K": K, "batch": batch, "bytes": nbytes["case"], "rows": rows}
 
 
 def best(rows: list[dict], fused: bool) -> dict | None:

@@ -141,12 +141,13 @@ def _unit_last(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-# the ops module behind each block this kernel serves -> (delta rule, the decay's side projection)
-KINDS = {"delta_rule": (True, None), "gated_delta_rule": (True, "a"), "simple_gla": (False, "dt")}
+# the blocks this kernel serves, by registered name -> (delta rule, the side projection of their
+# Mamba-2 decay). By block, not by op: retnet runs the simple_gla op with a fixed decay.
+KINDS = {"deltanet": (True, None), "gated_deltanet": (True, "a"), "simple_gla": (False, "dt")}
 
 
 def _kind(block) -> tuple[bool, str | None] | None:
-    return KINDS.get(block.op.__name__.rsplit(".", 1)[-1])
+    return KINDS.get(block.name)
 
 
 @register_kernel("mixer", "decode")
@@ -165,6 +166,10 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
     dtype = qkv.dtype
     W = block.conv.size if block.conv is not None else 0
     S = state["S"]
+    if tuple(S.shape) != (B, H, K, V):
+        raise ValueError(f"state S: must have shape {(B, H, K, V)}, got {tuple(S.shape)}")
+    if W and tuple(state["conv"].shape) != (B, W - 1, C):
+        raise ValueError(f"state conv: must have shape {(B, W - 1, C)}, got {tuple(state['conv'].shape)}")
     in_place = inplace_enabled() and S.dtype == torch.float32 and S.is_contiguous()
     s_in = S if S.dtype == torch.float32 and S.is_contiguous() else S.float().contiguous()
     s_out = S if in_place else torch.empty_like(s_in)
@@ -194,10 +199,11 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
 
 
 def applies(block, x: torch.Tensor) -> bool:
-    """Whether ``mixer_step`` runs ``block``'s decode step for the input ``x``: switched on, one of
-    ``KINDS``, the block's chunk mode, a SiLU output gate (if any), head dims up to 128 (one
-    program holds a head's whole state), a known dtype."""
-    return (ENABLED and _kind(block) is not None and block.config.mode == "chunk"
+    """Whether ``mixer_step`` runs ``block``'s decode step for the input ``x``: switched on, no
+    gradient being recorded (the kernel has no backward), one of ``KINDS``, the block's chunk mode,
+    a SiLU output gate (if any), head dims up to 128 (one program holds a head's whole state), a
+    known dtype."""
+    return (ENABLED and not torch.is_grad_enabled() and _kind(block) is not None and block.config.mode == "chunk"
             and (block.gate is None or block.gate.act_name == "silu")
             and block.head_dim_k <= 128 and block.head_dim_v <= 128 and x.dtype in _DTYPES)
 

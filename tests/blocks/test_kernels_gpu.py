@@ -9,6 +9,7 @@ inputs to bf16 rounding (the kernels store chunk states in bf16, as fla does).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -193,17 +194,20 @@ def _tiny_model(layers):
     return HybridLM(spec).cuda().eval()
 
 
-def _steps_match_eager(model, dec, prompt, steps: int, rel_tol: float, abs_tol: float = 0.0):
+def _steps_match_eager(model, dec, prompt, steps: int, rel_tol: float, abs_tol: float = 0.0,
+                       dec_context=contextlib.nullcontext):
     """Prefill the decoder and the eager model on ``prompt: [B, P]`` (same logits), then ``steps``
     greedy steps: every step's logits within ``rel_tol * max|logit| + abs_tol`` of
-    ``model.decode_step``'s. Returns the next token."""
+    ``model.decode_step``'s. The decoder's calls run inside ``dec_context()``. Returns the next token."""
     with torch.no_grad():
         ref, states = model.prefill(prompt)
-        assert torch.allclose(dec.prefill(prompt), ref)
+        with dec_context():
+            assert torch.allclose(dec.prefill(prompt), ref)
         token = ref.argmax(-1)
         for _ in range(steps):
             ref, states = model.decode_step(token, states)
-            got = dec.step(token)
+            with dec_context():
+                got = dec.step(token)
             assert (got.float() - ref.float()).abs().max().item() < rel_tol * ref.float().abs().max().item() + abs_tol
             token = ref.argmax(-1)
     return token
@@ -435,18 +439,44 @@ def test_decode_mixer_kernel_in_interpreter(block_name, config):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_decode_mixer_in_the_decode_graph_matches_eager(dtype, monkeypatch):
     """With ``decode_mixer.ENABLED`` the delta-rule and simple_gla layers of a captured (and a
-    compiled) decode graph run the fused kernel, step by step against the eager model."""
+    compiled) decode graph run the fused kernel, step by step against the eager model with it off
+    (the blocks' own path)."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer
 
-    monkeypatch.setattr(decode_mixer, "ENABLED", True)
+    @contextlib.contextmanager
+    def mixer_on():
+        monkeypatch.setattr(decode_mixer, "ENABLED", True)
+        try:
+            yield
+        finally:
+            monkeypatch.setattr(decode_mixer, "ENABLED", False)
+
+    calls = []
+    monkeypatch.setattr(decode_mixer, "_mixer_kernel", _Spy(decode_mixer._mixer_kernel, calls))
     model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2}),
                          ("deltanet", {"num_heads": 2}), ("simple_gla", {"num_heads": 2})]).to(dtype)
     B, P, steps = 3, 9, 5
     prompt = torch.randint(0, 97, (B, P))
     for compile_mode in (False, True):
+        calls.clear()
         dec = GraphDecoder(model, B, capacity=P + steps, compile=compile_mode)
-        _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2)
+        _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=mixer_on)
+        assert len(calls) >= 3  # each linear layer's step went through the mixer (at capture)
+
+
+class _Spy:
+    """A Triton kernel that records its launches (``kernel[grid](...)``) and runs them."""
+
+    def __init__(self, kernel, calls: list) -> None:
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append(grid)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
 
 
 # --- CPU side: no GPU, the ops keep their PyTorch forms ----------------------------------------

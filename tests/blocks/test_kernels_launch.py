@@ -475,6 +475,14 @@ def test_decode_gemm_skinny_kernel_matches_the_torch_case(case, M, N, K, split_k
                          gamma=gamma if prologue == dg.RMSNORM else None, residual=r if residual else None)
     want = x @ w.t() if case == "gemm" else dg.reference(case, x, w, gamma, r)
     assert y.shape == (M, N) and torch.allclose(y, want, rtol=1e-4, atol=1e-4)
+    if residual:  # a strided residual and output, and partials sized for a larger batch, give the same
+        r_wide, out_wide = torch.zeros(M, N + 5), torch.zeros(M, N + 7)
+        r_wide[:, :N] = r
+        with checked_memory():
+            y2 = dg.skinny_mm(x, w, BN=32, BK=64, split_k=split_k, num_warps=1, num_stages=1, prologue=prologue,
+                              gamma=gamma if prologue == dg.RMSNORM else None, residual=r_wide[:, :N],
+                              out=out_wide[:, :N], partials=torch.zeros(split_k, 16, N))
+        assert y2.data_ptr() == out_wide.data_ptr() and torch.allclose(y2, want, rtol=1e-4, atol=1e-4)
 
 
 def test_decode_gemm_refuses_what_it_cannot_run():
@@ -512,20 +520,24 @@ def test_decode_gemm_report_names_the_best_configuration_or_the_failure():
 
 
 def test_decode_mixer_applies_only_where_it_was_checked(monkeypatch):
-    """``decode_mixer.applies``: off unless switched on; then the delta blocks and simple_gla (not
-    gla, whose decay is per key channel) in chunk mode with head dims up to 128 (its one program
-    holds a head's whole state) and a known dtype."""
+    """``decode_mixer.applies``: off unless switched on and while gradients are recorded (it has no
+    backward); then deltanet, gated_deltanet and simple_gla (not gla, whose decay is per key channel,
+    nor retnet, which runs the simple_gla op with a fixed decay) in chunk mode with head dims up to
+    128 (its one program holds a head's whole state) and a known dtype."""
     import blocks
     from blocks.kernels import decode_mixer
 
     x = torch.zeros(2, 1, 32)
     block = blocks.build("gated_deltanet", d_model=32, num_heads=2)
-    assert not decode_mixer.applies(block, x)  # ENABLED is off until timed
+    with torch.no_grad():
+        assert not decode_mixer.applies(block, x)  # ENABLED is off until timed
     monkeypatch.setattr(decode_mixer, "ENABLED", True)
-    assert decode_mixer.applies(block, x) and decode_mixer.applies(blocks.build("deltanet", d_model=32, num_heads=2), x)
-    assert decode_mixer.applies(blocks.build("simple_gla", d_model=32, num_heads=2), x)
-    assert not decode_mixer.applies(blocks.build("gla", d_model=32, num_heads=2), x)
-    assert not decode_mixer.applies(blocks.build("linear_attn", d_model=32, num_heads=2), x)
-    assert not decode_mixer.applies(blocks.build("gated_deltanet", d_model=32, num_heads=2, mode="recurrent"), x)
-    assert not decode_mixer.applies(blocks.build("gated_deltanet", d_model=320, num_heads=2), torch.zeros(2, 1, 320))
-    assert not decode_mixer.applies(block, x.double())
+    assert not decode_mixer.applies(block, x)  # gradients recorded
+    with torch.no_grad():
+        assert decode_mixer.applies(block, x) and decode_mixer.applies(blocks.build("deltanet", d_model=32, num_heads=2), x)
+        assert decode_mixer.applies(blocks.build("simple_gla", d_model=32, num_heads=2), x)
+        for name in ("gla", "linear_attn", "retnet"):
+            assert not decode_mixer.applies(blocks.build(name, d_model=32, num_heads=2), x), name
+        assert not decode_mixer.applies(blocks.build("gated_deltanet", d_model=32, num_heads=2, mode="recurrent"), x)
+        assert not decode_mixer.applies(blocks.build("gated_deltanet", d_model=320, num_heads=2), torch.zeros(2, 1, 320))
+        assert not decode_mixer.applies(block, x.double())
