@@ -1,6 +1,7 @@
-"""Compile the chunk kernels (linear_attn / simple_gla, gla, the delta rules) for a GPU architecture WITHOUT a GPU and
-print each kernel's registers, spill stack, shared memory, whether its loops were software-pipelined
-and its static SASS instruction, shuffle and barrier counts.
+"""Compile the chunk kernels (linear_attn / simple_gla, gla, the delta rules) and the decode kernels
+(the fused state step, the decode mixer) for a GPU architecture WITHOUT a GPU and print each
+kernel's registers, spill stack, shared memory, whether its loops were software-pipelined and its
+static SASS instruction, shuffle and barrier counts.
 
     python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8]
                                           [--set NAME=VALUE,...] [--lines N]
@@ -34,6 +35,7 @@ from blocks.kernels import decode_mixer as dm  # noqa: E402
 from blocks.kernels import delta as d  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
+from blocks.kernels import step as st  # noqa: E402
 from gpu_common import apply_sets, comma_ints  # noqa: E402 - benchmarks/ is this script's own folder
 
 # the delta backward's inter-kernel gradients (dv2, dw, dk_in, du) are in the activations' dtype,
@@ -53,7 +55,8 @@ def arg_types(act: str) -> dict[str, str]:
     if d.WY_INPUT_DTYPE_DOTS:
         types["Ai"] = f"*{act}"
     types.update(T="i32", NT="i32", B="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
-                 **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "H", "C")})
+                 **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "sg_h", "H", "C")},
+                 **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
     return types
 
 
@@ -125,6 +128,12 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                   SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_sub", s))
     yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), NP=4),
            *table(g.LAUNCH, "rev_cumsum", s))
+    # the decode step (blocks.kernels.step) of each family: gate none / scalar / per key, delta or not
+    for tag, gate, delta in (("linear_attn", st.NO_GATE, False), ("simple_gla", st.SCALAR_GATE, False),
+                             ("gla", st.KEY_GATE, False), ("delta_rule", st.NO_GATE, True),
+                             ("gated_delta_rule", st.SCALAR_GATE, True)):
+        yield (f"decode_step.{tag}", st._step_kernel, dict(K=K, V=V, BK=BK, BV=4096 // BK, GATE=gate, DELTA=delta,
+                                                          HAS_STATE=True), 4, 1)
     # the decode mixer of the benchmark's decode models (conv 4 for the delta rules, none for simple_gla)
     for tag, delta, gated, conv in (("gated_deltanet", True, True, 4), ("deltanet", True, False, 4),
                                     ("simple_gla", False, True, 0)):
