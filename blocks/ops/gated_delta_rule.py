@@ -155,7 +155,7 @@ def step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step: ``q, k: [B, H, K]``, ``v: [B, H, V]``, ``g, beta: [B, H]``,
     ``state: [B, H, K, V]`` float32 (None = zeros) -> ``(o: [B, H, V] in q.dtype, new_state)``."""
-    kernel = cuda_kernel("gated_delta_rule", "step", q)
+    kernel = cuda_kernel("gated_delta_rule", "step", q, k, v, g, beta, state)
     if kernel is not None:
         return kernel(q, k, v, g, beta, state=state, scale=scale)
     check_qkv(q, k, v, ndim=3)

@@ -134,7 +134,7 @@ def step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step: ``q, k, gk: [B, H, K]``, ``v: [B, H, V]``, ``state: [B, H, K, V]`` float32
     (None = zeros) -> ``(o: [B, H, V] in q.dtype, new_state)``."""
-    kernel = cuda_kernel("gla", "step", q)
+    kernel = cuda_kernel("gla", "step", q, k, v, gk, state)
     if kernel is not None:
         return kernel(q, k, v, gk, state=state, scale=scale)
     check_qkv(q, k, v, ndim=3)

@@ -69,7 +69,7 @@ def step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step: ``q, k: [B, H, K]``, ``v: [B, H, V]``, ``state: [B, H, K, V]`` float32
     (None = zeros) -> ``(o: [B, H, V] in q.dtype, new_state)``."""
-    kernel = cuda_kernel("linear_attn", "step", q)
+    kernel = cuda_kernel("linear_attn", "step", q, k, v, state)
     if kernel is not None:
         return kernel(q, k, v, state=state, scale=scale)
     check_qkv(q, k, v, ndim=3)

@@ -217,7 +217,7 @@ def test_cuda_dispatch_hands_every_argument_to_the_kernel(monkeypatch, family, f
         return "kernel result"
 
     asked = []
-    monkeypatch.setattr(mod, "cuda_kernel", lambda fam, f, x: asked.append((fam, f)) or kernel)
+    monkeypatch.setattr(mod, "cuda_kernel", lambda fam, f, x, *inputs: asked.append((fam, f)) or kernel)
     args, state = agreement.make_inputs(Case(family, 5))
     tensors = list(args.values()) if form == "chunk" else [t[:, 0] for t in args.values()]
     extra = {"window": 3} if family == "softmax" else {}
@@ -256,3 +256,25 @@ def test_cuda_forms_match_cpu_recurrent(family):
         for name, t in ref.items():
             err = agreement.rel_error(got[name].cpu(), t)
             assert err < 1e-3, f"{family}.{form} {name}: rel err {err:.2e}"  # TF32 matmuls allowed
+
+
+def test_step_kernels_are_not_used_while_a_gradient_is_needed(monkeypatch):
+    """The ``step`` kernels have no backward: ``cuda_kernel`` offers one only when no input needs a
+    gradient (or autograd is off); the chunk kernels, autograd functions, always."""
+    import blocks.kernels
+    from blocks.ops.utils import cuda_kernel
+
+    class OnCuda:  # a stand-in for a CUDA tensor: cuda_kernel reads these two attributes
+        is_cuda = True
+
+        def __init__(self, requires_grad: bool) -> None:
+            self.requires_grad = requires_grad
+
+    monkeypatch.setattr(blocks.kernels, "get_kernel", lambda family, form: f"{family}.{form}")
+    plain, needs = OnCuda(False), OnCuda(True)
+    assert cuda_kernel("gla", "step", plain, plain, None) == "gla.step"
+    assert cuda_kernel("gla", "step", plain, needs) is None and cuda_kernel("gla", "step", needs) is None
+    with torch.no_grad():
+        assert cuda_kernel("gla", "step", plain, needs) == "gla.step"
+    assert cuda_kernel("gla", "chunk", needs) == "gla.chunk"
+    assert cuda_kernel("gla", "step", torch.zeros(1)) is None  # not on CUDA
