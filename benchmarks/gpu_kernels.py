@@ -286,8 +286,8 @@ def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes
                          mixers: str = "off") -> dict:
     """The same models with their linear layers through torch.compile inside the captured graph,
     once per compile mode in ``modes`` (``archsearch.decode_graph.COMPILE_MODES``) and per setting
-    of ``blocks.kernels.decode_mixer.ENABLED`` in ``mixers`` (``off``, ``on``: the delta-rule layers'
-    decode step between their projections as one kernel)."""
+    of ``blocks.kernels.decode_mixer.ENABLED`` in ``mixers`` (``off``, ``on``: the deltanet,
+    gated_deltanet and simple_gla layers' decode step between their projections as one kernel)."""
     from archsearch import decode_graph
     from archsearch.model import HybridLM
     from blocks.kernels import decode_mixer
@@ -696,7 +696,8 @@ def main(argv=None) -> int:
                     "Triton GEMM templates against cuBLAS; minutes of compiling per model), pdl "
                     "(Inductor's programmatic dependent launch)")
     ap.add_argument("--decode-mixers", default="off", help="comma list for the compiled decode rows: off, on "
-                    "(blocks.kernels.decode_mixer: each delta-rule layer's step between its projections as one kernel)")
+                    "(blocks.kernels.decode_mixer: each deltanet, gated_deltanet and simple_gla layer's decode "
+                    "step between its projections as one kernel)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(filter(None, a.families.split(",")))
