@@ -132,8 +132,10 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     for tag, gate, delta in (("linear_attn", st.NO_GATE, False), ("simple_gla", st.SCALAR_GATE, False),
                              ("gla", st.KEY_GATE, False), ("delta_rule", st.NO_GATE, True),
                              ("gated_delta_rule", st.SCALAR_GATE, True)):
+        # a [B, H] gate or beta has head stride 1, which the JIT specialises as a constant
+        unit = dict(sbeta_h=1, **({"sg_h": 1} if gate == st.SCALAR_GATE else {}))
         yield (f"decode_step.{tag}", st._step_kernel, dict(K=K, V=V, BK=BK, BV=4096 // BK, GATE=gate, DELTA=delta,
-                                                          HAS_STATE=True), 4, 1)
+                                                          HAS_STATE=True, **unit), 4, 1)
     # the decode mixer of the benchmark's decode models (conv 4 for the delta rules, none for simple_gla)
     for tag, delta, gated, conv in (("gated_deltanet", True, True, 4), ("deltanet", True, False, 4),
                                     ("simple_gla", False, True, 0)):
@@ -142,15 +144,22 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                     WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1)
 
 
+def divisibility_hints(fn, sig: dict[str, str]) -> set[str]:
+    """The arguments the JIT would specialise as divisible by 16 in the benchmark's launches: every
+    pointer (torch tensors are 16-byte aligned; without this hint no load is vectorised or
+    software-pipelined, and registers, spills and async copies come out unlike the GPU's: gla
+    bwd_sub 840 B of spills instead of 80, delta bwd_dqkwg 255 registers instead of the 162 Nsight
+    Compute read on the H200), and every integer the kernel does not list in ``do_not_specialize``
+    (the chunk kernels list their lengths; the decode kernels' sizes and strides, e.g. the rows of
+    the 8224-wide projection and 16 heads, are all multiples of 16)."""
+    return {n for n in fn.arg_names if sig[n].startswith("*") or (sig[n] == "i32" and n not in fn.do_not_specialize)}
+
+
 def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int):
     names = fn.arg_names
     sig = {n: ("constexpr" if n in constexprs else types[n]) for n in names}
-    # As the JIT specialises a launch on torch tensors: every pointer 16-byte aligned. Without this
-    # hint no load is vectorised or software-pipelined (one 2-byte load per thread and element), and
-    # registers, spills and async copies come out unlike the kernels the GPU runs (gla bwd_sub:
-    # 840 B of spills instead of 80; delta bwd_dqkwg 255 registers instead of the 162 Nsight
-    # Compute read on the H200). Integers get no hint: the kernels list them in do_not_specialize.
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+    hinted = divisibility_hints(fn, sig)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in hinted}
     src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})

@@ -541,3 +541,21 @@ def test_decode_mixer_applies_only_where_it_was_checked(monkeypatch):
         assert not decode_mixer.applies(blocks.build("gated_deltanet", d_model=32, num_heads=2, mode="recurrent"), x)
         assert not decode_mixer.applies(blocks.build("gated_deltanet", d_model=320, num_heads=2), torch.zeros(2, 1, 320))
         assert not decode_mixer.applies(block, x.double())
+
+
+def test_aot_tool_hints_what_the_jit_would_specialise():
+    """``kernels_aot_regs.divisibility_hints``: pointers always; integers unless the kernel keeps
+    them unspecialised (the chunk kernels' lengths), never floats or constexprs. In a subprocess
+    without ``TRITON_INTERPRET`` (interpreted kernels do not keep ``do_not_specialize``)."""
+    code = """
+import kernels_aot_regs as aot
+from blocks.kernels import delta, step
+types = aot.arg_types("bf16")
+cx = ("H", "K", "V", "BT", "BK", "BV", "USE_G", "USE_H0", "STORE_HT", "DOT_PREC", "GATE", "DELTA", "HAS_STATE")
+for fn in (delta._fwd_h_kernel, step._step_kernel):
+    sig = {n: ("constexpr" if n in cx and not (fn is step._step_kernel and n == "H") else types[n]) for n in fn.arg_names}
+    print(" ".join(sorted(aot.divisibility_hints(fn, sig))))
+"""
+    walk, step_ = (set(line.split()) for line in _python(code, {"TRITON_INTERPRET": None}).strip().splitlines()[-2:])
+    assert {"k", "w", "h0"} <= walk and not {"T", "NT", "H"} & walk
+    assert {"q", "H", "sq_b", "sv_h"} <= step_ and "scale" not in step_
