@@ -192,7 +192,8 @@ class LinearBlock(Block):
         one kernel on CUDA (``blocks.kernels.decode_mixer``, for the families it says it serves and
         while it is switched on): ``(o: [B, 1, H*V]`` for ``o_proj``, ``new_state)``, or None to
         take the block's own path."""
-        step = cuda_kernel("mixer", "decode", x)
+        # its inputs: the projection and the block's own parameters (conv, gates, norm)
+        step = cuda_kernel("mixer", "decode", proj["qkv"], *self.parameters())
         if step is None or not step.applies(self, x):
             return None
         return step(self, proj, state)

@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import inplace_enabled, register_kernel
+from . import register_kernel
+from .step import state_buffers
 from .tiles import INTERPRET as _INTERPRET, pow2
 
 # Predicted (not yet timed on a GPU): ~6 fewer kernels per gated_deltanet layer and decode step.
@@ -171,15 +172,11 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         raise ValueError(f"state S: must have shape {(B, H, K, V)}, got {tuple(S.shape)}")
     if W and tuple(state["conv"].shape) != (B, W - 1, C):
         raise ValueError(f"state conv: must have shape {(B, W - 1, C)}, got {tuple(state['conv'].shape)}")
-    in_place = inplace_enabled() and S.dtype == torch.float32 and S.is_contiguous()
-    s_in = S if S.dtype == torch.float32 and S.is_contiguous() else S.float().contiguous()
-    s_out = S if in_place else torch.empty_like(s_in)
+    s_in, s_out = state_buffers(S)
     new_state = {"S": s_out}
     cache = new_cache = conv_w = qkv  # placeholders, never read without a conv
     if W:
-        cache = state["conv"].to(dtype).contiguous()
-        cache_in_place = inplace_enabled() and cache is state["conv"]
-        new_cache = cache if cache_in_place else torch.empty_like(cache)
+        cache, new_cache = state_buffers(state["conv"], dtype)
         new_state["conv"] = new_cache
         conv_w = block.conv.weight.reshape(C, W)
     delta, decay = _kind(block)
@@ -200,11 +197,11 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
 
 
 def applies(block, x: torch.Tensor) -> bool:
-    """Whether ``mixer_step`` runs ``block``'s decode step for the input ``x``: switched on, no
-    gradient being recorded (the kernel has no backward), one of ``KINDS``, the block's chunk mode,
-    a SiLU output gate (if any), head dims up to 128 (one program holds a head's whole state), a
-    known dtype."""
-    return (ENABLED and not torch.is_grad_enabled() and _kind(block) is not None and block.config.mode == "chunk"
+    """Whether ``mixer_step`` runs ``block``'s decode step for the input ``x``: switched on, one of
+    ``KINDS``, the block's chunk mode, a SiLU output gate (if any), head dims up to 128 (one
+    program holds a head's whole state), a known dtype. (It has no backward: ``cuda_kernel`` does
+    not offer it while a gradient is needed.)"""
+    return (ENABLED and _kind(block) is not None and block.config.mode == "chunk"
             and (block.gate is None or block.gate.act_name == "silu")
             and block.head_dim_k <= 128 and block.head_dim_v <= 128 and x.dtype in _DTYPES)
 

@@ -62,6 +62,15 @@ def _step_kernel(q, k, v, g, beta, s_in, s_out, o, scale, H,
     tl.store(o + i_bh * V + o_v, tl.sum(b_s * b_q[:, None], axis=0).to(o.dtype.element_ty), mask=m_v)
 
 
+def state_buffers(state: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s_in, s_out)`` contiguous ``dtype`` buffers a decode kernel reads and writes a piece of
+    decode state through (the recurrent state in float32, a conv cache in the activations' dtype):
+    ``s_out`` is ``state`` itself inside ``inplace_decode_state()`` when ``state`` already is such a
+    buffer (each program reads what it overwrites first), else a new tensor."""
+    s_in = state if state.dtype == dtype and state.is_contiguous() else state.to(dtype).contiguous()
+    return s_in, (state if s_in is state and inplace_enabled() else torch.empty_like(s_in))
+
+
 def _rows(x: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:
     """``(x, batch stride, head stride)`` of a ``[B, H]`` or ``[B, H, D]`` input, copied only when
     its last dim is not contiguous. In a decode step ``q, k, v`` are usually column slices of one
@@ -90,13 +99,10 @@ def fused_step(q, k, v, g=None, beta=None, state=None, scale=None, gate=NO_GATE)
     scale = K ** -0.5 if scale is None else float(scale)
     (q, *sq), (k, *sk), (v, *sv) = _rows(q), _rows(k), _rows(v)
     (g, *sg), (beta, *sbeta) = _rows(g), _rows(beta)
-    s_in = None
     if state is not None:
-        s_in = state if state.dtype == torch.float32 and state.is_contiguous() else state.float().contiguous()
-    if s_in is not None and s_in is state and inplace_enabled():
-        s_out = state
+        s_in, s_out = state_buffers(state)
     else:
-        s_out = q.new_empty(B, H, K, V, dtype=torch.float32)
+        s_in, s_out = None, q.new_empty(B, H, K, V, dtype=torch.float32)
     o = q.new_empty(B, H, V)
     BK = pow2(K)
     # ~4K float32 state elements per program keeps registers low and gives B*H*V/BV programs

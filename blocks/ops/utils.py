@@ -112,16 +112,22 @@ def check_chunk_size(chunk_size: int) -> None:
         raise ValueError(f"chunk_size: must be a positive integer, got {chunk_size!r}")
 
 
-def cuda_kernel(family: str, form: str, x: torch.Tensor, *inputs: torch.Tensor | None) -> Callable | None:
-    """The ``blocks.kernels`` kernel for ``blocks.ops.<family>.<form>`` when ``x`` is on CUDA, else None.
+# forms whose kernels have no backward (the decode kernels); the chunk kernels are autograd functions
+NO_BACKWARD_FORMS = ("step", "decode")
 
-    The ``step`` kernels have no backward: while autograd records and ``x`` or any of ``inputs``
-    requires a gradient, None (the PyTorch form keeps the gradient path; the chunk kernels are
-    autograd functions). Imported lazily: kernel modules import the ops for their fallbacks.
+
+def cuda_kernel(family: str, form: str, x: torch.Tensor, *inputs: torch.Tensor | None) -> Callable | None:
+    """The ``blocks.kernels`` kernel for ``blocks.ops.<family>.<form>`` (or another registered
+    kernel, e.g. ``("mixer", "decode")``) when ``x`` is on CUDA, else None.
+
+    A form in ``NO_BACKWARD_FORMS`` is not offered while autograd records and ``x`` or any of
+    ``inputs`` requires a gradient: the PyTorch path keeps the gradient. Imported lazily: kernel
+    modules import the ops for their fallbacks.
     """
     if not x.is_cuda:
         return None
-    if form == "step" and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *inputs)):
+    if (form in NO_BACKWARD_FORMS and torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in (x, *inputs))):
         return None
     from blocks.kernels import get_kernel
 

@@ -159,7 +159,7 @@ def test_linear_blocks_hand_a_decode_step_to_the_fused_mixer_when_it_applies(nam
     for applies in (False, True):
         fake_step.applies = lambda blk, x, applies=applies: applies
         monkeypatch.setattr(linear_family, "cuda_kernel",
-                            lambda fam, form, x: fake_step if (fam, form) == ("mixer", "decode") else None)
+                            lambda fam, form, x, *inputs: fake_step if (fam, form) == ("mixer", "decode") else None)
         calls.clear()
         y, new = block(x1, state)
         block(xs, state)  # T > 1: never the decode mixer

@@ -520,10 +520,11 @@ def test_decode_gemm_report_names_the_best_configuration_or_the_failure():
 
 
 def test_decode_mixer_applies_only_where_it_was_checked(monkeypatch):
-    """``decode_mixer.applies``: off unless switched on and while gradients are recorded (it has no
-    backward); then deltanet, gated_deltanet and simple_gla (not gla, whose decay is per key channel,
-    nor retnet, which runs the simple_gla op with a fixed decay) in chunk mode with head dims up to
-    128 (its one program holds a head's whole state) and a known dtype."""
+    """``decode_mixer.applies``: off unless switched on; then deltanet, gated_deltanet and
+    simple_gla (not gla, whose decay is per key channel, nor retnet, which runs the simple_gla op
+    with a fixed decay) in chunk mode with head dims up to 128 (its one program holds a head's
+    whole state) and a known dtype. (While a gradient is needed ``cuda_kernel`` does not offer it:
+    ``tests/blocks/test_ops.py``.)"""
     import blocks
     from blocks.kernels import decode_mixer
 
@@ -532,7 +533,6 @@ def test_decode_mixer_applies_only_where_it_was_checked(monkeypatch):
     with torch.no_grad():
         assert not decode_mixer.applies(block, x)  # ENABLED is off until timed
     monkeypatch.setattr(decode_mixer, "ENABLED", True)
-    assert not decode_mixer.applies(block, x)  # gradients recorded
     with torch.no_grad():
         assert decode_mixer.applies(block, x) and decode_mixer.applies(blocks.build("deltanet", d_model=32, num_heads=2), x)
         assert decode_mixer.applies(blocks.build("simple_gla", d_model=32, num_heads=2), x)

@@ -259,8 +259,8 @@ def test_cuda_forms_match_cpu_recurrent(family):
 
 
 def test_step_kernels_are_not_used_while_a_gradient_is_needed(monkeypatch):
-    """The ``step`` kernels have no backward: ``cuda_kernel`` offers one only when no input needs a
-    gradient (or autograd is off); the chunk kernels, autograd functions, always."""
+    """The ``step`` kernels and the decode mixer have no backward: ``cuda_kernel`` offers one only
+    when no input needs a gradient (or autograd is off); the chunk kernels, autograd functions, always."""
     import blocks.kernels
     from blocks.ops.utils import cuda_kernel
 
@@ -277,4 +277,5 @@ def test_step_kernels_are_not_used_while_a_gradient_is_needed(monkeypatch):
     with torch.no_grad():
         assert cuda_kernel("gla", "step", plain, needs) == "gla.step"
     assert cuda_kernel("gla", "chunk", needs) == "gla.chunk"
+    assert cuda_kernel("mixer", "decode", plain, needs) is None and cuda_kernel("mixer", "decode", plain) == "mixer.decode"
     assert cuda_kernel("gla", "step", torch.zeros(1)) is None  # not on CUDA
