@@ -87,13 +87,11 @@ class _SoftmaxCache:
 
 
 # GraphDecoder(compile=...) -> torch.compile's arguments. Inductor's own CUDA graphs stay off: the
-# whole step is captured as one graph here. "pdl": Inductor's programmatic dependent launch on
-# Hopper and later (each generated kernel may start while the one before it finishes, waiting in
-# the kernel for the data it reads): aimed at the ~0.9 us between consecutive kernels of the
-# captured step (2.36 ms for 1.94 ms of kernels, 484 of them, gated_deltanet x24 at 05:27); not
-# timed yet (2026-12-01). On a CPU it compiles as "default".
-COMPILE_MODES = {"default": {"mode": "default"}, "max-autotune": {"mode": "max-autotune-no-cudagraphs"},
-                 "pdl": {"options": {"triton.enable_pdl": True}}}
+# whole step is captured as one graph here. Inductor's programmatic dependent launch
+# (options={"triton.enable_pdl": True}) was tried as a mode and lost: the compiled gated_deltanet
+# x24 step took 2.275 against 2.014 ms without it, 1.880 against 1.822 ms with the fused decode
+# mixer (H200, 2026-12-01 10:24, docs/benchmarks/decode_mixer_pdl.md).
+COMPILE_MODES = {"default": {"mode": "default"}, "max-autotune": {"mode": "max-autotune-no-cudagraphs"}}
 
 
 class GraphDecoder:
@@ -106,8 +104,7 @@ class GraphDecoder:
         """``use_graph=False`` runs the same static-buffer step eagerly (any device, no capture): the
         CPU tests check the static path against ``HybridLM.decode_step`` this way. ``compile``: False,
         True (= ``"default"``), ``"max-autotune"`` (Inductor also times Triton GEMM templates
-        against cuBLAS for the step's skinny matmuls; minutes of compiling) or ``"pdl"`` (Inductor's
-        programmatic dependent launch, Hopper and later; ``COMPILE_MODES``)."""
+        against cuBLAS for the step's skinny matmuls; minutes of compiling; ``COMPILE_MODES``)."""
         if not (isinstance(compile, bool) or compile in COMPILE_MODES):
             raise UserError(f"compile: must be true, false or one of {', '.join(COMPILE_MODES)}, got {compile!r}")
         if use_graph and not available():

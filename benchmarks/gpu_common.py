@@ -192,10 +192,11 @@ def apply_sets(text: str) -> dict:
 def kernel_settings() -> dict:
     """``{module: {"switches": {NAME: value}, "launch": LAUNCH, "walk_min_per_sm": N}}`` of the
     chunk-kernel modules as they stand: what a benchmark or sweep ran with (the switches change
-    which kernels run; ``walk_min_per_sm`` is the walks' V-block rule, ``tiles.walk_bv``)."""
+    which kernels run; ``walk_min_per_sm`` is the walks' V-block rule, ``tiles.walk_bv``), and
+    ``decode_mixer``'s ``{"switches": {"ENABLED": ...}}`` (which kernel a decode step runs)."""
     import importlib
 
-    from blocks.kernels import KERNEL_MODULES, tiles
+    from blocks.kernels import KERNEL_MODULES, decode_mixer, tiles
 
     out = {}
     for name in dict.fromkeys(KERNEL_MODULES.values()):
@@ -203,6 +204,7 @@ def kernel_settings() -> dict:
         out[name] = {"switches": {k: getattr(mod, k) for k in getattr(mod, "SWITCHES", {})},
                      "launch": {k: dict(v) for k, v in mod.LAUNCH.items()},
                      "walk_min_per_sm": getattr(mod, "WALK_MIN_PER_SM", tiles.WALK_MIN_PER_SM)}
+    out["decode_mixer"] = {"switches": {"ENABLED": decode_mixer.ENABLED}}
     return out
 
 

@@ -283,7 +283,7 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
 
 
 def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes: str = "default",
-                         mixers: str = "off") -> dict:
+                         mixers: str = "on") -> dict:
     """The same models with their linear layers through torch.compile inside the captured graph,
     once per compile mode in ``modes`` (``archsearch.decode_graph.COMPILE_MODES``) and per setting
     of ``blocks.kernels.decode_mixer.ENABLED`` in ``mixers`` (``off``, ``on``: the deltanet,
@@ -693,11 +693,10 @@ def main(argv=None) -> int:
     ap.add_argument("--compiled-cases", default="gated_deltanet x24,gated_deltanet 3:1 softmax,simple_gla x24")
     ap.add_argument("--compile-modes", default="default",
                     help="comma list for the compiled decode rows: default, max-autotune (Inductor times "
-                    "Triton GEMM templates against cuBLAS; minutes of compiling per model), pdl "
-                    "(Inductor's programmatic dependent launch)")
-    ap.add_argument("--decode-mixers", default="off", help="comma list for the compiled decode rows: off, on "
+                    "Triton GEMM templates against cuBLAS; minutes of compiling per model)")
+    ap.add_argument("--decode-mixers", default=None, help="comma list for the compiled decode rows: off, on "
                     "(blocks.kernels.decode_mixer: each deltanet, gated_deltanet and simple_gla layer's decode "
-                    "step between its projections as one kernel)")
+                    "step between its projections as one kernel); default: as the module is switched")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(filter(None, a.families.split(",")))
@@ -706,6 +705,10 @@ def main(argv=None) -> int:
         ap.error(f"--families: unknown {sorted(unknown)}; known: {', '.join(LINEAR_FAMILIES)}")
     from archsearch.decode_graph import COMPILE_MODES
 
+    if a.decode_mixers is None:
+        from blocks.kernels import decode_mixer
+
+        a.decode_mixers = "on" if decode_mixer.ENABLED else "off"
     if set(filter(None, a.decode_mixers.split(","))) - {"off", "on"}:
         ap.error(f"--decode-mixers: a comma list of off, on; got {a.decode_mixers!r}")
     bad_modes = set(filter(None, a.compile_modes.split(","))) - set(COMPILE_MODES)

@@ -7,9 +7,8 @@
 #   3  the full benchmark (`gpu_kernels.py`, fla skipped) with what the checkout has now
 #   ncu  (only when named in STEPS) hardware counters of the training kernels (`ncu_kernels.py`)
 #   gemm (only when named in STEPS) the decode GEMMs: cuBLAS vs a Triton split-K kernel (`decode_gemm.py`)
-#   decode (only when named in STEPS) the compiled decode graphs of gated_deltanet x24 and simple_gla x24
-#        with Inductor's default mode and with programmatic dependent launch (`--compile-modes default,pdl`),
-#        each with and without the fused delta-rule decode mixer (`--decode-mixers off,on`)
+#   decode (only when named in STEPS) the compiled decode graphs of gated_deltanet x24 and simple_gla x24,
+#        each with and without the fused decode mixer (`--decode-mixers off,on`)
 #
 # Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
 # step), so a step that overruns costs only itself. Steps 1-2 take ~5 min on the H200 and step 3
@@ -27,7 +26,8 @@
 # TESTS_S (cap, 200), SWEEP_S (cap, 300), NCU_S (cap, 240), BENCH_S (cap, 540), FAMILIES (sweep's,
 # all five), ONLY (the sweep's --only entries, default switch; e.g. switch,wy_bwd,wu), WARPS (its
 # --warps, 4,8,16), SET (its --set, e.g. BWD_SUB_BK=128), NCU_CASES (ncu_kernels.py --cases),
-# TESTS_K (pytest -k expression for the tests step, default all), GEMM_S (cap, 240), DECODE_S (cap, 300).
+# TESTS_K (pytest -k expression for the tests step, default all), GEMM_S (cap, 240), DECODE_S (cap, 300),
+# BENCH_DEADLINE (s into the bench after which its sections are skipped; default BENCH_S - 200).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench_out/gpu_session}
@@ -85,11 +85,11 @@ fi
 if [[ ,$STEPS, == *,decode,* ]]; then
   step decode "$DECODE_S" $PY benchmarks/gpu_kernels.py --out "$OUT/decode" \
     --skip correctness,train,step,softmax,kernel_breakdown,model,fla \
-    --compiled-cases "gated_deltanet x24,simple_gla x24" --compile-modes default,pdl --decode-mixers off,on \
+    --compiled-cases "gated_deltanet x24,simple_gla x24" --decode-mixers off,on \
     || failed=1
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
-  deadline=$((BENCH_S > 260 ? BENCH_S - 200 : 60))  # sections starting later are skipped
+  deadline=${BENCH_DEADLINE:-$((BENCH_S > 260 ? BENCH_S - 200 : 60))}  # sections starting later are skipped
   step bench "$BENCH_S" $PY benchmarks/gpu_kernels.py --out "$OUT/bench" --skip fla --deadline $deadline || failed=1
 fi
 exit $failed

@@ -20,7 +20,7 @@ block holds in the activation dtype (conv output, q, k, v, o) is rounded to it h
 cache and the state are updated in place inside ``blocks.kernels.inplace_decode_state()`` (each
 program owns its head's channels and state), else written to new tensors.
 
-Off until timed (``ENABLED``): the block keeps its own path, which ``decode_graph`` compiles.
+On by default (``ENABLED``; off, the block keeps its own path, which ``decode_graph`` compiles).
 """
 from __future__ import annotations
 
@@ -32,9 +32,11 @@ from . import register_kernel
 from .step import state_buffers
 from .tiles import INTERPRET as _INTERPRET, pow2
 
-# Predicted (not yet timed on a GPU): ~6 fewer kernels per gated_deltanet layer and decode step.
-# ``benchmarks/gpu_kernels.py --decode-mixers off,on`` times the compiled decode graphs both ways.
-ENABLED = False
+# Timed (H200, 2026-12-01 10:24, ``benchmarks/gpu_kernels.py --decode-mixers off,on``,
+# docs/benchmarks/decode_mixer_pdl.md): the compiled 24-layer decode step at batch 16 went from 460
+# to 244 kernels and 2.014 to 1.822 ms (gated_deltanet), 316 to 244 kernels and 1.882 to 1.703 ms
+# (simple_gla). The kernel takes 11.9 / 10.0 us per layer against the step kernel's 10.2 / 9.5.
+ENABLED = True
 # One program per (batch, head) holds the head's [128, 128] float32 state: sm_90 compiles of the
 # gated_deltanet kernel at K = V = 128 take 207 / 176 / 106 registers at 4 / 8 / 16 warps, no spills
 # (``benchmarks/kernels_aot_regs.py --kernels decode_mixer --warps 4,8,16``), so 4 warps fit two

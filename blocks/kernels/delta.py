@@ -146,15 +146,6 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
 # moved 0.3 / 1.1%: the noise floor); ``SOLVE_TRIL_DIAG_TF32X3`` (split-TF32 "tf32x3" dots in the
 # diagonal blocks, emulated as accurate as exact): -0.3 / +0.9% (delta_rule), no gain.
 
-# The gated ``_bwd_dqkwg_kernel`` forms the gate gradient's ``sum_j M_ij - sum_j M_ji`` (M: the
-# intra-chunk score term, [BT, BT]) as one row sum of ``M - M^T`` instead of a row sum and a column
-# sum. The column sum crosses warps: in sm_90 compiles (``benchmarks/kernels_aot_regs.py --kernels
-# bwd_dqkwg --set DQKWG_DG_ANTISYM=True`` and without ``--set``, 4 warps) the kernel has 2048 instead
-# of 2280 SASS instructions, 26 instead of 106 shuffles, 22 instead of 30 barriers, 254 instead of
-# 242 registers; the gated kernel is 1.29 ms per step against 0.89 for
-# the ungated one on the same bytes, issuing more often (Nsight Compute, 2026-11-30). Off until
-# timed (2026-12-01): the launch sweep's switch rows turn it on.
-DQKWG_DG_ANTISYM = False
 # The gated kernels' pair decays ``exp(G_i - G_j)`` ([BT, BT] tiles in ``_kkt_kernel``,
 # ``_fwd_o_kernel``, ``_bwd_dv_local_kernel``, ``_bwd_dqkwg_kernel``, ``_wy_bwd_kernel``) as the outer
 # product of two [BT] vectors of exponentials through the chunk's first row, while the chunk's decay
@@ -165,8 +156,10 @@ DQKWG_DG_ANTISYM = False
 # the kernels hold both paths (static counts up: ``--set PAIR_DECAY_FACTORED=True``); with the
 # exact branch edited out (not kept) the factored path compiled to 784 / 792 / 648 / 2136 / 2160
 # instructions against 928 / 848 / 672 / 2280 / 2312 (kkt, fwd_o, bwd_dv_local, bwd_dqkwg,
-# wy_bwd). Off until timed (2026-12-01): the launch sweep's switch rows turn it on.
-PAIR_DECAY_FACTORED = False
+# wy_bwd). On since the sweep of 2026-12-01 10:22 (H200, ``kernel_launch_sweep_1201_pair.md``):
+# off costs gated_delta_rule +0.4 / +1.5% per fwd+bwd step at 2k / 32k (delta_rule, which it does
+# not touch, moved 0.1 / 0.4%: the noise floor); the GPU tests passed with it on.
+PAIR_DECAY_FACTORED = True
 # Both factors stay normal float32 numbers up to a span of ~85; but an exponent of size x carries
 # ~x float32 ulps of rounding into its factor (the GPU's exp scales x by log2(e) before ex2), so the
 # span stays at gla's SPAN_MAX: factors within exp(+-40), pairs ~5e-6 relative at worst against
@@ -179,7 +172,7 @@ SOLVE_TRIL_TF32_MERGES = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
-            "DQKWG_DG_ANTISYM": (False, True), "PAIR_DECAY_FACTORED": (False, True)}
+            "PAIR_DECAY_FACTORED": (False, True)}
 
 
 @triton.jit
@@ -550,8 +543,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
 def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr, DG_ANTISYM: tl.constexpr,
-                      PAIR_FACTORED: tl.constexpr):
+                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
@@ -606,10 +598,9 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         b_M = tl.where(o_i[:, None] > o_i[None, :], b_ds * b_qk, 0.)
         last = tl.minimum(i_t * BT + BT, T) - 1
         b_kdk = tl.where(o_t < last, tl.sum(b_k.to(tl.float32) * b_dk, 1), 0.)
-        if DG_ANTISYM:  # one row sum of M - M^T (a transpose through shared memory)
-            b_dg = tl.sum(b_q.to(tl.float32) * b_dq, 1) - b_kdk + tl.sum(b_M - tl.trans(b_M), 1)
-        else:  # a row sum and a column sum (across warps) of M
-            b_dg = tl.sum(b_q.to(tl.float32) * b_dq, 1) - b_kdk + tl.sum(b_M, 1) - tl.sum(b_M, 0)
+        # a row sum and a column sum (across warps) of M; one row sum of M - M^T instead (fewer
+        # shuffles in sm_90 compiles) lost in the sweep of 2026-12-01 10:22: +1.9 / -0.1% (2k / 32k)
+        b_dg = tl.sum(b_q.to(tl.float32) * b_dq, 1) - b_kdk + tl.sum(b_M, 1) - tl.sum(b_M, 0)
         b_dg += tl.where(o_t == last, tl.sum(b_kdk, 0) + tl.sum(b_hdh, 0) * tl.exp(g_last), 0.)
         tl.store(dG + ((i_k * B + i_b) * T + o_t) * H + i_h, b_dg, mask=m_t)
     else:
@@ -862,8 +853,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     _bwd_dqkwg_kernel[(NK, NT, B * H)](
         q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,
-        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, DG_ANTISYM=DQKWG_DG_ANTISYM,
-        PAIR_FACTORED=PAIR_DECAY_FACTORED,
+        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
         **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
     del h, dh, vn
     dk, dv = torch.empty_like(k), torch.empty_like(v)

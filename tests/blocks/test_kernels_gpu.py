@@ -236,7 +236,7 @@ def test_decode_graph_matches_eager_model(dtype):
 
 
 @gpu
-@pytest.mark.parametrize("mode", [True, "max-autotune", "pdl"])
+@pytest.mark.parametrize("mode", [True, "max-autotune"])
 def test_compiled_decode_graph_matches_eager_model(mode):
     """``compile=True`` (or a named mode): the linear layers through ``torch.compile`` inside the
     captured graph (the benchmark's fastest decode), float32, against the eager model step by step."""
@@ -452,12 +452,13 @@ def test_decode_mixer_in_the_decode_graph_matches_eager(dtype, monkeypatch):
         finally:
             monkeypatch.setattr(decode_mixer, "ENABLED", False)
 
+    monkeypatch.setattr(decode_mixer, "ENABLED", False)  # the eager reference: the blocks' own path
     calls = []
     monkeypatch.setattr(decode_mixer, "_mixer_kernel", _Spy(decode_mixer._mixer_kernel, calls))
     model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2}),
                          ("deltanet", {"num_heads": 2}), ("simple_gla", {"num_heads": 2})]).to(dtype)
     B, P, steps = 3, 9, 5
-    prompt = torch.randint(0, 97, (B, P))
+    prompt = torch.randint(0, 97, (B, P), device="cuda")
     for compile_mode in (False, True):
         calls.clear()
         dec = GraphDecoder(model, B, capacity=P + steps, compile=compile_mode)
@@ -539,8 +540,7 @@ def test_compiled_static_decode_path_matches_eager_model_on_cpu():
     _steps_match_eager(model, dec, prompt, steps, 1e-5, 1e-6)
 
 
-@pytest.mark.parametrize("mode, kwargs", [(True, {"mode": "default"}), ("max-autotune", {"mode": "max-autotune-no-cudagraphs"}),
-                                          ("pdl", {"options": {"triton.enable_pdl": True}})])
+@pytest.mark.parametrize("mode, kwargs", [(True, {"mode": "default"}), ("max-autotune", {"mode": "max-autotune-no-cudagraphs"})])
 def test_compile_modes_reach_torch_compile(mode, kwargs, monkeypatch):
     """Each named mode compiles every linear layer (not the softmax ones) with its own arguments."""
     from archsearch import decode_graph
@@ -556,7 +556,7 @@ def test_unknown_compile_mode_is_a_one_line_error():
     from archsearch.decode_graph import GraphDecoder
 
     model = _cpu_model([("simple_gla", {"num_heads": 2})])
-    with pytest.raises(UserError, match="compile: must be true, false or one of default, max-autotune, pdl, got 'fast'"):
+    with pytest.raises(UserError, match="compile: must be true, false or one of default, max-autotune, got 'fast'"):
         GraphDecoder(model, 1, capacity=4, compile="fast", use_graph=False)
 
 
