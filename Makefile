@@ -32,7 +32,8 @@ test: setup
 # PyTorch forms, every load and store checked against the launch's tensors; and the launch tables. Triton and a NumPy its interpreter supports
 # (< 2.3) go into their own folder, so the main environment stays as it is.
 KERNEL_DEPS := .triton-cpu
-KERNEL_TESTS := tests/blocks/test_kernels_gpu.py tests/blocks/test_kernels_gpu_gla_delta.py tests/blocks/test_kernels_launch.py
+KERNEL_TESTS := tests/blocks/test_kernels_gpu.py tests/blocks/test_kernels_gpu_gla_delta.py tests/blocks/test_kernels_launch.py \
+	tests/blocks/test_kernels_skinny.py
 $(KERNEL_DEPS)/.installed: | setup
 	$(BIN)/pip install -q --target $(KERNEL_DEPS) "triton>=3.4" "numpy<2.3"
 	@touch $@

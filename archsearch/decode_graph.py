@@ -128,16 +128,33 @@ class GraphDecoder:
         for i, layer in enumerate(model.layers):
             if layer.mixer.name == "softmax":
                 self.caches[i] = _SoftmaxCache(layer.mixer, batch, capacity, self.dtype, self.device)
-        # compile=True runs each linear layer through torch.compile (regional compilation: the layers
-        # share their code, so Inductor compiles once and every layer reuses it); it fuses the
-        # dozens of small elementwise kernels per layer that otherwise dominate a decode step.
+        # Linear layers that run as archsearch.decode_layer's kernels (where it applies and is switched
+        # on), each handing the next fused layer its first RMSNorm (the last: the final norm's).
+        self.fused_layers, self.next_norms = self._plan_fused_layers()
+        # compile=True runs each other linear layer through torch.compile (regional compilation: the
+        # layers share their code, so Inductor compiles once and every layer reuses it); it fuses
+        # the dozens of small elementwise kernels per layer that otherwise dominate a decode step.
         mode = "default" if compile is True else compile
         self.layer_fns = [torch.compile(layer, dynamic=False, **COMPILE_MODES[mode])
-                          if mode and i not in self.caches else layer for i, layer in enumerate(model.layers)]
+                          if mode and i not in self.caches and i not in self.fused_layers else layer
+                          for i, layer in enumerate(model.layers)]
         self.compiled = mode  # False or the mode's name
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self._init_linear_states()
+
+    @torch.no_grad()
+    def _plan_fused_layers(self) -> tuple[set[int], dict[int, torch.nn.Module | None]]:
+        """``({layer index: runs decode_layer.step}, {index: the RMSNorm its step applies last})``."""
+        from archsearch import decode_layer
+
+        layers = self.model.layers
+        probe = torch.empty(self.batch, 1, self.model.embed.embedding_dim, dtype=self.dtype, device=self.device)
+        fused = {i for i, layer in enumerate(layers) if i not in self.caches and decode_layer.applies(layer, probe)}
+        final = self.model.final_norm if decode_layer.is_rmsnorm(self.model.final_norm) else None
+        nexts = {i: (layers[i + 1].norm1 if i + 1 in fused else None) if i + 1 < len(layers) else final
+                 for i in fused}
+        return fused, nexts
 
     # --- state -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -201,25 +218,37 @@ class GraphDecoder:
     def _forward(self) -> torch.Tensor:
         """One decode step on the static buffers: reads ``token``, ``pos`` and the states, writes the
         states in place, advances ``pos``; returns logits ``[B, V]``."""
+        from archsearch import decode_layer
+
         model = self.model
         x = model.embed(self.token[:, None])  # [B, 1, d_model]
+        hn = None  # norm1 of x, where the fused layer before computed it
         for i, layer in enumerate(model.layers):
+            if i in self.fused_layers:
+                x, hn, new = decode_layer.step(layer, x, hn, self.states[i], self.next_norms[i])
+                self._keep_state(i, layer, new)
+                continue
             if i not in self.caches:
                 x, new = self.layer_fns[i](x, self.states[i])  # HybridLayer: x + mixer(norm1 x), + MLP
-                for name, buf in self.states[i].items():
-                    t = new[name]
-                    if t.data_ptr() == buf.data_ptr():  # the fused step wrote S in place
-                        continue
-                    if t.shape != buf.shape:
-                        raise UserError(f"layers[{i}] ({layer.mixer.name}): decode state {name!r} changes "
-                                        f"shape {tuple(buf.shape)} -> {tuple(t.shape)}; cannot capture")
-                    buf.copy_(t)
+                self._keep_state(i, layer, new)
                 continue
             x = x + self.caches[i].step(layer.norm1(x), self.pos)
             if layer.mlp is not None:
                 x = x + layer.mlp(layer.norm2(x))
         self.pos.add_(1)
-        return model.head(model.final_norm(x))[:, 0]
+        # hn is still set only after a fused last layer: the final norm of x
+        return model.head(model.final_norm(x) if hn is None else hn)[:, 0]
+
+    def _keep_state(self, i: int, layer, new: State) -> None:
+        """Copy layer ``i``'s new decode state into its static buffers (unless written in place)."""
+        for name, buf in self.states[i].items():
+            t = new[name]
+            if t.data_ptr() == buf.data_ptr():  # the fused step wrote S in place
+                continue
+            if t.shape != buf.shape:
+                raise UserError(f"layers[{i}] ({layer.mixer.name}): decode state {name!r} changes "
+                                f"shape {tuple(buf.shape)} -> {tuple(t.shape)}; cannot capture")
+            buf.copy_(t)
 
     @torch.no_grad()
     def capture(self) -> None:

@@ -193,7 +193,8 @@ def kernel_settings() -> dict:
     """``{module: {"switches": {NAME: value}, "launch": LAUNCH, "walk_min_per_sm": N}}`` of the
     chunk-kernel modules as they stand: what a benchmark or sweep ran with (the switches change
     which kernels run; ``walk_min_per_sm`` is the walks' V-block rule, ``tiles.walk_bv``), and
-    ``decode_mixer``'s ``{"switches": {"ENABLED": ...}}`` (which kernel a decode step runs)."""
+    ``decode_mixer``'s and ``decode_layer``'s ``{"switches": {"ENABLED": ...}}`` (which kernels a
+    decode step runs)."""
     import importlib
 
     from blocks.kernels import KERNEL_MODULES, decode_mixer, tiles
@@ -204,7 +205,10 @@ def kernel_settings() -> dict:
         out[name] = {"switches": {k: getattr(mod, k) for k in getattr(mod, "SWITCHES", {})},
                      "launch": {k: dict(v) for k, v in mod.LAUNCH.items()},
                      "walk_min_per_sm": getattr(mod, "WALK_MIN_PER_SM", tiles.WALK_MIN_PER_SM)}
+    from archsearch import decode_layer
+
     out["decode_mixer"] = {"switches": {"ENABLED": decode_mixer.ENABLED}}
+    out["decode_layer"] = {"switches": {"ENABLED": decode_layer.ENABLED}}
     return out
 
 

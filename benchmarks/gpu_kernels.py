@@ -283,26 +283,29 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
 
 
 def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes: str = "default",
-                         mixers: str = "on") -> dict:
+                         mixers: str = "on", layers: str = "off") -> dict:
     """The same models with their linear layers through torch.compile inside the captured graph,
-    once per compile mode in ``modes`` (``archsearch.decode_graph.COMPILE_MODES``) and per setting
+    once per compile mode in ``modes`` (``archsearch.decode_graph.COMPILE_MODES``), per setting
     of ``blocks.kernels.decode_mixer.ENABLED`` in ``mixers`` (``off``, ``on``: the deltanet,
-    gated_deltanet and simple_gla layers' decode step between their projections as one kernel)."""
-    from archsearch import decode_graph
+    gated_deltanet and simple_gla layers' decode step between their projections as one kernel)
+    and of ``archsearch.decode_layer.ENABLED`` in ``layers`` (``on``: those layers' whole decode
+    step as the skinny GEMMs, the mixer and the residual + RMSNorm kernels, not compiled)."""
+    from archsearch import decode_graph, decode_layer
     from archsearch.model import HybridLM
     from blocks.kernels import decode_mixer
 
     out = {}
-    runs = [(name, block, every, ctx, mode, mixer) for mode in filter(None, modes.split(","))
-            for mixer in filter(None, mixers.split(","))
+    runs = [(name, block, every, ctx, mode, mixer, fused) for mode in filter(None, modes.split(","))
+            for mixer in filter(None, mixers.split(",")) for fused in filter(None, layers.split(","))
             for name, block, every, ctx in (("gated_deltanet x24", "gated_deltanet", 0, 4096),
                                             ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, 4096),
                                             ("simple_gla x24", "simple_gla", 0, 4096))
             if not cases or name in cases.split(",")]
-    enabled = decode_mixer.ENABLED
-    for name, block, every, ctx, mode, mixer in runs:
-        label = ("compiled" if mode == "default" else f"compiled, {mode}") + (", fused mixer" if mixer == "on" else "")
-        decode_mixer.ENABLED = mixer == "on"
+    enabled = decode_mixer.ENABLED, decode_layer.ENABLED
+    for name, block, every, ctx, mode, mixer, fused in runs:
+        label = (("compiled" if mode == "default" else f"compiled, {mode}") + (", fused mixer" if mixer == "on" else "")
+                 + (", fused layers" if fused == "on" else ""))
+        decode_mixer.ENABLED, decode_layer.ENABLED = mixer == "on", fused == "on"
         try:
             with torch.device("cuda"):
                 model = HybridLM(model_spec(block, softmax_every=every))
@@ -327,7 +330,7 @@ def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes
             out[f"{name} ({label})"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             traceback.print_exc()
         torch.cuda.empty_cache()
-    decode_mixer.ENABLED = enabled
+    decode_mixer.ENABLED, decode_layer.ENABLED = enabled
     return out
 
 
@@ -697,6 +700,9 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-mixers", default=None, help="comma list for the compiled decode rows: off, on "
                     "(blocks.kernels.decode_mixer: each deltanet, gated_deltanet and simple_gla layer's decode "
                     "step between its projections as one kernel); default: as the module is switched")
+    ap.add_argument("--decode-layers", default=None, help="comma list for the compiled decode rows: off, on "
+                    "(archsearch.decode_layer: those layers' whole decode step as skinny GEMMs, the mixer and "
+                    "residual + RMSNorm kernels); default: as the module is switched")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(filter(None, a.families.split(",")))
@@ -709,8 +715,13 @@ def main(argv=None) -> int:
         from blocks.kernels import decode_mixer
 
         a.decode_mixers = "on" if decode_mixer.ENABLED else "off"
-    if set(filter(None, a.decode_mixers.split(","))) - {"off", "on"}:
-        ap.error(f"--decode-mixers: a comma list of off, on; got {a.decode_mixers!r}")
+    if a.decode_layers is None:
+        from archsearch import decode_layer
+
+        a.decode_layers = "on" if decode_layer.ENABLED else "off"
+    for flag, value in (("--decode-mixers", a.decode_mixers), ("--decode-layers", a.decode_layers)):
+        if set(filter(None, value.split(","))) - {"off", "on"}:
+            ap.error(f"{flag}: a comma list of off, on; got {value!r}")
     bad_modes = set(filter(None, a.compile_modes.split(","))) - set(COMPILE_MODES)
     if bad_modes:
         ap.error(f"--compile-modes: unknown {sorted(bad_modes)}; known: {', '.join(COMPILE_MODES)}")
@@ -748,7 +759,7 @@ def main(argv=None) -> int:
                                           else lengths, a.fla_families)),
                 ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"],
                                                                 cases=a.compiled_cases, modes=a.compile_modes,
-                                                                mixers=a.decode_mixers))]
+                                                                mixers=a.decode_mixers, layers=a.decode_layers))]
     for name, fn in sections:
         if name in skip or (name == "softmax_decode" and "softmax" in skip) or (name == "model_decode" and "model" in skip):
             continue

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One GPU session's kernel work in two calls of the device tool (10 minutes each at most):
 #
-#   1  both GPU kernel test files and the decode-measurement GPU tests (pytest-xdist, 14 workers)
+#   1  the GPU kernel test files and the decode-measurement GPU tests (pytest-xdist, 14 workers)
 #   2  the launch sweep's module switches only (`--only switch`), every linear family, 2k and 32k:
 #      which alternative kernels win (docs/benchmarks/README.md, "Ready to time")
 #   3  the full benchmark (`gpu_kernels.py`, fla skipped) with what the checkout has now
 #   ncu  (only when named in STEPS) hardware counters of the training kernels (`ncu_kernels.py`)
 #   gemm (only when named in STEPS) the decode GEMMs: cuBLAS vs a Triton split-K kernel (`decode_gemm.py`)
-#   decode (only when named in STEPS) the compiled decode graphs of gated_deltanet x24 and simple_gla x24,
-#        each with and without the fused decode mixer (`--decode-mixers off,on`)
+#   decode (only when named in STEPS) the compiled decode graphs of gated_deltanet x24, its 3:1 hybrid
+#        with softmax and simple_gla x24, each with and without the fused decode layers
+#        (`--decode-layers off,on`; the fused decode mixer on)
 #
 # Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
 # step), so a step that overruns costs only itself. Steps 1-2 take ~5 min on the H200 and step 3
@@ -70,7 +71,7 @@ if [[ ,$STEPS, == *,tests,* ]]; then
   select=()
   [ -n "$TESTS_K" ] && select=(-k "$TESTS_K")
   step tests "$TESTS_S" $PY -m pytest -p no:cacheprovider -q "${workers[@]}" "${select[@]}" tests/blocks/test_kernels_gpu.py \
-    tests/blocks/test_kernels_gpu_gla_delta.py tests/archsearch/test_measure.py || failed=1
+    tests/blocks/test_kernels_gpu_gla_delta.py tests/blocks/test_kernels_skinny.py tests/archsearch/test_measure.py || failed=1
 fi
 if [[ ,$STEPS, == *,sweep,* ]]; then
   step sweep "$SWEEP_S" $PY benchmarks/kernel_launch_sweep.py --families "$FAMILIES" --lengths 2048,32768 \
@@ -85,7 +86,7 @@ fi
 if [[ ,$STEPS, == *,decode,* ]]; then
   step decode "$DECODE_S" $PY benchmarks/gpu_kernels.py --out "$OUT/decode" \
     --skip correctness,train,step,softmax,kernel_breakdown,model,fla \
-    --compiled-cases "gated_deltanet x24,simple_gla x24" --decode-mixers off,on \
+    --decode-mixers on --decode-layers off,on \
     || failed=1
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then

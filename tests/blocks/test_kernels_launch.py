@@ -168,6 +168,8 @@ def test_benchmarks_record_the_switches_they_ran_with():
     assert f"delta: KEEP_WU={delta.KEEP_WU}" in line and "gla: KEEP_H=" in line
     from blocks.kernels import decode_mixer
     assert f"decode_mixer: ENABLED={decode_mixer.ENABLED}" in line
+    from archsearch import decode_layer
+    assert f"decode_layer: ENABLED={decode_layer.ENABLED}" in line
     res = json.loads((ROOT / "docs/benchmarks/gpu_results.json").read_text())
     res["kernel_settings"] = settings
     assert f"Kernel switches: {line}" in gpu_kernels.markdown(res)

@@ -1,0 +1,86 @@
+"""A whole decode layer as seven kernels: the GEMMs, the fused mixer and the residual + RMSNorms.
+
+For a ``HybridLayer`` whose mixer has the fused decode kernel (``blocks.kernels.decode_mixer``:
+deltanet, gated_deltanet, simple_gla), RMSNorm norms and a SwiGLU MLP, one decode step
+(``x: [B <= 16, 1, d_model]``) runs as
+
+    proj      = hn1 W_in^T                        skinny.linear           (hn1 = rmsnorm1(x))
+    o, state  = mixer(proj, state)                decode_mixer            (conv, gates, state update, norms)
+    part      = o W_o^T                           skinny.partials         (float32 split-K sums)
+    h, hn2    = x + sum(part), rmsnorm2(h)        skinny.add_norm
+    a         = silu(hn2 W1^T) * (hn2 W3^T)       skinny.swiglu
+    part      = a W2^T                            skinny.partials
+    x', hn1'  = h + sum(part), rmsnorm1'(x')      skinny.add_norm         (the next layer's norm1, or
+                                                                           the model's final norm)
+
+so the next fused layer starts from ``hn1'`` without a norm kernel of its own. Under
+``torch.compile`` with the fused mixer the same layer was 10 kernels (H200, 2026-12-01 10:33:
+cuBLAS's four GEMMs and split-K reduce, the mixer, two RMSNorms, a residual add, SiLU-mul).
+
+The layer's results match ``HybridLayer.forward`` up to rounding: the residual adds and SiLU-mul
+happen in float32 and are rounded once (the eager layer rounds each GEMM's output first).
+``ENABLED`` switches it; ``archsearch.decode_graph.GraphDecoder`` asks ``applies`` per layer.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from blocks.ops.utils import cuda_kernel
+
+# Off until timed on a GPU: ``benchmarks/gpu_kernels.py --decode-layers off,on``.
+ENABLED = False
+
+
+def is_rmsnorm(norm) -> bool:
+    """An ``nn.RMSNorm`` with a weight (what ``skinny.add_norm`` computes)."""
+    return isinstance(norm, nn.RMSNorm) and norm.weight is not None
+
+
+def _eps(norm, dtype: torch.dtype) -> float:
+    """``nn.RMSNorm``'s epsilon (None there means the dtype's machine epsilon)."""
+    return norm.eps if norm.eps is not None else torch.finfo(dtype).eps
+
+
+def applies(layer, x: torch.Tensor) -> bool:
+    """Whether ``step`` runs ``layer``'s decode step for ``x: [B, 1, d_model]``: switched on, on
+    CUDA with the kernels available and no gradient recorded, B <= 16, RMSNorm norms, a SwiGLU MLP,
+    and a mixer the fused decode kernel serves (``decode_mixer.applies``)."""
+    from archsearch.model import SwiGLU
+
+    if not (ENABLED and x.is_cuda and x.dim() == 3 and x.shape[1] == 1 and 1 <= x.shape[0] <= 16
+            and not torch.is_grad_enabled() and is_rmsnorm(layer.norm1) and is_rmsnorm(layer.norm2)
+            and isinstance(layer.mlp, SwiGLU)):
+        return False
+    mixer = cuda_kernel("mixer", "decode", x)
+    in_proj = getattr(layer.mixer, "in_proj", None)
+    return (mixer is not None and cuda_kernel("skinny", "decode", x) is not None and in_proj is not None
+            and getattr(in_proj, "linear", None) is not None and in_proj.linear.bias is None
+            and layer.mixer.o_proj.bias is None and mixer.applies(layer.mixer, x))
+
+
+def step(layer, x: torch.Tensor, hn: torch.Tensor | None, state: dict, next_norm=None):
+    """One decode step of ``layer`` (``applies`` said yes): ``x: [B, 1, D]`` the residual stream,
+    ``hn`` its ``norm1`` (``[B, 1, D]``, from the previous fused layer) or None, ``state`` the
+    mixer's decode state, ``next_norm`` an RMSNorm (``is_rmsnorm``) or None
+    -> ``(x_out [B, 1, D], next_norm(x_out) [B, 1, D] or None, new_state)``."""
+    from blocks.kernels import skinny
+
+    B, _, D = x.shape
+    x2 = x.view(B, D)
+    hn2d = (F.rms_norm(x2, (D,), layer.norm1.weight, layer.norm1.eps) if hn is None else hn.view(B, D))
+    mixer = layer.mixer
+    proj_all = skinny.linear(hn2d, mixer.in_proj.weight, "in_proj")  # [B, sum(widths)]
+    proj = dict(zip(mixer.in_proj.names, proj_all.view(B, 1, -1).split(mixer.in_proj.widths, dim=-1)))
+    fused = mixer.fused_decode(x, proj, state)
+    if fused is None:  # applies() said it would run; keep the layer correct if it does not
+        raise RuntimeError(f"decode_layer: the fused mixer refused {mixer.name} after applies() accepted it")
+    o, new_state = fused  # [B, 1, H*V]
+    h, hn2 = skinny.add_norm(skinny.partials(o.view(B, -1), mixer.o_proj.weight, "o_proj"), x2,
+                             layer.norm2.weight, _eps(layer.norm2, x.dtype))
+    a = skinny.swiglu(hn2, layer.mlp.w13.weight)  # [B, hidden]
+    out, hn_next = skinny.add_norm(skinny.partials(a, layer.mlp.w2.weight, "w2"), h,
+                                   None if next_norm is None else next_norm.weight,
+                                   0.0 if next_norm is None else _eps(next_norm, x.dtype))
+    return out.view(B, 1, D), None if hn_next is None else hn_next.view(B, 1, D), new_state

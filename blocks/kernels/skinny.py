@@ -1,0 +1,164 @@
+"""Decode-time GEMMs of at most 16 rows, and the residual add + RMSNorm between them.
+
+A decode step multiplies ``[B <= 16, K]`` activations by every weight of the model once, so it is
+bound by reading the weights; cuBLAS picks kernels tiled for larger M and reaches 2.0-3.1 TB/s on
+the four GEMMs of a d_model 2048 layer on an H200 (copy: 4.2 TB/s). ``benchmarks/decode_gemm.py``
+measured a plain split-K Triton kernel for that shape beside cuBLAS (2026-12-01 10:23,
+``docs/benchmarks/decode_gemm.md``, us per call on 24 distinct weights in one CUDA graph): in_proj
+10.94 vs 11.36, w1|w3 13.63 vs 14.70, w2 10.08 vs 11.11, o_proj 6.70 vs 6.31. The same run found
+a normalisation or SiLU folded into the kernel's left operand slow (16-29 us: a transformed
+operand is not pipelined like a plain load), so these kernels keep both operands plain loads and
+put the extra work where it costs nothing:
+
+* ``swiglu``: SwiGLU's ``silu(x W1^T) * (x W3^T)`` as one kernel with two accumulators, one for a
+  block of W1's rows and one for the same block of W3's (``SwiGLU.w13`` holds W1 above W3), and
+  the product in the epilogue: no ``[B, 2 * hidden]`` intermediate, no elementwise kernel.
+* ``partials`` + ``add_norm``: a split-K GEMM writes float32 partial sums; one kernel per row then
+  adds the splits and the residual (the residual stream's new value, in the activation dtype) and
+  the next RMSNorm of that row (what the next GEMM reads). That replaces cuBLAS's split-K reduce,
+  the residual add and the RMSNorm kernel.
+
+Every kernel here is forward-only and runs under ``torch.no_grad`` from ``archsearch.decode_layer``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import register_kernel
+from .tiles import INTERPRET as _INTERPRET, cdiv, pow2
+
+MAX_ROWS = 16
+# (BN, BK, SPLIT_K, num_warps, num_stages) per GEMM of a decode layer: the fastest plain
+# configurations of ``benchmarks/decode_gemm.py --grid small`` (H200, 2026-12-01 10:23). ``swiglu``
+# reads two weight blocks per program, so it takes the w13 case's BN per half.
+CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "o_proj": (32, 128, 4, 4, 4), "swiglu": (32, 128, 1, 4, 4),
+           "w2": (32, 128, 4, 4, 4)}
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, K_PER: tl.constexpr,
+                   SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (cdiv(N, BN), SPLIT_K). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
+    Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
+    (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
+    ``out[:M, n] = silu(x . w[n]) * (x . w[HALF + n])`` for ``n < N`` (one split)."""
+    i_n = tl.program_id(0)
+    i_s = tl.program_id(1)
+    o_m = tl.arange(0, BM)
+    m_m = o_m < M
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc3 = tl.zeros([BM, BN], dtype=tl.float32)
+    k_end = tl.minimum(i_s * K_PER + K_PER, K)
+    for k0 in range(i_s * K_PER, k_end, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < k_end
+        b_x = tl.load(x + o_m[:, None] * sxm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
+        b_w = tl.load(w + o_n[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.)
+        acc += tl.dot(b_x, tl.trans(b_w), input_precision=DOT_PREC)
+        if SWIGLU:
+            b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
+                           other=0.)
+            acc3 += tl.dot(b_x, tl.trans(b_w3), input_precision=DOT_PREC)
+    if SWIGLU:
+        acc = acc * tl.sigmoid(acc) * acc3
+    tl.store(out + i_s * so_s + o_m[:, None] * so_m + o_n[None, :], acc.to(out.dtype.element_ty),
+             mask=m_m[:, None] & m_n[None, :])
+
+
+@triton.jit
+def _add_norm_kernel(part, S, res, gamma, h, hn, M, N, srm, shm, snm, eps,
+                     BLOCK: tl.constexpr, NORM: tl.constexpr):
+    """Grid (M,): row ``m`` of ``h = res + sum_s part[s]`` (``part``: contiguous float32
+    ``[S, M, N]``; ``h`` rounded to its dtype) and, with ``NORM``, ``hn = rmsnorm(h) * gamma``
+    (float32 over the rounded row, one rounding at the store)."""
+    i_m = tl.program_id(0)
+    o = tl.arange(0, BLOCK)
+    m = o < N
+    y = tl.load(res + i_m * srm + o, mask=m, other=0.).to(tl.float32)
+    for s in range(S):
+        y += tl.load(part + (s * M + i_m) * N + o, mask=m, other=0.)
+    y_h = y.to(h.dtype.element_ty)
+    tl.store(h + i_m * shm + o, y_h, mask=m)
+    if NORM:
+        y = y_h.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(y * y, 0) / N + eps)
+        g = tl.load(gamma + o, mask=m, other=0.).to(tl.float32)
+        tl.store(hn + i_m * snm + o, (y * rstd * g).to(hn.dtype.element_ty), mask=m)
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, name: str) -> None:
+    if (x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.shape[1] != w.shape[1] or x.stride(1) != 1
+            or w.stride(1) != 1 or x.dtype != w.dtype or x.dtype not in _DTYPES):
+        raise ValueError(f"skinny {name}: x [M <= {MAX_ROWS}, K] and w [N, K] of one dtype with unit last "
+                         f"strides, got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
+
+
+def _launch(grid, x, w, out, N, half, so_s, so_m, BN, BK, k_per, warps, stages, swiglu):
+    _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), w.stride(0), so_s, so_m,
+                         BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
+                         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+                         num_warps=1 if _INTERPRET else warps, num_stages=1 if _INTERPRET else stages)
+
+
+@register_kernel("skinny", "decode")  # registered so that callers can ask whether these kernels are available
+def linear(x: torch.Tensor, w: torch.Tensor, config: str = "in_proj") -> torch.Tensor:
+    """``x [M, K] @ w [N, K]^T -> [M, N]`` in ``x``'s dtype (float32 accumulation), one split."""
+    _check(x, w, "linear")
+    BN, BK, _, warps, stages = CONFIGS[config]
+    N = w.shape[0]
+    out = x.new_empty(x.shape[0], N)
+    _launch((cdiv(N, BN), 1), x, w, out, N, 0, 0, out.stride(0), BN, BK, x.shape[1], warps, stages, False)
+    return out
+
+
+def partials(x: torch.Tensor, w: torch.Tensor, config: str = "o_proj") -> torch.Tensor:
+    """``x [M, K] @ w [N, K]^T`` as float32 partial sums ``[S, M, N]`` over S slices of K (the
+    config's split, fewer when K is short); ``add_norm`` adds them up."""
+    _check(x, w, "partials")
+    BN, BK, split, warps, stages = CONFIGS[config]
+    M, K = x.shape
+    N = w.shape[0]
+    k_per = cdiv(cdiv(K, split), BK) * BK
+    S = cdiv(K, k_per)
+    out = torch.empty(S, M, N, dtype=torch.float32, device=x.device)
+    _launch((cdiv(N, BN), S), x, w, out, N, 0, out.stride(0), out.stride(1), BN, BK, k_per, warps, stages, False)
+    return out
+
+
+def swiglu(x: torch.Tensor, w13: torch.Tensor, config: str = "swiglu") -> torch.Tensor:
+    """``silu(x W1^T) * (x W3^T) -> [M, hidden]`` in ``x``'s dtype, ``w13 = [W1; W3]``
+    (``[2 * hidden, K]``, as ``archsearch.model.SwiGLU.w13``)."""
+    _check(x, w13, "swiglu")
+    if w13.shape[0] % 2:
+        raise ValueError(f"skinny swiglu: w13 must stack W1 over W3 ([2 * hidden, K]), got {tuple(w13.shape)}")
+    BN, BK, _, warps, stages = CONFIGS[config]
+    hidden = w13.shape[0] // 2
+    out = x.new_empty(x.shape[0], hidden)
+    _launch((cdiv(hidden, BN), 1), x, w13, out, hidden, hidden, 0, out.stride(0), BN, BK, x.shape[1], warps,
+            stages, True)
+    return out
+
+
+def add_norm(part: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor | None = None,
+             eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``h = residual + part.sum(0)`` (``part``: float32 ``[S, M, N]``, ``residual``: ``[M, N]``,
+    unit last stride; ``h`` in the residual's dtype) and ``rmsnorm(h) * gamma`` (None without
+    ``gamma``) -> ``(h, hn)``."""
+    S, M, N = part.shape
+    if (part.dtype != torch.float32 or not part.is_contiguous() or tuple(residual.shape) != (M, N)
+            or residual.stride(1) != 1 or (gamma is not None and tuple(gamma.shape) != (N,))):
+        raise ValueError(f"skinny add_norm: part float32 [S, M, N] contiguous, residual [M, N], gamma [N]; got "
+                         f"{tuple(part.shape)} {part.dtype}, {tuple(residual.shape)}, "
+                         f"{None if gamma is None else tuple(gamma.shape)}")
+    h = residual.new_empty(M, N)
+    hn = torch.empty_like(h) if gamma is not None else None
+    _add_norm_kernel[(M,)](part, S, residual, gamma if gamma is not None else h, h, hn if hn is not None else h,
+                           M, N, residual.stride(0), h.stride(0), h.stride(0), eps,
+                           BLOCK=pow2(N), NORM=gamma is not None, num_warps=1 if _INTERPRET else 4)
+    return h, hn

@@ -1,0 +1,194 @@
+"""``blocks.kernels.skinny`` (decode GEMMs of <= 16 rows, residual add + RMSNorm) and
+``archsearch.decode_layer`` (a whole decode layer as those kernels and the fused mixer).
+
+Interpreter tests (``TRITON_INTERPRET=1``, float32, CPU tensors; ``make test-kernels``) check the
+kernels and the layer step against PyTorch; GPU tests check them in bf16 at the benchmark's shapes
+and the captured decode graph against the eager model; the CPU tests check where the layer applies.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from interpreter_bounds import checked_memory
+from test_kernels_gpu import HAS_GPU, INTERPRET, _steps_match_eager, _tiny_model, gpu, rel
+
+from archsearch import decode_layer
+
+interpreter = pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+
+
+def _layer(block: str, config: dict, d_model: int = 32, device="cpu"):
+    """A ``HybridLayer`` of ``block`` with its parameters moved off their inits (norm weights 1...)."""
+    from archsearch.model import HybridLayer
+    from archsearch.spec import ArchSpec, LayerSpec
+
+    torch.manual_seed(0)
+    spec = ArchSpec(vocab_size=11, d_model=d_model, layers=(LayerSpec(block, config),))
+    layer = HybridLayer(spec, 0).to(device)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return layer.eval()
+
+
+# --- the kernels in the interpreter --------------------------------------------------------------
+@interpreter
+@pytest.mark.parametrize("M, N, K", [(3, 70, 150), (16, 32, 64), (1, 5, 300)])
+def test_skinny_gemms_in_interpreter(M, N, K, monkeypatch):
+    """``linear``, ``swiglu`` and ``partials`` + ``add_norm`` against float32 PyTorch, with M, N, K
+    off the blocks and (``partials``) K in several splits, the last one short."""
+    from blocks.kernels import skinny
+
+    monkeypatch.setitem(skinny.CONFIGS, "o_proj", (32, 32, 4, 4, 4))  # K 150 -> 3 splits of 64
+    torch.manual_seed(0)
+    x, w = torch.randn(M, K), torch.randn(N, K) / K ** 0.5
+    w13 = torch.randn(2 * N, K) / K ** 0.5
+    res, gamma = torch.randn(M, N), 1 + 0.1 * torch.randn(N)
+    with checked_memory():
+        y = skinny.linear(x, w)
+        a = skinny.swiglu(x, w13)
+        part = skinny.partials(x, w)
+        h, hn = skinny.add_norm(part, res, gamma, 1e-6)
+        h2, none = skinny.add_norm(part, res)
+    assert rel(y, x @ w.T) < 1e-6
+    w1, w3 = w13.chunk(2)
+    assert rel(a, F.silu(x @ w1.T) * (x @ w3.T)) < 1e-6
+    assert part.shape[0] >= 2  # split K
+    assert rel(part.sum(0), x @ w.T) < 1e-6
+    assert rel(h, res + x @ w.T) < 1e-6 and torch.equal(h2, h) and none is None
+    assert rel(hn, F.rms_norm(h, (N,), gamma, 1e-6)) < 1e-6
+
+
+def test_skinny_gemms_refuse_shapes_they_do_not_serve():
+    pytest.importorskip("triton")
+    from blocks.kernels import skinny
+
+    x, w = torch.zeros(17, 8), torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="x \\[M <= 16, K\\]"):
+        skinny.linear(x, w)
+    with pytest.raises(ValueError, match="one dtype"):
+        skinny.linear(torch.zeros(2, 8, dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match="stack W1 over W3"):
+        skinny.swiglu(torch.zeros(2, 8), torch.zeros(5, 8))
+    with pytest.raises(ValueError, match="part float32"):
+        skinny.add_norm(torch.zeros(1, 2, 4, dtype=torch.bfloat16), torch.zeros(2, 4))
+
+
+# --- the layer step in the interpreter -----------------------------------------------------------
+LAYER_CONFIGS = [("gated_deltanet", {"num_heads": 2}), ("deltanet", {"num_heads": 2, "conv_size": 0}),
+                 ("simple_gla", {"num_heads": 2, "output_gate": True})]
+
+
+@interpreter
+@pytest.mark.parametrize("block, config", LAYER_CONFIGS, ids=lambda c: str(c))
+@pytest.mark.parametrize("given_norm", [False, True], ids=["norm1_here", "norm1_given"])
+def test_decode_layer_step_in_interpreter(block, config, given_norm, monkeypatch):
+    """``decode_layer.step`` against ``HybridLayer.forward`` for one token continuing a state: the
+    new residual stream, the next norm of it, the new state; with ``norm1(x)`` computed there or
+    handed in (as the fused layer before hands it)."""
+    from blocks import kernels
+    from blocks.kernels import decode_mixer
+
+    layer = _layer(block, config)
+    mixer = layer.mixer
+    # on CPU the block finds no kernel: hand its decode step to the mixer kernel directly
+    monkeypatch.setattr(mixer, "fused_decode", lambda x, proj, state: decode_mixer.mixer_step(mixer, proj, state))
+    next_norm = torch.nn.RMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        next_norm.weight.add_(0.1 * torch.randn(32))
+        _, state = layer(torch.randn(3, 5, 32))
+        x = torch.randn(3, 1, 32)
+        ref_x, ref_state = layer(x, state)
+        hn = layer.norm1(x) if given_norm else None
+        with checked_memory():
+            out, hn_next, new = decode_layer.step(layer, x, hn, state, next_norm)
+            mine = {n: t.clone() for n, t in state.items()}
+            with kernels.inplace_decode_state():
+                out2, none, new2 = decode_layer.step(layer, x, hn, mine, None)
+    assert rel(out, ref_x) < 1e-5 and rel(hn_next, next_norm(ref_x)) < 1e-5
+    assert set(new) == set(ref_state) and all(rel(new[n], ref_state[n]) < 1e-5 for n in ref_state)
+    assert torch.equal(out2, out) and none is None and all(new2[n] is mine[n] for n in mine)
+
+
+# --- where the layer applies (CPU) ---------------------------------------------------------------
+def test_decode_layer_applies_only_on_cuda_when_switched_on(monkeypatch):
+    """Off when switched off, on CPU, while a gradient is recorded, above 16 rows or for a layer
+    the fused mixer does not serve; a CPU GraphDecoder plans no fused layers."""
+    from archsearch.decode_graph import GraphDecoder
+    from test_kernels_gpu import _cpu_model
+
+    monkeypatch.setattr(decode_layer, "ENABLED", True)
+    layer = _layer("gated_deltanet", {"num_heads": 2})
+    with torch.no_grad():
+        assert not decode_layer.applies(layer, torch.zeros(2, 1, 32))  # CPU
+    model = _cpu_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2})])
+    assert GraphDecoder(model, 2, capacity=4, use_graph=False).fused_layers == set()
+    if not HAS_GPU:
+        return
+    cuda = layer.cuda()
+    x = torch.zeros(2, 1, 32, device="cuda")
+    with torch.no_grad():
+        assert decode_layer.applies(cuda, x)
+        assert not decode_layer.applies(cuda, torch.zeros(17, 1, 32, device="cuda"))
+        assert not decode_layer.applies(_layer("gla", {"num_heads": 2}, device="cuda"), x)
+        monkeypatch.setattr(decode_layer, "ENABLED", False)
+        assert not decode_layer.applies(cuda, x)
+    monkeypatch.setattr(decode_layer, "ENABLED", True)
+    assert not decode_layer.applies(cuda, x)  # a gradient is recorded
+
+
+# --- GPU -----------------------------------------------------------------------------------------
+@gpu
+@pytest.mark.parametrize("case", ["in_proj", "o_proj", "w13", "w2"])
+def test_skinny_gemms_at_decode_shapes_on_gpu(case):
+    """bf16 at the benchmark model's shapes (batch 16, d_model 2048) against float32 PyTorch on the
+    same bf16 values."""
+    from blocks.kernels import skinny
+
+    N, K = {"in_proj": (8224, 2048), "o_proj": (2048, 2048), "w13": (11008, 2048), "w2": (2048, 5504)}[case]
+    torch.manual_seed(0)
+    x = torch.randn(16, K, device="cuda").bfloat16()
+    w = (torch.randn(N, K, device="cuda") / K ** 0.5).bfloat16()
+    ref = x.float() @ w.float().T
+    if case == "in_proj":
+        assert rel(skinny.linear(x, w), ref) < 1e-2
+    elif case == "w13":
+        a, b = ref.chunk(2, dim=-1)
+        assert rel(skinny.swiglu(x, w), F.silu(a) * b) < 1e-2
+    else:
+        res, gamma = torch.randn(16, N, device="cuda").bfloat16(), torch.rand(N, device="cuda") + 0.5
+        h, hn = skinny.add_norm(skinny.partials(x, w, case), res, gamma, 1e-6)
+        assert rel(h, res.float() + ref) < 1e-2 and rel(hn, F.rms_norm(h.float(), (N,), gamma, 1e-6)) < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("compile_mode", [False, True], ids=["graph", "compiled"])
+def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, monkeypatch):
+    """With ``decode_layer.ENABLED`` the linear layers of a captured decode graph (two in a row,
+    one after a softmax layer, one last: the final norm fused) run as the skinny kernels and the
+    fused mixer, step by step against the eager model with both off."""
+    from archsearch.decode_graph import GraphDecoder
+    from blocks.kernels import decode_mixer
+
+    model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("deltanet", {"num_heads": 2}),
+                         ("softmax", {"num_heads": 2}), ("simple_gla", {"num_heads": 2}),
+                         ("gated_deltanet", {"num_heads": 2})]).to(dtype)
+    monkeypatch.setattr(decode_mixer, "ENABLED", False)
+    monkeypatch.setattr(decode_layer, "ENABLED", False)
+
+    class both_on:
+        def __enter__(self):
+            decode_mixer.ENABLED = decode_layer.ENABLED = True
+
+        def __exit__(self, *exc):
+            decode_mixer.ENABLED = decode_layer.ENABLED = False
+
+    B, P, steps = 3, 9, 5
+    prompt = torch.randint(0, 97, (B, P), device="cuda")
+    with both_on():
+        dec = GraphDecoder(model, B, capacity=P + steps, compile=compile_mode)
+    assert dec.fused_layers == {0, 1, 3, 4} and dec.next_norms[4] is model.final_norm
+    assert dec.next_norms[0] is model.layers[1].norm1 and dec.next_norms[1] is None
+    _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=both_on)
