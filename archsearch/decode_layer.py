@@ -29,8 +29,11 @@ from torch import nn
 
 from blocks.ops.utils import cuda_kernel
 
-# Off until timed on a GPU: ``benchmarks/gpu_kernels.py --decode-layers off,on``.
-ENABLED = False
+# Timed (H200, 2026-12-01 10:41, ``benchmarks/gpu_kernels.py --decode-layers off,on``, both rows with
+# the fused mixer and torch.compile): the 24-layer batch-16 decode step 1.688 -> 1.663 ms
+# (gated_deltanet), 1.724 -> 1.619 ms (simple_gla), 3.159 -> 3.123 ms (3:1 hybrid with softmax);
+# 244 -> 172 kernels; the four GEMMs 1103 -> 975 us of kernel time.
+ENABLED = True
 
 
 def is_rmsnorm(norm) -> bool:
