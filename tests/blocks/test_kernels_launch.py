@@ -562,3 +562,17 @@ for fn in (delta._fwd_h_kernel, step._step_kernel):
     walk, step_ = (set(line.split()) for line in _python(code, {"TRITON_INTERPRET": None}).strip().splitlines()[-2:])
     assert {"k", "w", "h0"} <= walk and not {"T", "NT", "H"} & walk
     assert {"q", "H", "sq_b", "sv_h"} <= step_ and "scale" not in step_
+
+
+def test_skinny_configs_report_compares_the_current_configuration_with_the_fastest():
+    """``benchmarks/skinny_configs.py``: the grid tries splits only where the layer sums partials,
+    and the report names the current and the fastest configuration and counts the failures."""
+    sc = _benchmark("skinny_configs")
+    assert {c[2] for c in sc.grid("w2")} == {1, 2, 4, 8} and {c[2] for c in sc.grid("swiglu")} == {1}
+    res = {"device": "GPU", "when": "now", "batch": 16, "roles": {"w2": {"shape": (2048, 5504), "rows": [
+        {"config": [32, 128, 4, 4, 4], "current": True, "us": 10.0},
+        {"config": [64, 256, 8, 4, 4], "current": False, "us": 8.0},
+        {"config": [128, 256, 8, 4, 4], "current": False, "error": "OutOfResources"}]}}}
+    assert "| w2 (2048 x 5504) | (32, 128, 4, 4, 4) | 10.00 | (64, 256, 8, 4, 4) | 8.00 | 1.250 | 1 |" in sc.markdown(res)
+    with pytest.raises(SystemExit):
+        sc.main(["--roles", "w4"])
