@@ -8,7 +8,8 @@ against float32 PyTorch, then timed on 24 distinct weights in one CUDA graph (HB
 model; ``decode_gemm.time_layers``). Results are written after each role, and roles starting
 after ``--deadline`` seconds are skipped, so a time limit keeps what was measured.
 
-    python benchmarks/skinny_configs.py [--out DIR] [--roles swiglu,w2,in_proj,o_proj] [--deadline S]
+    python benchmarks/skinny_configs.py [--out DIR] [--roles swiglu,w2,in_proj,o_proj] [--warps 4,8] [--stages 3,4,6]
+                                         [--deadline S]
 
 Prints a table (current configuration vs the fastest) and writes ``skinny_configs.{json,md}``.
 Needs a CUDA GPU.
@@ -33,11 +34,11 @@ ROLES = {"swiglu": "w13", "w2": "w2", "in_proj": "in_proj", "o_proj": "o_proj"} 
 SPLIT_ROLES = ("o_proj", "w2")
 
 
-def grid(role: str) -> list[tuple[int, int, int, int, int]]:
+def grid(role: str, warps=(4,), stages=(4,)) -> list[tuple[int, int, int, int, int]]:
     """(BN, BK, SPLIT_K, num_warps, num_stages) to try for ``role``: splits only where the layer
     sums partials (``add_norm`` adds them for free)."""
     splits = (1, 2, 4, 8) if role in SPLIT_ROLES else (1,)
-    return list(itertools.product((16, 32, 64, 128), (64, 128, 256), splits, (4,), (4,)))
+    return list(itertools.product((16, 32, 64, 128), (64, 128, 256), splits, warps, stages))
 
 
 def role_inputs(role: str, batch: int) -> tuple[list[dict], callable, callable]:
@@ -63,14 +64,14 @@ def role_inputs(role: str, batch: int) -> tuple[list[dict], callable, callable]:
             lambda s: F.rms_norm(s["r"].float() + s["x"].float() @ s["w"].float().T, (N,), s["g"], 1e-6))
 
 
-def bench_role(role: str, batch: int) -> dict:
+def bench_role(role: str, batch: int, warps=(4,), stages=(4,)) -> dict:
     from blocks.kernels import skinny
 
     sets, call, ref = role_inputs(role, batch)
     want = ref(sets[0])
     current = skinny.CONFIGS[role]
     rows = []
-    for cfg in dict.fromkeys([current, *grid(role)]):
+    for cfg in dict.fromkeys([current, *grid(role, warps, stages)]):
         skinny.CONFIGS[role] = cfg
         row = {"config": list(cfg), "current": cfg == current}
         try:
@@ -109,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder for skinny_configs.{json,md}")
     ap.add_argument("--roles", default=",".join(ROLES), help=f"comma list of {', '.join(ROLES)}")
     ap.add_argument("--batch", type=int, default=16, help="decode batch (1..16)")
+    ap.add_argument("--warps", default="4", help="comma list of num_warps to try")
+    ap.add_argument("--stages", default="4", help="comma list of num_stages to try")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip roles that would start after this many s")
     opts = ap.parse_args(argv)
     roles = [r for r in opts.roles.split(",") if r]
@@ -116,6 +119,10 @@ def main(argv=None) -> int:
         ap.error(f"--roles: a comma list of {', '.join(ROLES)}, got {opts.roles!r}")
     if not 1 <= opts.batch <= 16:
         ap.error(f"--batch: must be 1..16, got {opts.batch}")
+    try:
+        warps, stages = (tuple(int(v) for v in x.split(",") if v) for x in (opts.warps, opts.stages))
+    except ValueError:
+        ap.error(f"--warps / --stages: comma lists of integers, got {opts.warps!r} / {opts.stages!r}")
     if not torch.cuda.is_available():
         print("skinny_configs: needs a CUDA GPU (none found)", file=sys.stderr)
         return 2
@@ -127,7 +134,7 @@ def main(argv=None) -> int:
             print(f"{role}: skipped, past the {opts.deadline:.0f} s deadline", flush=True)
             continue
         t0 = time.time()
-        res["roles"][role] = bench_role(role, opts.batch)
+        res["roles"][role] = bench_role(role, opts.batch, warps, stages)
         print(f"{role}: {len(res['roles'][role]['rows'])} configurations [{time.time() - t0:.0f} s]", flush=True)
         if opts.out is not None:
             opts.out.mkdir(parents=True, exist_ok=True)
