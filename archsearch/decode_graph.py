@@ -18,8 +18,10 @@ never moves:
 The step reproduces ``HybridLM.decode_step`` through the model's public modules: the embedding,
 each linear layer as it is (``HybridLayer``: norm, mixer, MLP), each softmax layer through its
 norms, projections and MLP around the static cache, the final norm and the head; the GPU tests and
-the benchmark check it against the eager model. ``compile=True`` additionally runs the linear
-layers through ``torch.compile`` (fewer, fused kernels per layer).
+the benchmark check it against the eager model. Linear layers that ``archsearch.decode_layer``
+serves (deltanet, gated_deltanet, simple_gla with RMSNorm and SwiGLU, batch <= 16) run as its
+seven kernels instead, each handing the next its first norm. ``compile=True`` additionally runs
+the other linear layers through ``torch.compile`` (fewer, fused kernels per layer).
 
     dec = GraphDecoder(model, batch=16, capacity=4096)      # model on CUDA, in eval mode
     logits = dec.prefill(prompt)                             # prompt [B, T]: eager prefill, states loaded
