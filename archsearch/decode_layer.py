@@ -41,9 +41,10 @@ def is_rmsnorm(norm) -> bool:
     return isinstance(norm, nn.RMSNorm) and norm.weight is not None
 
 
-def _eps(norm, dtype: torch.dtype) -> float:
-    """``nn.RMSNorm``'s epsilon (None there means the dtype's machine epsilon)."""
-    return norm.eps if norm.eps is not None else torch.finfo(dtype).eps
+def _eps(norm) -> float:
+    """``nn.RMSNorm``'s epsilon. None there means float32's machine epsilon for every input dtype:
+    PyTorch computes the norm of 16-bit inputs in float32 (``F.rms_norm(..., eps=None)``)."""
+    return norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
 
 
 def applies(layer, x: torch.Tensor) -> bool:
@@ -72,18 +73,19 @@ def step(layer, x: torch.Tensor, hn: torch.Tensor | None, state: dict, next_norm
 
     B, _, D = x.shape
     x2 = x.view(B, D)
-    hn2d = (F.rms_norm(x2, (D,), layer.norm1.weight, layer.norm1.eps) if hn is None else hn.view(B, D))
+    hn2d = (F.rms_norm(x2, (D,), layer.norm1.weight, _eps(layer.norm1)) if hn is None else hn.view(B, D))
     mixer = layer.mixer
     proj_all = skinny.linear(hn2d, mixer.in_proj.weight, "in_proj")  # [B, sum(widths)]
     proj = dict(zip(mixer.in_proj.names, proj_all.view(B, 1, -1).split(mixer.in_proj.widths, dim=-1)))
     fused = mixer.fused_decode(x, proj, state)
-    if fused is None:  # applies() said it would run; keep the layer correct if it does not
-        raise RuntimeError(f"decode_layer: the fused mixer refused {mixer.name} after applies() accepted it")
+    if fused is None:  # the mixer was switched off after the plan: the layer's own path, still correct
+        out, new_state = layer(x, state)
+        return out, None if next_norm is None else next_norm(out), new_state
     o, new_state = fused  # [B, 1, H*V]
     h, hn2 = skinny.add_norm(skinny.partials(o.view(B, -1), mixer.o_proj.weight, "o_proj"), x2,
-                             layer.norm2.weight, _eps(layer.norm2, x.dtype))
+                             layer.norm2.weight, _eps(layer.norm2))
     a = skinny.swiglu(hn2, layer.mlp.w13.weight)  # [B, hidden]
     out, hn_next = skinny.add_norm(skinny.partials(a, layer.mlp.w2.weight, "w2"), h,
                                    None if next_norm is None else next_norm.weight,
-                                   0.0 if next_norm is None else _eps(next_norm, x.dtype))
+                                   0.0 if next_norm is None else _eps(next_norm))
     return out.view(B, 1, D), None if hn_next is None else hn_next.view(B, 1, D), new_state

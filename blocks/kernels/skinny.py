@@ -161,8 +161,10 @@ def add_norm(part: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor | N
     ``gamma``) -> ``(h, hn)``."""
     S, M, N = part.shape
     if (part.dtype != torch.float32 or not part.is_contiguous() or tuple(residual.shape) != (M, N)
-            or residual.stride(1) != 1 or (gamma is not None and tuple(gamma.shape) != (N,))):
-        raise ValueError(f"skinny add_norm: part float32 [S, M, N] contiguous, residual [M, N], gamma [N]; got "
+            or residual.stride(1) != 1 or residual.device != part.device
+            or (gamma is not None and (tuple(gamma.shape) != (N,) or gamma.stride(0) != 1))):
+        raise ValueError(f"skinny add_norm: part float32 [S, M, N] contiguous, residual [M, N] on its device, "
+                         f"gamma [N] contiguous; got "
                          f"{tuple(part.shape)} {part.dtype}, {tuple(residual.shape)}, "
                          f"{None if gamma is None else tuple(gamma.shape)}")
     h = residual.new_empty(M, N)

@@ -7,6 +7,8 @@ and the captured decode graph against the eager model; the CPU tests check where
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -40,7 +42,8 @@ def test_skinny_gemms_in_interpreter(M, N, K, monkeypatch):
     off the blocks and (``partials``) K in several splits, the last one short."""
     from blocks.kernels import skinny
 
-    monkeypatch.setitem(skinny.CONFIGS, "o_proj", (32, 32, 4, 4, 4))  # K 150 -> 3 splits of 64
+    # float32 halves the BK (16 here): K 150 -> 4 splits of 48, the last 6 wide; 64 -> 4; 300 -> 4
+    monkeypatch.setitem(skinny.CONFIGS, "o_proj", (32, 32, 4, 4, 4))
     torch.manual_seed(0)
     x, w = torch.randn(M, K), torch.randn(N, K) / K ** 0.5
     w13 = torch.randn(2 * N, K) / K ** 0.5
@@ -91,15 +94,16 @@ def test_decode_layer_step_in_interpreter(block, config, given_norm, monkeypatch
     from blocks.kernels import decode_mixer
 
     layer = _layer(block, config)
+    reference = copy.deepcopy(layer)  # the block's own path (no mixer kernel)
     mixer = layer.mixer
     # on CPU the block finds no kernel: hand its decode step to the mixer kernel directly
     monkeypatch.setattr(mixer, "fused_decode", lambda x, proj, state: decode_mixer.mixer_step(mixer, proj, state))
     next_norm = torch.nn.RMSNorm(32, eps=1e-6)
     with torch.no_grad():
         next_norm.weight.add_(0.1 * torch.randn(32))
-        _, state = layer(torch.randn(3, 5, 32))
+        _, state = reference(torch.randn(3, 5, 32))
         x = torch.randn(3, 1, 32)
-        ref_x, ref_state = layer(x, state)
+        ref_x, ref_state = reference(x, state)
         hn = layer.norm1(x) if given_norm else None
         with checked_memory():
             out, hn_next, new = decode_layer.step(layer, x, hn, state, next_norm)
@@ -109,6 +113,57 @@ def test_decode_layer_step_in_interpreter(block, config, given_norm, monkeypatch
     assert rel(out, ref_x) < 1e-5 and rel(hn_next, next_norm(ref_x)) < 1e-5
     assert set(new) == set(ref_state) and all(rel(new[n], ref_state[n]) < 1e-5 for n in ref_state)
     assert torch.equal(out2, out) and none is None and all(new2[n] is mine[n] for n in mine)
+
+
+def test_decode_layer_falls_back_to_the_layer_when_the_mixer_is_switched_off_after_the_plan():
+    """``step`` on a layer whose mixer takes its own path (``fused_decode`` returns None, as when
+    ``decode_mixer.ENABLED`` goes off after a GraphDecoder planned the layer): the layer's result
+    and the next norm of it, not an error. The GEMM run before the mixer is the only kernel (CPU:
+    the interpreter, or skipped without Triton)."""
+    if not INTERPRET:
+        pytest.skip("needs TRITON_INTERPRET=1 and Triton (the input projection runs skinny.linear)")
+    layer = _layer("gated_deltanet", {"num_heads": 2})
+    next_norm = torch.nn.RMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        _, state = layer(torch.randn(2, 4, 32))
+        x = torch.randn(2, 1, 32)
+        ref, ref_state = layer(x, state)
+        out, hn, new = decode_layer.step(layer, x, None, state, next_norm)
+    assert torch.equal(out, ref) and torch.equal(hn, next_norm(ref)) and torch.equal(new["S"], ref_state["S"])
+
+
+def test_decode_layer_refuses_layers_it_does_not_compute(monkeypatch):
+    """``applies`` with the kernels stubbed in and a stand-in CUDA input: yes for an RMSNorm +
+    SwiGLU gated_deltanet layer; no without an MLP, with LayerNorm, with a norm without weight."""
+    import blocks.kernels
+    from archsearch.model import HybridLayer
+    from archsearch.spec import ArchSpec, LayerSpec
+
+    class OnCuda:  # a stand-in for a [2, 1, 32] CUDA tensor
+        is_cuda, shape, dtype, requires_grad = True, (2, 1, 32), torch.float32, False
+
+        def dim(self):
+            return 3
+
+    mixer_step = lambda *a: None  # noqa: E731
+    mixer_step.applies = lambda block, x: block.name == "gated_deltanet"
+    monkeypatch.setattr(blocks.kernels, "get_kernel", lambda family, form: mixer_step)
+    monkeypatch.setattr(decode_layer, "ENABLED", True)
+
+    def layer(**spec):
+        args = dict(vocab_size=11, d_model=32, layers=(LayerSpec("gated_deltanet", {"num_heads": 2}),))
+        return HybridLayer(ArchSpec(**{**args, **spec}), 0)
+
+    with torch.no_grad():
+        assert decode_layer.applies(layer(), OnCuda())
+        assert not decode_layer.applies(layer(mlp_expansion=0), OnCuda())
+        assert not decode_layer.applies(layer(norm="layernorm"), OnCuda())
+        plain = layer()
+        plain.norm2 = torch.nn.RMSNorm(32, elementwise_affine=False)
+        assert not decode_layer.applies(plain, OnCuda())
+        simple = HybridLayer(ArchSpec(vocab_size=11, d_model=32, layers=(LayerSpec("gla", {"num_heads": 2}),)), 0)
+        assert not decode_layer.applies(simple, OnCuda())
+    assert not decode_layer.applies(layer(), OnCuda())  # a gradient is recorded
 
 
 # --- where the layer applies (CPU) ---------------------------------------------------------------
