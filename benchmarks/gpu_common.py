@@ -178,7 +178,10 @@ def apply_sets(text: str) -> dict:
             value = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             value = raw
-        mods = [m for m in {kernel_module(f) for f in KERNEL_MODULES} if name in getattr(m, "SWITCHES", {})]
+        from blocks.kernels import decode_mixer
+
+        modules = {kernel_module(f) for f in KERNEL_MODULES} | {decode_mixer}
+        mods = [m for m in modules if name in getattr(m, "SWITCHES", {})]
         if not mods:
             raise ValueError(f"--set: {name} is not a switch of any kernel module")
         for mod in mods:
@@ -207,7 +210,8 @@ def kernel_settings() -> dict:
                      "walk_min_per_sm": getattr(mod, "WALK_MIN_PER_SM", tiles.WALK_MIN_PER_SM)}
     from archsearch import decode_layer
 
-    out["decode_mixer"] = {"switches": {"ENABLED": decode_mixer.ENABLED}}
+    out["decode_mixer"] = {"switches": {"ENABLED": decode_mixer.ENABLED,
+                                        **{k: getattr(decode_mixer, k) for k in decode_mixer.SWITCHES}}}
     out["decode_layer"] = {"switches": {"ENABLED": decode_layer.ENABLED}}
     return out
 

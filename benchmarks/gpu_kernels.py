@@ -34,8 +34,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for blocks/archsearch
 
 from gpu_common import (  # noqa: E402
-    HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, cuda_time, fwd_bwd, graph_time, positional,
-    kernel_settings, step_inputs, switches_line, train_inputs, train_times,
+    HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, apply_sets, cuda_time, fwd_bwd, graph_time,
+    kernel_settings, positional, step_inputs, switches_line, train_inputs, train_times,
 )
 
 import blocks.kernels as kernels  # noqa: E402
@@ -703,6 +703,8 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-layers", default=None, help="comma list for the compiled decode rows: off, on "
                     "(archsearch.decode_layer: those layers' whole decode step as skinny GEMMs, the mixer and "
                     "residual + RMSNorm kernels); default: as the module is switched")
+    ap.add_argument("--set", default="", help="kernel module switches to run with, as the launch sweep's --set "
+                    "(e.g. V_SPLIT=4: the decode mixer's value split; recorded in kernel_settings)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(filter(None, a.families.split(",")))
@@ -715,6 +717,10 @@ def main(argv=None) -> int:
         from blocks.kernels import decode_mixer
 
         a.decode_mixers = "on" if decode_mixer.ENABLED else "off"
+    try:
+        apply_sets(a.set)
+    except ValueError as exc:
+        ap.error(str(exc))
     if a.decode_layers is None:
         from archsearch import decode_layer
 

@@ -576,3 +576,16 @@ def test_skinny_configs_report_compares_the_current_configuration_with_the_faste
     assert "| w2 (2048 x 5504) | (32, 128, 4, 4, 4) | 10.00 | (64, 256, 8, 4, 4) | 8.00 | 1.250 | 1 |" in sc.markdown(res)
     with pytest.raises(SystemExit):
         sc.main(["--roles", "w4"])
+
+
+def test_gpu_benchmark_sets_the_decode_mixer_switches(monkeypatch):
+    """``gpu_kernels.py --set V_SPLIT=4`` reaches ``decode_mixer`` (recorded in the report's switch
+    line); a value the switch does not take is a one-line usage error."""
+    from blocks.kernels import decode_mixer
+
+    gpu_common, gpu_kernels = _benchmark("gpu_common"), _benchmark("gpu_kernels")
+    monkeypatch.setattr(decode_mixer, "V_SPLIT", decode_mixer.V_SPLIT)
+    assert gpu_common.apply_sets("V_SPLIT=4") == {"V_SPLIT": 4} and decode_mixer.V_SPLIT == 4
+    assert "decode_mixer: ENABLED=True, V_SPLIT=4, NUM_WARPS=4" in gpu_common.switches_line(gpu_common.kernel_settings())
+    with pytest.raises(SystemExit):
+        gpu_kernels.main(["--set", "V_SPLIT=3"])
