@@ -6,6 +6,7 @@ times: the PyTorch fallbacks take seconds at long sequences and the GPU lease is
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Callable
@@ -160,14 +161,32 @@ def step_inputs(family: str, B: int = 16, H: int = HEADS, D: int = HEAD_DIM, dev
     return args
 
 
+def switch_modules() -> list:
+    """The kernel modules with ``SWITCHES``: each family's chunk kernels, the decode mixer and the
+    decode layers' skinny kernels."""
+    from blocks.kernels import KERNEL_MODULES, decode_mixer, kernel_module, skinny
+
+    mods = list(dict.fromkeys([kernel_module(f) for f in KERNEL_MODULES] + [decode_mixer, skinny]))
+    return [m for m in mods if getattr(m, "SWITCHES", None)]
+
+
+@contextlib.contextmanager
+def switched(text: str):
+    """``apply_sets(text)`` inside the block (yields its result), every switch as before after it."""
+    saved = [(m, name, getattr(m, name)) for m in switch_modules() for name in m.SWITCHES]
+    try:
+        yield apply_sets(text)
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+
 def apply_sets(text: str) -> dict:
     """``--set "KEEP_H=False,BWD_SUB_BK=128"``: give module switches these values before anything
     is timed (the base all variants are compared with), in every kernel module that has the switch;
     e.g. to sweep the launch of a kernel that only runs with a switch on. Values are parsed as
     Python literals (``True``, ``128``), else kept as strings. Returns ``{name: value}``."""
     import ast
-
-    from blocks.kernels import KERNEL_MODULES, kernel_module
 
     done: dict = {}
     for item in filter(None, text.split(",")):
@@ -178,10 +197,7 @@ def apply_sets(text: str) -> dict:
             value = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             value = raw
-        from blocks.kernels import decode_mixer
-
-        modules = {kernel_module(f) for f in KERNEL_MODULES} | {decode_mixer}
-        mods = [m for m in modules if name in getattr(m, "SWITCHES", {})]
+        mods = [m for m in switch_modules() if name in m.SWITCHES]
         if not mods:
             raise ValueError(f"--set: {name} is not a switch of any kernel module")
         for mod in mods:
@@ -210,8 +226,11 @@ def kernel_settings() -> dict:
                      "walk_min_per_sm": getattr(mod, "WALK_MIN_PER_SM", tiles.WALK_MIN_PER_SM)}
     from archsearch import decode_layer
 
+    from blocks.kernels import skinny
+
     out["decode_mixer"] = {"switches": {"ENABLED": decode_mixer.ENABLED,
                                         **{k: getattr(decode_mixer, k) for k in decode_mixer.SWITCHES}}}
+    out["skinny"] = {"switches": {k: getattr(skinny, k) for k in skinny.SWITCHES}}
     out["decode_layer"] = {"switches": {"ENABLED": decode_layer.ENABLED}}
     return out
 

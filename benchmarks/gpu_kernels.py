@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 from gpu_common import (  # noqa: E402
     HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, apply_sets, cuda_time, fwd_bwd, graph_time,
-    kernel_settings, positional, step_inputs, switches_line, train_inputs, train_times,
+    kernel_settings, positional, step_inputs, switched, switches_line, train_inputs, train_times,
 )
 
 import blocks.kernels as kernels  # noqa: E402
@@ -283,55 +283,66 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
 
 
 def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes: str = "default",
-                         mixers: str = "on", layers: str = "off") -> dict:
+                         mixers: str = "on", layers: str = "off", sets: str = "") -> dict:
     """The same models with their linear layers through torch.compile inside the captured graph,
     once per compile mode in ``modes`` (``archsearch.decode_graph.COMPILE_MODES``), per setting
     of ``blocks.kernels.decode_mixer.ENABLED`` in ``mixers`` (``off``, ``on``: the deltanet,
     gated_deltanet and simple_gla layers' decode step between their projections as one kernel)
     and of ``archsearch.decode_layer.ENABLED`` in ``layers`` (``on``: those layers' whole decode
-    step as the skinny GEMMs, the mixer and the residual + RMSNorm kernels, not compiled)."""
-    from archsearch import decode_graph, decode_layer
-    from archsearch.model import HybridLM
+    step as the skinny GEMMs, the mixer and the residual + RMSNorm kernels, not compiled), and per
+    entry of ``sets`` (``;``-separated ``--set`` strings, ``-`` for none: kernel switches for the row)."""
+    from archsearch import decode_layer
     from blocks.kernels import decode_mixer
 
     out = {}
-    runs = [(name, block, every, ctx, mode, mixer, fused) for mode in filter(None, modes.split(","))
+    runs = [(name, block, every, ctx, mode, mixer, fused, switch) for switch in (sets.split(";") if sets else ["-"])
+            for mode in filter(None, modes.split(","))
             for mixer in filter(None, mixers.split(",")) for fused in filter(None, layers.split(","))
             for name, block, every, ctx in (("gated_deltanet x24", "gated_deltanet", 0, 4096),
                                             ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, 4096),
                                             ("simple_gla x24", "simple_gla", 0, 4096))
             if not cases or name in cases.split(",")]
     enabled = decode_mixer.ENABLED, decode_layer.ENABLED
-    for name, block, every, ctx, mode, mixer, fused in runs:
+    for name, block, every, ctx, mode, mixer, fused, switch in runs:
         label = (("compiled" if mode == "default" else f"compiled, {mode}") + (", fused mixer" if mixer == "on" else "")
-                 + (", fused layers" if fused == "on" else ""))
+                 + (", fused layers" if fused == "on" else "") + ("" if switch.strip() in ("", "-") else f", {switch}"))
         decode_mixer.ENABLED, decode_layer.ENABLED = mixer == "on", fused == "on"
-        try:
-            with torch.device("cuda"):
-                model = HybridLM(model_spec(block, softmax_every=every))
-            model = model.to(torch.bfloat16).eval()
-            dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 64, compile=mode)
-            dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(0))
-            t0 = time.time()
-            check = _graph_vs_eager(model, dec, batch)  # first step: compiles and captures
-            compile_s = time.time() - t0
-            dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(1))
-            graph_s = dec.time_step(iters=30)
-            nbytes = decode_graph.decode_bytes(model, batch, ctx)
-            out[f"{name} @ {ctx} ({label})"] = {
-                "params": model.num_params(), "bytes_per_step": nbytes, "graph_s": graph_s,
-                "roofline_s": nbytes / copy_bw, "x_roofline": graph_s / (nbytes / copy_bw),
-                "tokens_per_s": batch / graph_s, "max_abs_logit_diff_vs_eager": check,
-                "compile_and_capture_s": compile_s, "profile": _profile_step(dec)}
-            log(f"{label} {name} ctx={ctx}: graph {graph_s * 1e3:.3f} ms ({graph_s / (nbytes / copy_bw):.2f}x roofline), "
-                f"compile+capture {compile_s:.0f} s, logit diff {check:.3g}")
-            del dec, model
-        except Exception as exc:
-            out[f"{name} ({label})"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            traceback.print_exc()
-        torch.cuda.empty_cache()
+        with switched("" if switch.strip() == "-" else switch):
+            _model_compiled_row(out, copy_bw, batch, name, block, every, ctx, mode, label)
     decode_mixer.ENABLED, decode_layer.ENABLED = enabled
     return out
+
+
+def _model_compiled_row(out: dict, copy_bw: float, batch: int, name: str, block: str, every: int, ctx: int,
+                        mode: str, label: str) -> None:
+    """One row of ``model_compiled_bench`` into ``out`` (an error row if it fails)."""
+    from archsearch import decode_graph
+    from archsearch.model import HybridLM
+
+    try:
+        with torch.device("cuda"):
+            model = HybridLM(model_spec(block, softmax_every=every))
+        model = model.to(torch.bfloat16).eval()
+        dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 64, compile=mode)
+        dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(0))
+        t0 = time.time()
+        check = _graph_vs_eager(model, dec, batch)  # first step: compiles and captures
+        compile_s = time.time() - t0
+        dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(1))
+        graph_s = dec.time_step(iters=30)
+        nbytes = decode_graph.decode_bytes(model, batch, ctx)
+        out[f"{name} @ {ctx} ({label})"] = {
+            "params": model.num_params(), "bytes_per_step": nbytes, "graph_s": graph_s,
+            "roofline_s": nbytes / copy_bw, "x_roofline": graph_s / (nbytes / copy_bw),
+            "tokens_per_s": batch / graph_s, "max_abs_logit_diff_vs_eager": check,
+            "compile_and_capture_s": compile_s, "profile": _profile_step(dec)}
+        log(f"{label} {name} ctx={ctx}: graph {graph_s * 1e3:.3f} ms ({graph_s / (nbytes / copy_bw):.2f}x roofline), "
+            f"compile+capture {compile_s:.0f} s, logit diff {check:.3g}")
+        del dec, model
+    except Exception as exc:
+        out[f"{name} ({label})"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        traceback.print_exc()
+    torch.cuda.empty_cache()
 
 
 def _profile_step(dec) -> dict:
@@ -703,6 +714,8 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-layers", default=None, help="comma list for the compiled decode rows: off, on "
                     "(archsearch.decode_layer: those layers' whole decode step as skinny GEMMs, the mixer and "
                     "residual + RMSNorm kernels); default: as the module is switched")
+    ap.add_argument("--compiled-sets", default="", help="';'-separated --set strings, one run of the compiled "
+                    "decode rows each ('-': none), e.g. \"-;V_SPLIT=4;PDL=True\"")
     ap.add_argument("--set", default="", help="kernel module switches to run with, as the launch sweep's --set "
                     "(e.g. V_SPLIT=4: the decode mixer's value split; recorded in kernel_settings)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
@@ -719,6 +732,9 @@ def main(argv=None) -> int:
         a.decode_mixers = "on" if decode_mixer.ENABLED else "off"
     try:
         apply_sets(a.set)
+        for entry in filter(None, a.compiled_sets.split(";")):
+            with switched("" if entry.strip() == "-" else entry):
+                pass  # each entry checked here, before anything runs
     except ValueError as exc:
         ap.error(str(exc))
     if a.decode_layers is None:
@@ -765,7 +781,8 @@ def main(argv=None) -> int:
                                           else lengths, a.fla_families)),
                 ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"],
                                                                 cases=a.compiled_cases, modes=a.compile_modes,
-                                                                mixers=a.decode_mixers, layers=a.decode_layers))]
+                                                                mixers=a.decode_mixers, layers=a.decode_layers,
+                                                                sets=a.compiled_sets))]
     for name, fn in sections:
         if name in skip or (name == "softmax_decode" and "softmax" in skip) or (name == "model_decode" and "model" in skip):
             continue

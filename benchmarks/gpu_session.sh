@@ -10,8 +10,9 @@
 #   decode (only when named in STEPS) the compiled decode graphs of gated_deltanet x24, its 3:1 hybrid
 #        with softmax and simple_gla x24, each with and without the fused decode layers
 #        (`--decode-layers off,on`; the fused decode mixer on)
-#   vsplit (only when named in STEPS) the plain decode graphs (fused layers) with the decode mixer's value
-#        split off and on (`--set V_SPLIT=4`), into vsplit_off/ and vsplit_on/
+#   sets (only when named in STEPS) the decode graphs of gated_deltanet x24 and simple_gla x24 (fused layers)
+#        once per entry of DECODE_SETS (default "-;V_SPLIT=4;PDL=True;V_SPLIT=4,PDL=True": the decode mixer's
+#        value split and the skinny kernels' programmatic dependent launch), into sets/
 #
 # Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
 # step), so a step that overruns costs only itself. Steps 1-2 take ~5 min on the H200 and step 3
@@ -25,12 +26,13 @@
 # carry: [".whl"]; see /work/shared/device/README.md). Exit status: 1 if any step failed or hit
 # its cap (each step's status is printed).
 #
-# Knobs (environment): STEPS (comma list of tests,sweep,ncu,gemm,decode,vsplit,bench; default tests,sweep),
+# Knobs (environment): STEPS (comma list of tests,sweep,ncu,gemm,decode,sets,bench; default tests,sweep),
 # TESTS_S (cap, 200), SWEEP_S (cap, 300), NCU_S (cap, 240), BENCH_S (cap, 540), FAMILIES (sweep's,
 # all five), ONLY (the sweep's --only entries, default switch; e.g. switch,wy_bwd,wu), WARPS (its
 # --warps, 4,8,16), SET (its --set, e.g. BWD_SUB_BK=128), NCU_CASES (ncu_kernels.py --cases),
 # TESTS_K (pytest -k expression for the tests step, default all), GEMM_S (cap, 240), DECODE_S (cap, 300),
-# BENCH_DEADLINE (s into the bench after which its sections are skipped; default BENCH_S - 200).
+# BENCH_DEADLINE (s into the bench after which its sections are skipped; default BENCH_S - 200),
+# DECODE_SETS (the sets step's entries).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench_out/gpu_session}
@@ -47,6 +49,7 @@ NCU_S=${NCU_S:-240}
 GEMM_S=${GEMM_S:-240}
 DECODE_S=${DECODE_S:-300}
 TESTS_K=${TESTS_K:-}
+DECODE_SETS=${DECODE_SETS:--;V_SPLIT=4;PDL=True;V_SPLIT=4,PDL=True}
 export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1
 # sourced: a set-up failure exits here, with gpu_host_env.sh's message on stderr
 . benchmarks/gpu_host_env.sh >/dev/null
@@ -91,12 +94,10 @@ if [[ ,$STEPS, == *,decode,* ]]; then
     --decode-mixers on --decode-layers off,on \
     || failed=1
 fi
-if [[ ,$STEPS, == *,vsplit,* ]]; then
-  for v in off on; do
-    step "vsplit_$v" "$DECODE_S" $PY benchmarks/gpu_kernels.py --out "$OUT/vsplit_$v" \
-      --skip correctness,train,step,softmax,kernel_breakdown,model_compiled,fla \
-      $([ $v = on ] && echo --set V_SPLIT=4) || failed=1
-  done
+if [[ ,$STEPS, == *,sets,* ]]; then
+  step sets "$DECODE_S" $PY benchmarks/gpu_kernels.py --out "$OUT/sets" \
+    --skip correctness,train,step,softmax,kernel_breakdown,model,fla \
+    --compiled-cases "gated_deltanet x24,simple_gla x24" --compiled-sets "$DECODE_SETS" || failed=1
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
   deadline=${BENCH_DEADLINE:-$((BENCH_S > 260 ? BENCH_S - 200 : 60))}  # sections starting later are skipped

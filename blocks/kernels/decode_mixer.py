@@ -46,7 +46,7 @@ NUM_WARPS = 4
 # at 12.1 us per gated_deltanet layer for 33.6 MB of state (2.8 TB/s) where the state-update kernel
 # alone, four programs per head, took 8.4 us (4.0 TB/s): V_SPLIT = 4 gives the same 1024 programs
 # of [128, 32] state slices; the head norm is then finished by each head's last program
-# (``_mixer_kernel``). Not yet timed (2026-12-01): ``benchmarks/gpu_kernels.py --set V_SPLIT=4``.
+# (``_mixer_kernel``). Not yet timed (2026-12-01): ``OUT=$OUT STEPS=sets bash benchmarks/gpu_session.sh``.
 V_SPLIT = 1
 SWITCHES = {"V_SPLIT": (1, 4), "NUM_WARPS": (4, 8)}
 # per (device, B*H): the zeroed int32 counts the split kernel's programs arrive in (each head's last

@@ -36,12 +36,34 @@ MAX_ROWS = 16
 CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "o_proj": (32, 128, 4, 4, 4), "swiglu": (32, 128, 1, 4, 4),
            "w2": (32, 128, 4, 4, 4)}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Programmatic dependent launch (Hopper+): each kernel here is launched with ``launch_pdl``, lets the
+# next kernel launch once all its programs have started (``gdc_launch_dependents`` first thing),
+# and waits for the kernel before it (``gdc_wait``) only where it reads that kernel's output: a
+# GEMM first pulls the first ``PDL_PREFETCH`` K tiles of its weight slice into L2 (weights do not
+# depend on the kernel before). Aimed at the 44-174 us between the decode step's 172 kernels and
+# each GEMM's pipeline fill; Inductor's own PDL (whole kernels launched early, no prefetch) lost
+# 10% on 2026-12-01. Off until timed: ``benchmarks/gpu_kernels.py --set PDL=True``.
+PDL = False
+PDL_PREFETCH = 2
+SWITCHES = {"PDL": (False, True)}
+
+
+@triton.jit
+def _prefetch_l2(w, o_n, m_n, swn, k0, k_end, BK: tl.constexpr, TILES: tl.constexpr, LINE: tl.constexpr):
+    """Pull the weight rows ``o_n``, columns ``k0 .. k0 + TILES * BK`` (before ``k_end``) into L2:
+    one ``prefetch.global.L2`` per ``LINE``-element cache line."""
+    o_l = k0 + tl.arange(0, TILES * BK // LINE) * LINE
+    m = m_n[:, None] & (o_l < k_end)[None, :]
+    p = w + o_n[:, None] * swn + o_l[None, :]
+    tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l,b", [p, m],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
 def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, K_PER: tl.constexpr,
-                   SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr):
+                   SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+                   LINE: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
@@ -55,6 +77,13 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     acc3 = tl.zeros([BM, BN], dtype=tl.float32)
     k_end = tl.minimum(i_s * K_PER + K_PER, K)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        if PREFETCH > 0:
+            _prefetch_l2(w, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE)
+            if SWIGLU:
+                _prefetch_l2(w, HALF + o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE)
+        tl.extra.cuda.gdc_wait()  # x is the kernel before's output
     for k0 in range(i_s * K_PER, k_end, BK):
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < k_end
@@ -73,7 +102,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
 
 @triton.jit
 def _add_norm_kernel(part, res, gamma, h, hn, M, N, srm, shm, snm, eps,
-                     S: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr):
+                     S: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
     """Grid (M,): row ``m`` of ``h = res + sum_s part[s]`` (``part``: contiguous float32
     ``[S, M, N]``; ``h`` rounded to its dtype) and, with ``NORM``, ``hn = rmsnorm(h) * gamma``
     (float32 over the rounded row, one rounding at the store). ``S`` is a constant so that the
@@ -82,6 +111,9 @@ def _add_norm_kernel(part, res, gamma, h, hn, M, N, srm, shm, snm, eps,
     i_m = tl.program_id(0)
     o = tl.arange(0, BLOCK)
     m = o < N
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()  # the partials are the kernel before's output
     y = tl.load(res + i_m * srm + o, mask=m, other=0.).to(tl.float32)
     for s in tl.static_range(S):
         y += tl.load(part + (s * M + i_m) * N + o, mask=m, other=0.)
@@ -101,11 +133,18 @@ def _check(x: torch.Tensor, w: torch.Tensor, name: str) -> None:
                          f"strides, got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
 
 
+def _pdl() -> dict:
+    """The launch's PDL arguments (never in the interpreter, which has no grid dependencies)."""
+    on = PDL and not _INTERPRET
+    return dict(PDL=on, **({"launch_pdl": True} if on else {}))
+
+
 def _launch(grid, x, w, out, N, half, so_s, so_m, BN, BK, k_per, warps, stages, swiglu):
     _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), w.stride(0), so_s, so_m,
                          BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
-                         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
-                         num_warps=1 if _INTERPRET else warps, num_stages=1 if _INTERPRET else stages)
+                         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", PREFETCH=PDL_PREFETCH,
+                         LINE=128 // x.element_size(), num_warps=1 if _INTERPRET else warps,
+                         num_stages=1 if _INTERPRET else stages, **_pdl())
 
 
 @register_kernel("skinny", "decode")  # registered so that callers can ask whether these kernels are available
@@ -171,5 +210,5 @@ def add_norm(part: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor | N
     hn = torch.empty_like(h) if gamma is not None else None
     _add_norm_kernel[(M,)](part, residual, gamma if gamma is not None else h, h, hn if hn is not None else h,
                            M, N, residual.stride(0), h.stride(0), h.stride(0), eps,
-                           S=S, BLOCK=pow2(N), NORM=gamma is not None, num_warps=1 if _INTERPRET else 8)
+                           S=S, BLOCK=pow2(N), NORM=gamma is not None, num_warps=1 if _INTERPRET else 8, **_pdl())
     return h, hn

@@ -589,3 +589,20 @@ def test_gpu_benchmark_sets_the_decode_mixer_switches(monkeypatch):
     assert "decode_mixer: ENABLED=True, V_SPLIT=4, NUM_WARPS=4" in gpu_common.switches_line(gpu_common.kernel_settings())
     with pytest.raises(SystemExit):
         gpu_kernels.main(["--set", "V_SPLIT=3"])
+    with pytest.raises(SystemExit):
+        gpu_kernels.main(["--compiled-sets", "-;PDL=maybe"])
+
+
+def test_switched_restores_every_switch():
+    """``gpu_common.switched``: the switches of a ``--set`` string inside the block (the skinny
+    kernels' ``PDL`` among them), all as before after it, also when the block raises."""
+    from blocks.kernels import decode_mixer, skinny
+
+    gpu_common = _benchmark("gpu_common")
+    before = (skinny.PDL, decode_mixer.V_SPLIT)
+    with pytest.raises(RuntimeError):
+        with gpu_common.switched("PDL=True,V_SPLIT=4") as done:
+            assert done == {"PDL": True, "V_SPLIT": 4} and skinny.PDL is True and decode_mixer.V_SPLIT == 4
+            raise RuntimeError
+    assert (skinny.PDL, decode_mixer.V_SPLIT) == before
+    assert "skinny: PDL=" in gpu_common.switches_line(gpu_common.kernel_settings())

@@ -220,12 +220,16 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case):
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("compile_mode", [False, True], ids=["graph", "compiled"])
-def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, monkeypatch):
+@pytest.mark.parametrize("pdl", [False, True], ids=["", "pdl"])
+def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, monkeypatch):
     """With ``decode_layer.ENABLED`` the linear layers of a captured decode graph (two in a row,
     one after a softmax layer, one last: the final norm fused) run as the skinny kernels and the
-    fused mixer, step by step against the eager model with both off."""
+    fused mixer, step by step against the eager model with both off; also with the skinny
+    kernels' programmatic dependent launch (``skinny.PDL``)."""
     from archsearch.decode_graph import GraphDecoder
-    from blocks.kernels import decode_mixer
+    from blocks.kernels import decode_mixer, skinny
+
+    monkeypatch.setattr(skinny, "PDL", pdl)
 
     model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("deltanet", {"num_heads": 2}),
                          ("softmax", {"num_heads": 2}), ("simple_gla", {"num_heads": 2}),
