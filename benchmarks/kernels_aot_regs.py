@@ -143,7 +143,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         for nv in (1, 4):  # one program per head, and the value split (decode_mixer.V_SPLIT)
             yield (f"decode_mixer{'' if nv == 1 else '_split'}.{tag}", dm._mixer_kernel,
                    dict(K=K, V=V, BK=BK, BV=BV // nv, NV=nv, BVF=BV, W=conv, DELTA=delta, GATED=gated, NORM=True,
-                        OUT_GATE=True, WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype], FENCE=True), dm.NUM_WARPS, 1)
+                        OUT_GATE=True, WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1)
 
 
 def divisibility_hints(fn, sig: dict[str, str]) -> set[str]:

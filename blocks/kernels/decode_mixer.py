@@ -126,8 +126,7 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
                   s_in, s_out, gate, sg_b, norm_w, eps, o, ss, count, scale, H, C,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
                   BVF: tl.constexpr, W: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr,
-                  NORM: tl.constexpr, OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr,
-                  FENCE: tl.constexpr):
+                  NORM: tl.constexpr, OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
     """Grid (B*H, NV): value columns ``i_v*BV ..`` (BV * NV = V, or NV = 1 and BV >= V) of one
     head. ``proj: [B, C]`` the q|k|v columns of the input projection (row stride ``sp_b``; C =
     H*(2K+V)); ``cache``/``new_cache: [B, W-1, C]``; ``conv_w: [C, W]``; ``DELTA``: the delta rule
@@ -140,8 +139,8 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     the norm) and its sum of squares in ``ss: [B*H, NV]`` float32, then counts itself in
     ``count: [B*H]`` int32 (zero on entry); the head's last program to arrive normalises and
     gates the whole row, shifts the head's q, k conv cache rows (which every program read) and
-    sets the count back to zero. Nothing waits on another program. ``FENCE``: a GPU-scope fence
-    per thread before the count (the interpreter, which runs programs one by one, has none)."""
+    sets the count back to zero. Nothing waits on another program. Without a norm or a conv cache
+    there is nothing left for a last program: no count."""
     i_bh = tl.program_id(0).to(tl.int64)
     i_v = tl.program_id(1)
     i_b = i_bh // H
@@ -181,16 +180,18 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
             tl.store(ss + i_bh * NV + i_v, tl.sum(b_o * b_o, 0))
         else:
             _finish_row(b_o, o_v, m_v, 0., norm_w, gate, sg_b, o, eps, i_b, i_h, H, V, NORM, OUT_GATE, DTYPE)
-        if FENCE:  # each thread's stores visible GPU-wide first (CUDA's __threadfence() pattern)
-            tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [i_v], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-        tl.debug_barrier()  # every thread's stores (and reads of the old cache) come before the count
+    if NV > 1 and (NORM or WRITE_CACHE):  # the head's last program has work left
+        # Every thread's stores (and reads of the old cache) come before the count: a barrier, then
+        # one thread's acq_rel atomic at GPU scope, cumulative over the CTA's earlier accesses (the
+        # pattern of cooperative groups' grid sync); its result reaches the other threads through
+        # shared memory behind another barrier, so their loads below follow the acquire.
+        tl.debug_barrier()
         if tl.atomic_add(count + i_bh, 1, sem="acq_rel", scope="gpu") == NV - 1:
             if NORM:
                 o_f = tl.arange(0, BVF)
                 m_f = o_f < V
-                b_f = tl.load(o + i_b * H * V + i_h * V + o_f, mask=m_f, other=0., cache_modifier=".cg").to(tl.float32)
-                b_ss = tl.load(ss + i_bh * NV + tl.arange(0, NV), cache_modifier=".cg")
+                b_f = tl.load(o + i_b * H * V + i_h * V + o_f, mask=m_f, other=0.).to(tl.float32)
+                b_ss = tl.load(ss + i_bh * NV + tl.arange(0, NV))
                 _finish_row(b_f, o_f, m_f, tl.sum(b_ss, 0), norm_w, gate, sg_b, o, eps, i_b, i_h, H, V,
                             NORM, OUT_GATE, DTYPE)
             if WRITE_CACHE:
@@ -273,20 +274,27 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, ss, count, K ** -0.5, H, C,
         K=K, V=V, BK=pow2(K), BV=pow2(V) if NV == 1 else V // NV, NV=NV, BVF=pow2(V), W=W, DELTA=delta,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
-        DTYPE=_DTYPES[dtype], FENCE=not _INTERPRET, num_warps=1 if _INTERPRET else NUM_WARPS)
+        DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS)
     return o[:, None], new_state
 
 
 def _value_slices(V: int) -> int:
-    """``V_SPLIT`` where it cuts V into power-of-two slices of at least 16 columns, else 1."""
+    """``V_SPLIT`` (a power of two) where it cuts V into power-of-two slices of at least 16
+    columns, else 1."""
     n = V_SPLIT
-    return n if n > 1 and V % n == 0 and pow2(V // n) == V // n else 1
+    return n if n > 1 and pow2(n, 1) == n and V % n == 0 and V // n >= 16 and pow2(V // n) == V // n else 1
 
 
 def _counts(device: torch.device, n: int) -> torch.Tensor:
-    """The zeroed ``[n]`` int32 arrival counts of the split kernel on ``device`` (created once)."""
+    """The zeroed ``[n]`` int32 arrival counts of the split kernel on ``device`` (created once,
+    outside any CUDA graph capture: a buffer zeroed inside one holds garbage until the graph's
+    first replay). One buffer per (device, n) serves every call on one stream; kernels running at
+    once on two streams must not share it."""
     key = (device, n)
     if key not in _COUNTS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("decode_mixer: V_SPLIT's arrival counts must be created before a CUDA graph "
+                               "capture (run one step eagerly first, as GraphDecoder.capture's warm-up does)")
         _COUNTS[key] = torch.zeros(n, dtype=torch.int32, device=device)
     return _COUNTS[key]
 

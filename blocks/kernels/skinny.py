@@ -22,6 +22,8 @@ Every kernel here is forward-only and runs under ``torch.no_grad`` from ``archse
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -44,7 +46,7 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # each GEMM's pipeline fill; Inductor's own PDL (whole kernels launched early, no prefetch) lost
 # 10% on 2026-12-01. Off until timed: ``benchmarks/gpu_kernels.py --set PDL=True``.
 PDL = False
-PDL_PREFETCH = 2
+PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one prefetch per cache line)
 SWITCHES = {"PDL": (False, True)}
 
 
@@ -133,10 +135,18 @@ def _check(x: torch.Tensor, w: torch.Tensor, name: str) -> None:
                          f"strides, got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
 
 
-def _pdl() -> dict:
-    """The launch's PDL arguments (never in the interpreter, which has no grid dependencies)."""
-    on = PDL and not _INTERPRET
+def _pdl(device: torch.device) -> dict:
+    """The launch's PDL arguments: on where switched on and the GPU has grid dependency control
+    (sm_90 and later; never in the interpreter)."""
+    on = PDL and not _INTERPRET and _has_gdc(device)
+    if on and (PDL_PREFETCH < 0 or pow2(max(PDL_PREFETCH, 1), 1) != max(PDL_PREFETCH, 1)):
+        raise ValueError(f"skinny.PDL_PREFETCH: 0 or a power of two (tiles), got {PDL_PREFETCH}")
     return dict(PDL=on, **({"launch_pdl": True} if on else {}))
+
+
+@functools.lru_cache(maxsize=None)
+def _has_gdc(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _launch(grid, x, w, out, N, half, so_s, so_m, BN, BK, k_per, warps, stages, swiglu):
@@ -144,7 +154,7 @@ def _launch(grid, x, w, out, N, half, so_s, so_m, BN, BK, k_per, warps, stages, 
                          BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
                          DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", PREFETCH=PDL_PREFETCH,
                          LINE=128 // x.element_size(), num_warps=1 if _INTERPRET else warps,
-                         num_stages=1 if _INTERPRET else stages, **_pdl())
+                         num_stages=1 if _INTERPRET else stages, **_pdl(x.device))
 
 
 @register_kernel("skinny", "decode")  # registered so that callers can ask whether these kernels are available
@@ -210,5 +220,6 @@ def add_norm(part: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor | N
     hn = torch.empty_like(h) if gamma is not None else None
     _add_norm_kernel[(M,)](part, residual, gamma if gamma is not None else h, h, hn if hn is not None else h,
                            M, N, residual.stride(0), h.stride(0), h.stride(0), eps,
-                           S=S, BLOCK=pow2(N), NORM=gamma is not None, num_warps=1 if _INTERPRET else 8, **_pdl())
+                           S=S, BLOCK=pow2(N), NORM=gamma is not None, num_warps=1 if _INTERPRET else 8,
+                           **_pdl(part.device))
     return h, hn

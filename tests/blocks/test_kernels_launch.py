@@ -606,3 +606,35 @@ def test_switched_restores_every_switch():
             raise RuntimeError
     assert (skinny.PDL, decode_mixer.V_SPLIT) == before
     assert "skinny: PDL=" in gpu_common.switches_line(gpu_common.kernel_settings())
+
+
+def test_skinny_pdl_waits_before_reading_the_kernel_befores_output():
+    """sm_90 compile of ``skinny``'s GEMM and ``add_norm`` with ``PDL``: the grid-dependency wait
+    comes before every global load and async copy except the weight prefetches, which come before
+    it; the launch-dependents hint is there."""
+    import re
+
+    code = """
+import kernels_aot_regs as aot
+from blocks.kernels import skinny as sk
+ints = {n: "i32" for n in ("M", "N", "K", "HALF", "sxm", "swn", "so_s", "so_m", "srm", "shm", "snm")}
+for swiglu in (False, True):
+    k = aot.compile_one(sk._skinny_kernel, dict(ints, x="*bf16", w="*bf16", out="*bf16"),
+                        dict(BM=16, BN=32, BK=128, K_PER=2048, SWIGLU=swiglu, DOT_PREC="tf32", PDL=True, PREFETCH=2,
+                             LINE=64), 4, 4, 90)
+    print(k.asm["ptx"].replace(chr(10), " ;; "))
+k = aot.compile_one(sk._add_norm_kernel, dict(ints, part="*fp32", res="*bf16", gamma="*fp32", h="*bf16", hn="*bf16",
+                    eps="fp32"), dict(S=4, BLOCK=2048, NORM=True, PDL=True), 8, 1, 90)
+print(k.asm["ptx"].replace(chr(10), " ;; "))
+"""
+    out = _python(code, {"TRITON_INTERPRET": None})
+    ptxs = [line for line in out.splitlines() if "griddepcontrol" in line]
+    assert len(ptxs) == 3, out[-2000:]
+    for ptx in ptxs:
+        lines = [t.strip() for t in ptx.split(" ;; ")]
+        wait = next(i for i, t in enumerate(lines) if t.startswith("griddepcontrol.wait"))
+        assert any(t.startswith("griddepcontrol.launch_dependents") for t in lines[:wait])
+        reads = [i for i, t in enumerate(lines) if re.match(r"(@%p\d+ )?(ld\.global|cp\.async)", t)]
+        assert reads and min(reads) > wait
+        prefetches = [i for i, t in enumerate(lines) if "prefetch.global.L2" in t]
+        assert all(i < wait for i in prefetches)

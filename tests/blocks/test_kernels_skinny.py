@@ -230,6 +230,9 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
     from blocks.kernels import decode_mixer, skinny
 
     monkeypatch.setattr(skinny, "PDL", pdl)
+    launches = []
+    real_pdl = skinny._pdl
+    monkeypatch.setattr(skinny, "_pdl", lambda device: launches.append(real_pdl(device)) or launches[-1])
 
     model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("deltanet", {"num_heads": 2}),
                          ("softmax", {"num_heads": 2}), ("simple_gla", {"num_heads": 2}),
@@ -250,4 +253,36 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
         dec = GraphDecoder(model, B, capacity=P + steps, compile=compile_mode)
     assert dec.fused_layers == {0, 1, 3, 4} and dec.next_norms[4] is model.final_norm
     assert dec.next_norms[0] is model.layers[1].norm1 and dec.next_norms[1] is None
+    _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=both_on)
+    assert launches and all(("launch_pdl" in kw) == pdl for kw in launches)  # the switch reached the launches
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_decode_layers_with_value_split_and_pdl_match_eager(dtype, monkeypatch):
+    """Both untimed switches together inside a captured graph: the mixer's value split (heads of
+    64 value columns, 4 slices of 16) and the skinny kernels' PDL, against the eager model with
+    the fused paths off, 12 steps."""
+    from archsearch.decode_graph import GraphDecoder
+    from blocks.kernels import decode_mixer, skinny
+
+    model = _tiny_model([("gated_deltanet", {"num_heads": 1}), ("softmax", {"num_heads": 2}),
+                         ("simple_gla", {"num_heads": 1}), ("deltanet", {"num_heads": 1})]).to(dtype)
+    for name, value in (("PDL", True), ("V_SPLIT", 4), ("ENABLED", False)):
+        monkeypatch.setattr(skinny if name == "PDL" else decode_mixer, name, value)
+    monkeypatch.setattr(decode_layer, "ENABLED", False)
+    assert decode_mixer._value_slices(model.layers[0].mixer.head_dim_v) == 4
+
+    class both_on:
+        def __enter__(self):
+            decode_mixer.ENABLED = decode_layer.ENABLED = True
+
+        def __exit__(self, *exc):
+            decode_mixer.ENABLED = decode_layer.ENABLED = False
+
+    B, P, steps = 4, 6, 12
+    prompt = torch.randint(0, 97, (B, P), device="cuda")
+    with both_on():
+        dec = GraphDecoder(model, B, capacity=P + steps)
+    assert dec.fused_layers == {0, 2, 3}
     _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=both_on)
