@@ -7,6 +7,7 @@ and the captured decode graph against the eager model; the CPU tests check where
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -194,6 +195,19 @@ def test_decode_layer_applies_only_on_cuda_when_switched_on(monkeypatch):
 
 
 # --- GPU -----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _fused_paths_on():
+    """The fused decode mixer and layers on inside the block, off after it (the tests switch both
+    off for their eager reference)."""
+    from blocks.kernels import decode_mixer
+
+    decode_mixer.ENABLED = decode_layer.ENABLED = True
+    try:
+        yield
+    finally:
+        decode_mixer.ENABLED = decode_layer.ENABLED = False
+
+
 @gpu
 @pytest.mark.parametrize("case", ["in_proj", "o_proj", "w13", "w2"])
 def test_skinny_gemms_at_decode_shapes_on_gpu(case):
@@ -240,20 +254,13 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
     monkeypatch.setattr(decode_mixer, "ENABLED", False)
     monkeypatch.setattr(decode_layer, "ENABLED", False)
 
-    class both_on:
-        def __enter__(self):
-            decode_mixer.ENABLED = decode_layer.ENABLED = True
-
-        def __exit__(self, *exc):
-            decode_mixer.ENABLED = decode_layer.ENABLED = False
-
     B, P, steps = 3, 9, 5
     prompt = torch.randint(0, 97, (B, P), device="cuda")
-    with both_on():
+    with _fused_paths_on():
         dec = GraphDecoder(model, B, capacity=P + steps, compile=compile_mode)
     assert dec.fused_layers == {0, 1, 3, 4} and dec.next_norms[4] is model.final_norm
     assert dec.next_norms[0] is model.layers[1].norm1 and dec.next_norms[1] is None
-    _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=both_on)
+    _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)
     assert launches and all(("launch_pdl" in kw) == pdl for kw in launches)  # the switch reached the launches
 
 
@@ -273,16 +280,9 @@ def test_fused_decode_layers_with_value_split_and_pdl_match_eager(dtype, monkeyp
     monkeypatch.setattr(decode_layer, "ENABLED", False)
     assert decode_mixer._value_slices(model.layers[0].mixer.head_dim_v) == 4
 
-    class both_on:
-        def __enter__(self):
-            decode_mixer.ENABLED = decode_layer.ENABLED = True
-
-        def __exit__(self, *exc):
-            decode_mixer.ENABLED = decode_layer.ENABLED = False
-
     B, P, steps = 4, 6, 12
     prompt = torch.randint(0, 97, (B, P), device="cuda")
-    with both_on():
+    with _fused_paths_on():
         dec = GraphDecoder(model, B, capacity=P + steps)
     assert dec.fused_layers == {0, 2, 3}
-    _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=both_on)
+    _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)
