@@ -116,13 +116,12 @@ def test_decode_layer_step_in_interpreter(block, config, given_norm, monkeypatch
     assert torch.equal(out2, out) and none is None and all(new2[n] is mine[n] for n in mine)
 
 
+@interpreter
 def test_decode_layer_falls_back_to_the_layer_when_the_mixer_is_switched_off_after_the_plan():
     """``step`` on a layer whose mixer takes its own path (``fused_decode`` returns None, as when
     ``decode_mixer.ENABLED`` goes off after a GraphDecoder planned the layer): the layer's result
     and the next norm of it, not an error. The GEMM run before the mixer is the only kernel (CPU:
-    the interpreter, or skipped without Triton)."""
-    if not INTERPRET:
-        pytest.skip("needs TRITON_INTERPRET=1 and Triton (the input projection runs skinny.linear)")
+    the interpreter)."""
     layer = _layer("gated_deltanet", {"num_heads": 2})
     next_norm = torch.nn.RMSNorm(32, eps=1e-6)
     with torch.no_grad():
