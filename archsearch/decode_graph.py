@@ -20,7 +20,8 @@ each linear layer as it is (``HybridLayer``: norm, mixer, MLP), each softmax lay
 norms, projections and MLP around the static cache, the final norm and the head; the GPU tests and
 the benchmark check it against the eager model. Linear layers that ``archsearch.decode_layer``
 serves (deltanet, gated_deltanet, simple_gla with RMSNorm and SwiGLU, batch <= 16) run as its
-seven kernels instead, each handing the next its first norm. ``compile=True`` additionally runs
+seven kernels instead, each handing the next its first norm (a fused first layer's comes with the
+embedding lookup, one kernel). ``compile=True`` additionally runs
 the other linear layers through ``torch.compile`` (fewer, fused kernels per layer).
 
     dec = GraphDecoder(model, batch=16, capacity=4096)      # model on CUDA, in eval mode
@@ -133,6 +134,8 @@ class GraphDecoder:
         # Linear layers that run as archsearch.decode_layer's kernels (where it applies and is switched
         # on), each handing the next fused layer its first RMSNorm (the last: the final norm's).
         self.fused_layers, self.next_norms = self._plan_fused_layers()
+        # ... and, before a fused first layer, the embedding lookup and its norm1 as one kernel
+        self.fused_embed = 0 in self.fused_layers and self._embed_fuses()
         # compile=True runs each other linear layer through torch.compile (regional compilation: the
         # layers share their code, so Inductor compiles once and every layer reuses it); it fuses
         # the dozens of small elementwise kernels per layer that otherwise dominate a decode step.
@@ -157,6 +160,13 @@ class GraphDecoder:
         nexts = {i: (layers[i + 1].norm1 if i + 1 in fused else None) if i + 1 < len(layers) else final
                  for i in fused}
         return fused, nexts
+
+    @torch.no_grad()
+    def _embed_fuses(self) -> bool:
+        from archsearch import decode_layer
+
+        probe = torch.empty(self.batch, 1, self.model.embed.embedding_dim, dtype=self.dtype, device=self.device)
+        return decode_layer.embed_applies(self.model.embed, self.model.layers[0], probe)
 
     # --- state -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -223,8 +233,11 @@ class GraphDecoder:
         from archsearch import decode_layer
 
         model = self.model
-        x = model.embed(self.token[:, None])  # [B, 1, d_model]
-        hn = None  # norm1 of x, where the fused layer before computed it
+        if self.fused_embed:  # x and its norm1 in one kernel
+            x, hn = decode_layer.embed(model.embed, self.token, model.layers[0].norm1)
+        else:
+            x = model.embed(self.token[:, None])  # [B, 1, d_model]
+            hn = None  # norm1 of x, where the fused layer before computed it
         for i, layer in enumerate(model.layers):
             if i in self.fused_layers:
                 x, hn, new = decode_layer.step(layer, x, hn, self.states[i], self.next_norms[i])

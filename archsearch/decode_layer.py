@@ -64,6 +64,22 @@ def applies(layer, x: torch.Tensor) -> bool:
             and layer.mixer.o_proj.bias is None and mixer.applies(layer.mixer, x))
 
 
+def embed_applies(embed, first_layer, x: torch.Tensor) -> bool:
+    """Whether ``embed`` runs as ``skinny.embed_norm`` before a fused first layer (``applies`` said
+    yes for it): a plain ``nn.Embedding`` (no ``max_norm``, which renormalises rows in place)."""
+    return (ENABLED and isinstance(embed, nn.Embedding) and embed.max_norm is None
+            and applies(first_layer, x))
+
+
+def embed(embed, tokens: torch.Tensor, norm1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``embed_applies`` said yes: ``tokens: [B]`` int64 -> ``(x = embed(tokens) [B, 1, D],
+    norm1(x) [B, 1, D])``, one kernel; ``step``'s ``x`` and ``hn`` for the first layer."""
+    from blocks.kernels import skinny
+
+    x, hn = skinny.embed_norm(embed.weight, tokens, norm1.weight, _eps(norm1))
+    return x[:, None], hn[:, None]
+
+
 def step(layer, x: torch.Tensor, hn: torch.Tensor | None, state: dict, next_norm=None):
     """One decode step of ``layer`` (``applies`` said yes): ``x: [B, 1, D]`` the residual stream,
     ``hn`` its ``norm1`` (``[B, 1, D]``, from the previous fused layer) or None, ``state`` the

@@ -715,9 +715,10 @@ def main(argv=None) -> int:
                     "(archsearch.decode_layer: those layers' whole decode step as skinny GEMMs, the mixer and "
                     "residual + RMSNorm kernels); default: as the module is switched")
     ap.add_argument("--compiled-sets", default="", help="';'-separated --set strings, one run of the compiled "
-                    "decode rows each ('-': none), e.g. \"-;V_SPLIT=4;PDL=True\"")
+                    "decode rows each ('-': none); give it as --compiled-sets=VALUE when VALUE starts with '-', "
+                    "e.g. --compiled-sets=\"-;PDL=False;CHUNKS=4\"")
     ap.add_argument("--set", default="", help="kernel module switches to run with, as the launch sweep's --set "
-                    "(e.g. V_SPLIT=4: the decode mixer's value split; recorded in kernel_settings)")
+                    "(e.g. CHUNKS=4: the decode mixer's state in four slices; recorded in kernel_settings)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(filter(None, a.families.split(",")))

@@ -11,8 +11,8 @@
 #        with softmax and simple_gla x24, each with and without the fused decode layers
 #        (`--decode-layers off,on`; the fused decode mixer on)
 #   sets (only when named in STEPS) the decode graphs of gated_deltanet x24 and simple_gla x24 (fused layers)
-#        once per entry of DECODE_SETS (default "-;V_SPLIT=4;PDL=True;V_SPLIT=4,PDL=True": the decode mixer's
-#        value split and the skinny kernels' programmatic dependent launch), into sets/
+#        once per entry of DECODE_SETS (default "-;PLAIN_CHUNKS=1;PDL=False": simple_gla's decode mixer
+#        state at once, the skinny kernels without programmatic dependent launch), into sets/
 #
 # Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
 # step), so a step that overruns costs only itself. Steps 1-2 take ~5 min on the H200 and step 3
@@ -49,7 +49,7 @@ NCU_S=${NCU_S:-240}
 GEMM_S=${GEMM_S:-240}
 DECODE_S=${DECODE_S:-300}
 TESTS_K=${TESTS_K:-}
-DECODE_SETS=${DECODE_SETS:--;V_SPLIT=4;PDL=True;V_SPLIT=4,PDL=True}
+DECODE_SETS=${DECODE_SETS:--;PLAIN_CHUNKS=1;PDL=False}
 export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1
 # sourced: a set-up failure exits here, with gpu_host_env.sh's message on stderr
 . benchmarks/gpu_host_env.sh >/dev/null
@@ -97,7 +97,7 @@ fi
 if [[ ,$STEPS, == *,sets,* ]]; then
   step sets "$DECODE_S" $PY benchmarks/gpu_kernels.py --out "$OUT/sets" \
     --skip correctness,train,step,softmax,kernel_breakdown,model,fla \
-    --compiled-cases "gated_deltanet x24,simple_gla x24" --compiled-sets "$DECODE_SETS" || failed=1
+    --compiled-cases "gated_deltanet x24,simple_gla x24" --compiled-sets="$DECODE_SETS" || failed=1
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
   deadline=${BENCH_DEADLINE:-$((BENCH_S > 260 ? BENCH_S - 200 : 60))}  # sections starting later are skipped

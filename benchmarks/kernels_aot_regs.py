@@ -54,8 +54,7 @@ def arg_types(act: str) -> dict[str, str]:
         types[n] = "*fp32"
     if d.WY_INPUT_DTYPE_DOTS:
         types["Ai"] = f"*{act}"
-    types.update(T="i32", NT="i32", B="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32", ss="*fp32",
-                 count="*i32",
+    types.update(T="i32", NT="i32", B="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
                  **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "sg_h", "H", "C")},
                  **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
     return types
@@ -140,10 +139,10 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     # the decode mixer of the benchmark's decode models (conv 4 for the delta rules, none for simple_gla)
     for tag, delta, gated, conv in (("gated_deltanet", True, True, 4), ("deltanet", True, False, 4),
                                     ("simple_gla", False, True, 0)):
-        for nv in (1, 4):  # one program per head, and the value split (decode_mixer.V_SPLIT)
-            yield (f"decode_mixer{'' if nv == 1 else '_split'}.{tag}", dm._mixer_kernel,
-                   dict(K=K, V=V, BK=BK, BV=BV // nv, NV=nv, BVF=BV, W=conv, DELTA=delta, GATED=gated, NORM=True,
-                        OUT_GATE=True, WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1)
+        for nc in (1, 4):  # the whole state at once, and in four slices of value columns (decode_mixer.CHUNKS)
+            yield (f"decode_mixer{'' if nc == 1 else f'_chunks{nc}'}.{tag}", dm._mixer_kernel,
+                   dict(K=K, V=V, BK=BK, BV=BV, NC=nc, W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True,
+                        WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1)
 
 
 def divisibility_hints(fn, sig: dict[str, str]) -> set[str]:

@@ -40,18 +40,24 @@ ENABLED = True
 # One program per (batch, head) holds the head's [128, 128] float32 state: sm_90 compiles of the
 # gated_deltanet kernel at K = V = 128 take 207 / 176 / 106 registers at 4 / 8 / 16 warps, no spills
 # (``benchmarks/kernels_aot_regs.py --kernels decode_mixer --warps 4,8,16``), so 4 warps fit two
-# programs per multiprocessor (256 programs at batch 16, 16 heads: one wave on 132).
+# programs per multiprocessor (256 programs at batch 16, 16 heads: one wave on 132). 8 warps lost
+# (H200, 2026-12-01 11:43: gated_deltanet x24 1.398 -> 1.719 ms, docs/benchmarks/decode_pdl_sets.md).
 NUM_WARPS = 4
-# Value-column slices per head (1: one program per head). The H200 profile of 10:45 has the kernel
-# at 12.1 us per gated_deltanet layer for 33.6 MB of state (2.8 TB/s) where the state-update kernel
-# alone, four programs per head, took 8.4 us (4.0 TB/s): V_SPLIT = 4 gives the same 1024 programs
-# of [128, 32] state slices; the head norm is then finished by each head's last program
-# (``_mixer_kernel``). Not yet timed (2026-12-01): ``OUT=$OUT STEPS=sets bash benchmarks/gpu_session.sh``.
-V_SPLIT = 1
-SWITCHES = {"V_SPLIT": (1, 4), "NUM_WARPS": (4, 8)}
-# per (device, B*H): the zeroed int32 counts the split kernel's programs arrive in (each head's last
-# program sets its count back to zero, so one buffer serves every layer and step of a stream)
-_COUNTS: dict[tuple[torch.device, int], torch.Tensor] = {}
+# The head's value columns in slices, one after another in the program, the next slice's state
+# load issued before this one's update is stored, so that reading and writing the state overlap
+# (each column of S updates on its own: S[:, j] needs only k, q, beta, the decay and v[j]); the
+# head norm then re-reads the row it stored. ``CHUNKS`` for the delta rules, ``PLAIN_CHUNKS`` for
+# simple_gla (``S += k v^T``); 1: the whole [K, V] state at once. Timed (H200, 2026-12-01 11:53,
+# compiled fused-layer graphs of 24 layers at batch 16, docs/benchmarks/decode_pdl_sets.md): the
+# simple_gla kernel 10.73 -> 9.62 / 9.46 us at 2 / 4 slices (graph 1.423 -> 1.385 / 1.386 ms); the
+# gated_deltanet kernel 12.18 -> 11.63 / 12.42 us, its graph 1.391 -> 1.498 / 1.487 ms: one slice.
+# Lost on the H200 (2026-12-01 11:47): splitting the value columns over 4 programs per head with the
+# last one finishing the norm (15.1 us; the q, k conv and norms done 4 times, an atomic count), and
+# launching the kernel early with PDL to read the state under the input projection
+# (gated_deltanet x24 1.471 -> 1.560 ms: its programs hold SMs the GEMM needs).
+CHUNKS = 1
+PLAIN_CHUNKS = 4
+SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4)}
 
 
 @triton.jit
@@ -92,30 +98,6 @@ def _conv_silu(proj, cache, new_cache, conv_w, i_b, c0, o_c, m_c, sp_b, C, W: tl
 
 
 @triton.jit
-def _shift_cache(proj, cache, new_cache, i_b, c0, o_c, m_c, sp_b, C, W: tl.constexpr):
-    """``_conv_silu``'s cache update alone: the rows of channels ``c0 + o_c`` shifted by one, the
-    projection's new row last (W in 2..4)."""
-    c = c0 + o_c
-    x_new = tl.load(proj + i_b * sp_b + c, mask=m_c, other=0.)
-    p_row = cache + i_b * (W - 1) * C + c
-    p_new = new_cache + i_b * (W - 1) * C + c
-    if W == 2:
-        tl.store(p_new, x_new, mask=m_c)
-    if W == 3:
-        x_1 = tl.load(p_row + C, mask=m_c, other=0.)
-        tl.debug_barrier()
-        tl.store(p_new, x_1, mask=m_c)
-        tl.store(p_new + C, x_new, mask=m_c)
-    if W == 4:
-        x_1 = tl.load(p_row + C, mask=m_c, other=0.)
-        x_2 = tl.load(p_row + 2 * C, mask=m_c, other=0.)
-        tl.debug_barrier()
-        tl.store(p_new, x_1, mask=m_c)
-        tl.store(p_new + C, x_2, mask=m_c)
-        tl.store(p_new + 2 * C, x_new, mask=m_c)
-
-
-@triton.jit
 def _l2norm(x, DTYPE: tl.constexpr):
     """``blocks.ops.utils.l2norm`` of a ``[BK]`` float32 vector, rounded to ``DTYPE``."""
     return (x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)).to(DTYPE).to(tl.float32)
@@ -123,81 +105,70 @@ def _l2norm(x, DTYPE: tl.constexpr):
 
 @triton.jit
 def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log, dt_bias,
-                  s_in, s_out, gate, sg_b, norm_w, eps, o, ss, count, scale, H, C,
-                  K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
-                  BVF: tl.constexpr, W: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr,
-                  NORM: tl.constexpr, OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
-    """Grid (B*H, NV): value columns ``i_v*BV ..`` (BV * NV = V, or NV = 1 and BV >= V) of one
-    head. ``proj: [B, C]`` the q|k|v columns of the input projection (row stride ``sp_b``; C =
-    H*(2K+V)); ``cache``/``new_cache: [B, W-1, C]``; ``conv_w: [C, W]``; ``DELTA``: the delta rule
-    with L2-normed q, k (else ``S += k v^T``); ``GATED``: Mamba-2's decay. ``a``, ``bl``: the decay
-    and beta logits ``[B, H]`` (row strides ``sa_b``, ``sb_b``, column slices of the projection);
-    ``A_log, dt_bias: [H]``; state ``[B, H, K, V]`` float32; ``gate``: the output gate's
-    pre-activation ``[B, H*V]`` (stride ``sg_b``); ``norm_w: [V]``; ``o: [B, H*V]``.
-
-    With NV > 1 the head norm needs every slice: each program stores its slice of ``o`` (before
-    the norm) and its sum of squares in ``ss: [B*H, NV]`` float32, then counts itself in
-    ``count: [B*H]`` int32 (zero on entry); the head's last program to arrive normalises and
-    gates the whole row, shifts the head's q, k conv cache rows (which every program read) and
-    sets the count back to zero. Nothing waits on another program. Without a norm or a conv cache
-    there is nothing left for a last program: no count."""
+                  s_in, s_out, gate, sg_b, norm_w, eps, o, scale, H, C,
+                  K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NC: tl.constexpr,
+                  W: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
+                  OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
+    """Grid (B*H,): one head. ``proj: [B, C]`` the q|k|v columns of the input projection (row
+    stride ``sp_b``; C = H*(2K+V)); ``cache``/``new_cache: [B, W-1, C]``; ``conv_w: [C, W]``;
+    ``DELTA``: the delta rule with L2-normed q, k (else ``S += k v^T``); ``GATED``: Mamba-2's decay.
+    ``a``, ``bl``: the decay and beta logits ``[B, H]`` (row strides ``sa_b``, ``sb_b``, column
+    slices of the projection); ``A_log, dt_bias: [H]``; state ``[B, H, K, V]`` float32; ``gate``:
+    the output gate's pre-activation ``[B, H*V]`` (stride ``sg_b``); ``norm_w: [V]``;
+    ``o: [B, H*V]``. The value columns go in ``NC`` slices of ``BV // NC`` (``CHUNKS``); with more
+    than one and a norm, each slice's output is stored before the norm and the row re-read."""
+    BC: tl.constexpr = BV // NC
     i_bh = tl.program_id(0).to(tl.int64)
-    i_v = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
     o_k = tl.arange(0, BK)
-    o_s = tl.arange(0, BV)
-    o_v = i_v * BV + o_s
+    o_c = tl.arange(0, BC)
     m_k = o_k < K
-    m_v = o_v < V
-    QK_CACHE: tl.constexpr = WRITE_CACHE and NV == 1  # else the head's last program shifts them
-    b_q = _conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE, QK_CACHE)
-    b_k = _conv_silu(proj, cache, new_cache, conv_w, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W, DTYPE, QK_CACHE)
-    b_v = _conv_silu(proj, cache, new_cache, conv_w, i_b, 2 * H * K + i_h * V + i_v * BV, o_s, m_v, sp_b, C, W,
-                     DTYPE, WRITE_CACHE)
+    p_s = i_bh * K * V + o_k[:, None] * V + o_c[None, :]
+    b_next = tl.load(s_in + p_s, mask=m_k[:, None] & (o_c < V)[None, :], other=0.)
+    b_q = _conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
+    b_k = _conv_silu(proj, cache, new_cache, conv_w, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
     if DELTA:
         b_q = _l2norm(b_q, DTYPE)
         b_k = _l2norm(b_k, DTYPE)
     b_q = b_q * scale
-    m_kv = m_k[:, None] & m_v[None, :]
-    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-    b_s = tl.load(s_in + p_s, mask=m_kv, other=0.)
+    decay = 1.
     if GATED:
         x = tl.load(a + i_b * sa_b + i_h).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
         softplus = tl.where(x > 20., x, tl.log(1. + tl.exp(tl.minimum(x, 20.))))  # F.softplus's threshold
-        b_s = b_s * tl.exp(-tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus)
+        decay = tl.exp(-tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus)
+    beta = 1.
     if DELTA:
-        b_v = (b_v - tl.sum(b_s * b_k[:, None], axis=0)) * tl.sigmoid(tl.load(bl + i_b * sb_b + i_h).to(tl.float32))
-    b_s = b_s + b_k[:, None] * b_v[None, :]
-    tl.store(s_out + p_s, b_s, mask=m_kv)
-    b_o = tl.where(m_v, tl.sum(b_s * b_q[:, None], axis=0).to(DTYPE).to(tl.float32), 0.)  # the op's output dtype
-    if NV == 1:
-        _finish_row(b_o, o_v, m_v, tl.sum(b_o * b_o, 0), norm_w, gate, sg_b, o, eps, i_b, i_h, H, V,
-                    NORM, OUT_GATE, DTYPE)
-    else:
-        if NORM:  # the row's other slices are needed: store this one as it is, the last program finishes
+        beta = tl.sigmoid(tl.load(bl + i_b * sb_b + i_h).to(tl.float32))
+    sum_sq = 0.
+    for j in tl.static_range(NC):
+        b_s = b_next
+        o_v = j * BC + o_c
+        m_v = o_v < V
+        m_kv = m_k[:, None] & m_v[None, :]
+        if j + 1 < NC:  # issued before this slice's store: the two overlap
+            b_next = tl.load(s_in + p_s + (j + 1) * BC, mask=m_k[:, None] & (o_v + BC < V)[None, :], other=0.)
+        b_v = _conv_silu(proj, cache, new_cache, conv_w, i_b, 2 * H * K + i_h * V + j * BC, o_c, m_v, sp_b, C, W,
+                         DTYPE, WRITE_CACHE)
+        if GATED:
+            b_s = b_s * decay
+        if DELTA:
+            b_v = (b_v - tl.sum(b_s * b_k[:, None], axis=0)) * beta
+        b_s = b_s + b_k[:, None] * b_v[None, :]
+        tl.store(s_out + p_s + j * BC, b_s, mask=m_kv)
+        b_o = tl.where(m_v, tl.sum(b_s * b_q[:, None], axis=0).to(DTYPE).to(tl.float32), 0.)  # the op's output dtype
+        if NC == 1 or not NORM:
+            _finish_row(b_o, o_v, m_v, tl.sum(b_o * b_o, 0), norm_w, gate, sg_b, o, eps, i_b, i_h, H, V,
+                        NORM, OUT_GATE, DTYPE)
+        else:  # the norm needs the whole row: store the slice as it is, finish below
             tl.store(o + i_b * H * V + i_h * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
-            tl.store(ss + i_bh * NV + i_v, tl.sum(b_o * b_o, 0))
-        else:
-            _finish_row(b_o, o_v, m_v, 0., norm_w, gate, sg_b, o, eps, i_b, i_h, H, V, NORM, OUT_GATE, DTYPE)
-    if NV > 1 and (NORM or WRITE_CACHE):  # the head's last program has work left
-        # Every thread's stores (and reads of the old cache) come before the count: a barrier, then
-        # one thread's acq_rel atomic at GPU scope, cumulative over the CTA's earlier accesses (the
-        # pattern of cooperative groups' grid sync); its result reaches the other threads through
-        # shared memory behind another barrier, so their loads below follow the acquire.
-        tl.debug_barrier()
-        if tl.atomic_add(count + i_bh, 1, sem="acq_rel", scope="gpu") == NV - 1:
-            if NORM:
-                o_f = tl.arange(0, BVF)
-                m_f = o_f < V
-                b_f = tl.load(o + i_b * H * V + i_h * V + o_f, mask=m_f, other=0.).to(tl.float32)
-                b_ss = tl.load(ss + i_bh * NV + tl.arange(0, NV))
-                _finish_row(b_f, o_f, m_f, tl.sum(b_ss, 0), norm_w, gate, sg_b, o, eps, i_b, i_h, H, V,
-                            NORM, OUT_GATE, DTYPE)
-            if WRITE_CACHE:
-                _shift_cache(proj, cache, new_cache, i_b, i_h * K, o_k, m_k, sp_b, C, W)
-                _shift_cache(proj, cache, new_cache, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W)
-            tl.atomic_xchg(count + i_bh, 0, sem="relaxed", scope="gpu")
+            sum_sq += tl.sum(b_o * b_o, 0)
+    if NC > 1 and NORM:
+        tl.debug_barrier()  # every thread's slice stores before the row is re-read (same CTA: visible)
+        o_f = tl.arange(0, BV)
+        m_f = o_f < V
+        b_f = tl.load(o + i_b * H * V + i_h * V + o_f, mask=m_f, other=0.).to(tl.float32)
+        _finish_row(b_f, o_f, m_f, sum_sq, norm_w, gate, sg_b, o, eps, i_b, i_h, H, V, NORM, OUT_GATE, DTYPE)
 
 
 @triton.jit
@@ -266,37 +237,14 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
     gate = _unit_last(proj["gate"][:, 0]) if block.gate is not None else qkv
     o = qkv.new_empty(B, H * V)
     norm_w = block.norm.weight if block.norm is not None else block.o_proj.weight
-    NV = _value_slices(V)
-    ss, count = (s_in, s_in) if NV == 1 else (qkv.new_empty(B * H, NV, dtype=torch.float32), _counts(qkv.device, B * H))
-    _mixer_kernel[(B * H, NV)](
+    _mixer_kernel[(B * H,)](
         qkv, qkv.stride(0), cache, new_cache, conv_w, a, a.stride(0), beta_logit, beta_logit.stride(0),
         block.A_log if decay else s_in, block.dt_bias if decay else s_in, s_in, s_out, gate, gate.stride(0),
-        norm_w, block.norm.eps if block.norm is not None else 0.0, o, ss, count, K ** -0.5, H, C,
-        K=K, V=V, BK=pow2(K), BV=pow2(V) if NV == 1 else V // NV, NV=NV, BVF=pow2(V), W=W, DELTA=delta,
+        norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
+        K=K, V=V, BK=pow2(K), BV=pow2(V), NC=max(1, min(CHUNKS if delta else PLAIN_CHUNKS, pow2(V) // 16)), W=W, DELTA=delta,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
         DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS)
     return o[:, None], new_state
-
-
-def _value_slices(V: int) -> int:
-    """``V_SPLIT`` (a power of two) where it cuts V into power-of-two slices of at least 16
-    columns, else 1."""
-    n = V_SPLIT
-    return n if n > 1 and pow2(n, 1) == n and V % n == 0 and V // n >= 16 and pow2(V // n) == V // n else 1
-
-
-def _counts(device: torch.device, n: int) -> torch.Tensor:
-    """The zeroed ``[n]`` int32 arrival counts of the split kernel on ``device`` (created once,
-    outside any CUDA graph capture: a buffer zeroed inside one holds garbage until the graph's
-    first replay). One buffer per (device, n) serves every call on one stream; kernels running at
-    once on two streams must not share it."""
-    key = (device, n)
-    if key not in _COUNTS:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("decode_mixer: V_SPLIT's arrival counts must be created before a CUDA graph "
-                               "capture (run one step eagerly first, as GraphDecoder.capture's warm-up does)")
-        _COUNTS[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return _COUNTS[key]
 
 
 def applies(block, x: torch.Tensor) -> bool:

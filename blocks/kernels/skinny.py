@@ -22,14 +22,12 @@ Every kernel here is forward-only and runs under ``torch.no_grad`` from ``archse
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from . import register_kernel
-from .tiles import INTERPRET as _INTERPRET, cdiv, pow2
+from .tiles import INTERPRET as _INTERPRET, cdiv, pdl_launch, pow2
 
 MAX_ROWS = 16
 # (BN, BK, SPLIT_K, num_warps, num_stages) per GEMM of a decode layer: the fastest plain
@@ -44,10 +42,14 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # GEMM first pulls the first ``PDL_PREFETCH`` K tiles of its weight slice into L2 (weights do not
 # depend on the kernel before). Aimed at the 44-174 us between the decode step's 172 kernels and
 # each GEMM's pipeline fill; Inductor's own PDL (whole kernels launched early, no prefetch) lost
-# 10% on 2026-12-01. Off until timed: ``benchmarks/gpu_kernels.py --set PDL=True``.
-PDL = False
+# 10% on 2026-12-01. Timed (H200, 2026-12-01 11:42-11:44, compiled fused-layer graphs at batch 16,
+# ``gpu_kernels.py --compiled-sets``, docs/benchmarks/decode_pdl_sets.md): gated_deltanet x24
+# 1.488 -> 1.449 and 1.524 -> 1.398 ms in two calls, simple_gla x24 1.497 -> 1.423 and 1.497 -> 1.420.
+# Prefetch depth in one call: 0 / 2 / 8 / 32 tiles 1.516 / 1.446 / 1.638 / 1.635 ms (gated): deeper
+# prefetches compete with the kernel before for bandwidth.
+PDL = True
 PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one prefetch per cache line)
-SWITCHES = {"PDL": (False, True)}
+SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32)}
 
 
 @triton.jit
@@ -103,20 +105,23 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
 
 
 @triton.jit
-def _add_norm_kernel(part, res, gamma, h, hn, M, N, srm, shm, snm, eps,
-                     S: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+def _add_norm_kernel(part, res, rows, gamma, h, hn, M, N, srm, shm, snm, eps,
+                     S: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr, GATHER: tl.constexpr,
+                     PDL: tl.constexpr):
     """Grid (M,): row ``m`` of ``h = res + sum_s part[s]`` (``part``: contiguous float32
     ``[S, M, N]``; ``h`` rounded to its dtype) and, with ``NORM``, ``hn = rmsnorm(h) * gamma``
     (float32 over the rounded row, one rounding at the store). ``S`` is a constant so that the
     split loads are unrolled and issued together: with a runtime loop the 16 programs waited for
-    them one after another (3.7 us per call at batch 16, 4 splits of a 2048-wide row; H200)."""
+    them one after another (3.7 us per call at batch 16, 4 splits of a 2048-wide row; H200).
+    ``GATHER``: the residual row is ``res[rows[m]]`` (an embedding lookup; ``rows``: int64 ``[M]``)."""
     i_m = tl.program_id(0)
     o = tl.arange(0, BLOCK)
     m = o < N
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()  # the partials are the kernel before's output
-    y = tl.load(res + i_m * srm + o, mask=m, other=0.).to(tl.float32)
+        tl.extra.cuda.gdc_wait()  # the partials (or the rows) are the kernel before's output
+    r = tl.load(rows + i_m).to(tl.int64) if GATHER else i_m
+    y = tl.load(res + r * srm + o, mask=m, other=0.).to(tl.float32)
     for s in tl.static_range(S):
         y += tl.load(part + (s * M + i_m) * N + o, mask=m, other=0.)
     y_h = y.to(h.dtype.element_ty)
@@ -136,17 +141,10 @@ def _check(x: torch.Tensor, w: torch.Tensor, name: str) -> None:
 
 
 def _pdl(device: torch.device) -> dict:
-    """The launch's PDL arguments: on where switched on and the GPU has grid dependency control
-    (sm_90 and later; never in the interpreter)."""
-    on = PDL and not _INTERPRET and _has_gdc(device)
-    if on and (PDL_PREFETCH < 0 or pow2(max(PDL_PREFETCH, 1), 1) != max(PDL_PREFETCH, 1)):
+    """The launch's PDL arguments (``tiles.pdl_launch`` of ``PDL``), the prefetch depth checked."""
+    if PDL and (PDL_PREFETCH < 0 or pow2(max(PDL_PREFETCH, 1), 1) != max(PDL_PREFETCH, 1)):
         raise ValueError(f"skinny.PDL_PREFETCH: 0 or a power of two (tiles), got {PDL_PREFETCH}")
-    return dict(PDL=on, **({"launch_pdl": True} if on else {}))
-
-
-@functools.lru_cache(maxsize=None)
-def _has_gdc(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return pdl_launch(PDL, device)
 
 
 def _launch(grid, x, w, out, N, half, so_s, so_m, BN, BK, k_per, warps, stages, swiglu):
@@ -218,8 +216,30 @@ def add_norm(part: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor | N
                          f"{None if gamma is None else tuple(gamma.shape)}")
     h = residual.new_empty(M, N)
     hn = torch.empty_like(h) if gamma is not None else None
-    _add_norm_kernel[(M,)](part, residual, gamma if gamma is not None else h, h, hn if hn is not None else h,
+    _add_norm_kernel[(M,)](part, residual, part, gamma if gamma is not None else h, h, hn if hn is not None else h,
                            M, N, residual.stride(0), h.stride(0), h.stride(0), eps,
-                           S=S, BLOCK=pow2(N), NORM=gamma is not None, num_warps=1 if _INTERPRET else 8,
-                           **_pdl(part.device))
+                           S=S, BLOCK=pow2(N), NORM=gamma is not None, GATHER=False,
+                           num_warps=1 if _INTERPRET else 8, **_pdl(part.device))
     return h, hn
+
+
+def embed_norm(weight: torch.Tensor, tokens: torch.Tensor, gamma: torch.Tensor,
+               eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """An embedding lookup and the first layer's RMSNorm in one kernel: ``weight: [vocab, N]``
+    (unit last stride), ``tokens: [M]`` int64 -> ``(x = weight[tokens] [M, N], rmsnorm(x) * gamma)``
+    in ``weight``'s dtype. (The decode step's ``index_select`` took 13 us for 16 rows on an H200,
+    2026-12-01, then a norm kernel.)"""
+    M = tokens.shape[0]
+    N = weight.shape[1]
+    if (tokens.dim() != 1 or not 1 <= M <= MAX_ROWS or tokens.dtype != torch.long or weight.dim() != 2
+            or weight.stride(1) != 1 or tokens.device != weight.device
+            or tuple(gamma.shape) != (N,) or gamma.stride(0) != 1):
+        raise ValueError(f"skinny embed_norm: weight [vocab, N] with unit last stride, tokens int64 [M <= {MAX_ROWS}] "
+                         f"on its device, gamma [N] contiguous; got {tuple(weight.shape)}, "
+                         f"{tuple(tokens.shape)} {tokens.dtype}, {tuple(gamma.shape)}")
+    x = weight.new_empty(M, N)
+    hn = torch.empty_like(x)
+    _add_norm_kernel[(M,)](weight, weight, tokens, gamma, x, hn, M, N, weight.stride(0), x.stride(0), hn.stride(0),
+                           eps, S=0, BLOCK=pow2(N), NORM=True, GATHER=True, num_warps=1 if _INTERPRET else 8,
+                           **_pdl(weight.device))
+    return x, hn

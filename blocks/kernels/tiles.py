@@ -9,6 +9,7 @@ for a bf16 tensor-core dot).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -43,6 +44,19 @@ def warps(n: int) -> int:
 def stages(x: torch.Tensor) -> int:
     # float32 tiles are twice the shared memory of bf16 ones: no double buffering for them
     return 1 if INTERPRET or x.dtype == torch.float32 else 2
+
+
+def pdl_launch(on: bool, device: torch.device) -> dict:
+    """A kernel's programmatic-dependent-launch arguments: ``PDL`` (the kernel's constexpr that
+    places ``gdc_launch_dependents`` / ``gdc_wait``) and ``launch_pdl``, on only where switched on
+    and the GPU has grid dependency control (sm_90 and later; never in the interpreter)."""
+    on = bool(on) and not INTERPRET and device.type == "cuda" and _has_gdc(device)
+    return dict(PDL=on, **({"launch_pdl": True} if on else {}))
+
+
+@functools.lru_cache(maxsize=None)
+def _has_gdc(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def launch(table: dict, name: str, x: torch.Tensor) -> dict:

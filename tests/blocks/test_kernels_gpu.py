@@ -407,62 +407,19 @@ MIXER_CONFIGS = [  # (block, config): the benchmark's defaults, every conv size,
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize("chunks", [1, 2, 4])
 @pytest.mark.parametrize("block_name, config", MIXER_CONFIGS, ids=lambda c: str(c))
-def test_decode_mixer_kernel_in_interpreter(block_name, config):
+def test_decode_mixer_kernel_in_interpreter(block_name, config, chunks, monkeypatch):
     """``blocks.kernels.decode_mixer``: a delta-rule or simple_gla block's decode step between its
     projections as one kernel against the block's own path (conv and its cache, L2 norms, gates,
-    state update, head norm, output gate): functional, and in place inside ``inplace_decode_state``."""
-    _check_mixer_against_the_block(block_name, config)
-
-
-@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
-@pytest.mark.parametrize("v_split", [2, 4])
-@pytest.mark.parametrize("block_name, config", [
-    ("gated_deltanet", {"num_heads": 2, "head_dim_k": 16, "head_dim_v": 64}),
-    ("deltanet", {"num_heads": 2, "head_dim_k": 16, "head_dim_v": 64, "conv_size": 2, "output_norm": False}),
-    ("simple_gla", {"num_heads": 2, "head_dim_k": 16, "head_dim_v": 64, "output_gate": True}),
-    ("gated_deltanet", {"num_heads": 2, "head_dim_k": 16, "head_dim_v": 64, "conv_size": 3, "output_gate": False}),
-], ids=lambda c: str(c))
-def test_decode_mixer_value_split_in_interpreter(block_name, config, v_split, monkeypatch):
-    """``decode_mixer.V_SPLIT``: the head's value columns over several programs, the head norm and
-    the q, k conv cache finished by the head's last program; the same checks, and the arrival
-    counts back at zero after each call."""
+    state update, head norm, output gate): functional, and in place inside ``inplace_decode_state``;
+    the state in one, two or four slices of value columns (``CHUNKS``, ``PLAIN_CHUNKS``; heads of 20 value columns
+    take at most two slices of 16)."""
     from blocks.kernels import decode_mixer
 
-    monkeypatch.setattr(decode_mixer, "V_SPLIT", v_split)
-    monkeypatch.setattr(decode_mixer, "_COUNTS", {})
-    assert decode_mixer._value_slices(64) == v_split and decode_mixer._value_slices(20) == 1
+    monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
+    monkeypatch.setattr(decode_mixer, "PLAIN_CHUNKS", chunks)
     _check_mixer_against_the_block(block_name, config)
-    assert decode_mixer._COUNTS and all(int(c.abs().sum()) == 0 for c in decode_mixer._COUNTS.values())
-
-
-@gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("block_name", ["gated_deltanet", "simple_gla"])
-def test_decode_mixer_value_split_on_gpu(block_name, dtype, monkeypatch):
-    """``decode_mixer.V_SPLIT = 4`` at the benchmark's head shape (K = V = 128, batch 16): the same
-    output and state as one program per head (the arrival counts and the fence across programs
-    are real here, unlike in the interpreter), in place, over 40 steps in a row."""
-    from blocks.kernels import decode_mixer
-    from blocks.registry import build
-
-    torch.manual_seed(0)
-    block = build(block_name, 512, num_heads=4, output_gate=True).cuda().to(dtype)
-    with torch.no_grad():
-        _, state = block(torch.randn(16, 9, 512, device="cuda", dtype=dtype))
-        mine = {v: {n: t.clone() for n, t in state.items()} for v in (1, 4)}
-        for _ in range(40):  # many steps: an ordering bug between a head's programs fails by chance
-            x = torch.randn(16, 1, 512, device="cuda", dtype=dtype)
-            proj = block.in_proj(x)
-            outs = {}
-            for v in (1, 4):
-                monkeypatch.setattr(decode_mixer, "V_SPLIT", v)
-                with kernels.inplace_decode_state():
-                    outs[v], _ = decode_mixer.mixer_step(block, proj, mine[v])
-            assert decode_mixer._value_slices(block.head_dim_v) == 4
-            tol = 1e-5 if dtype == torch.float32 else 2e-2
-            assert rel(outs[4], outs[1]) < tol and all(rel(mine[4][n], mine[1][n]) < tol for n in state)
-    assert all(int(c.abs().sum()) == 0 for c in decode_mixer._COUNTS.values())
 
 
 def _check_mixer_against_the_block(block_name: str, config: dict) -> None:

@@ -578,19 +578,23 @@ def test_skinny_configs_report_compares_the_current_configuration_with_the_faste
         sc.main(["--roles", "w4"])
 
 
-def test_gpu_benchmark_sets_the_decode_mixer_switches(monkeypatch):
-    """``gpu_kernels.py --set V_SPLIT=4`` reaches ``decode_mixer`` (recorded in the report's switch
-    line); a value the switch does not take is a one-line usage error."""
+def test_gpu_benchmark_sets_the_decode_mixer_switches(monkeypatch, capsys, tmp_path):
+    """``gpu_kernels.py --set CHUNKS=2`` reaches ``decode_mixer`` (recorded in the report's switch
+    line); a value a switch does not take is a one-line usage error, also inside
+    ``--compiled-sets`` (whose entries may start with ``-``, the set of no change)."""
     from blocks.kernels import decode_mixer
 
     gpu_common, gpu_kernels = _benchmark("gpu_common"), _benchmark("gpu_kernels")
-    monkeypatch.setattr(decode_mixer, "V_SPLIT", decode_mixer.V_SPLIT)
-    assert gpu_common.apply_sets("V_SPLIT=4") == {"V_SPLIT": 4} and decode_mixer.V_SPLIT == 4
-    assert "decode_mixer: ENABLED=True, V_SPLIT=4, NUM_WARPS=4" in gpu_common.switches_line(gpu_common.kernel_settings())
+    monkeypatch.setattr(decode_mixer, "CHUNKS", decode_mixer.CHUNKS)
+    assert gpu_common.apply_sets("CHUNKS=2") == {"CHUNKS": 2} and decode_mixer.CHUNKS == 2
+    assert "decode_mixer: ENABLED=True, CHUNKS=2, PLAIN_CHUNKS=" in gpu_common.switches_line(gpu_common.kernel_settings())
+    capsys.readouterr()
     with pytest.raises(SystemExit):
-        gpu_kernels.main(["--set", "V_SPLIT=3"])
+        gpu_kernels.main(["--out", str(tmp_path), "--set", "CHUNKS=3"])
+    assert "CHUNKS takes (1, 2, 4), got 3" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        gpu_kernels.main(["--compiled-sets", "-;PDL=maybe"])
+        gpu_kernels.main(["--out", str(tmp_path), "--compiled-sets=-;PDL=maybe"])
+    assert "PDL takes (False, True), got 'maybe'" in capsys.readouterr().err
 
 
 def test_switched_restores_every_switch():
@@ -599,12 +603,14 @@ def test_switched_restores_every_switch():
     from blocks.kernels import decode_mixer, skinny
 
     gpu_common = _benchmark("gpu_common")
-    before = (skinny.PDL, decode_mixer.V_SPLIT)
+    before = (skinny.PDL, decode_mixer.CHUNKS)
+    other = 4 if before[1] != 4 else 2
     with pytest.raises(RuntimeError):
-        with gpu_common.switched("PDL=True,V_SPLIT=4") as done:
-            assert done == {"PDL": True, "V_SPLIT": 4} and skinny.PDL is True and decode_mixer.V_SPLIT == 4
+        with gpu_common.switched(f"PDL={not before[0]},CHUNKS={other}") as done:
+            assert done == {"PDL": not before[0], "CHUNKS": other}
+            assert (skinny.PDL, decode_mixer.CHUNKS) == (not before[0], other)
             raise RuntimeError
-    assert (skinny.PDL, decode_mixer.V_SPLIT) == before
+    assert (skinny.PDL, decode_mixer.CHUNKS) == before
     assert "skinny: PDL=" in gpu_common.switches_line(gpu_common.kernel_settings())
 
 
@@ -623,13 +629,15 @@ for swiglu in (False, True):
                         dict(BM=16, BN=32, BK=128, K_PER=2048, SWIGLU=swiglu, DOT_PREC="tf32", PDL=True, PREFETCH=2,
                              LINE=64), 4, 4, 90)
     print(k.asm["ptx"].replace(chr(10), " ;; "))
-k = aot.compile_one(sk._add_norm_kernel, dict(ints, part="*fp32", res="*bf16", gamma="*fp32", h="*bf16", hn="*bf16",
-                    eps="fp32"), dict(S=4, BLOCK=2048, NORM=True, PDL=True), 8, 1, 90)
-print(k.asm["ptx"].replace(chr(10), " ;; "))
+for gather in (False, True):
+    k = aot.compile_one(sk._add_norm_kernel, dict(ints, part="*fp32", res="*bf16", rows="*i64", gamma="*fp32",
+                        h="*bf16", hn="*bf16", eps="fp32"),
+                        dict(S=0 if gather else 4, BLOCK=2048, NORM=True, GATHER=gather, PDL=True), 8, 1, 90)
+    print(k.asm["ptx"].replace(chr(10), " ;; "))
 """
     out = _python(code, {"TRITON_INTERPRET": None})
     ptxs = [line for line in out.splitlines() if "griddepcontrol" in line]
-    assert len(ptxs) == 3, out[-2000:]
+    assert len(ptxs) == 4, out[-2000:]
     for ptx in ptxs:
         lines = [t.strip() for t in ptx.split(" ;; ")]
         wait = next(i for i, t in enumerate(lines) if t.startswith("griddepcontrol.wait"))

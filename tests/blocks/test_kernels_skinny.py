@@ -64,6 +64,21 @@ def test_skinny_gemms_in_interpreter(M, N, K, monkeypatch):
     assert rel(hn, F.rms_norm(h, (N,), gamma, 1e-6)) < 1e-6
 
 
+@interpreter
+def test_embed_norm_in_interpreter():
+    """``skinny.embed_norm``: the rows of the tokens (repeated, first and last of the vocabulary)
+    and their RMSNorm, against ``F.embedding`` + ``F.rms_norm``."""
+    from blocks.kernels import skinny
+
+    torch.manual_seed(0)
+    weight, gamma = torch.randn(50, 70), 1 + 0.1 * torch.randn(70)
+    tokens = torch.tensor([3, 0, 49, 3, 17])
+    with checked_memory():
+        x, hn = skinny.embed_norm(weight, tokens, gamma, 1e-5)
+    assert torch.equal(x, F.embedding(tokens, weight))
+    assert rel(hn, F.rms_norm(x, (70,), gamma, 1e-5)) < 1e-6
+
+
 def test_skinny_gemms_refuse_shapes_they_do_not_serve():
     pytest.importorskip("triton")
     from blocks.kernels import skinny
@@ -77,6 +92,8 @@ def test_skinny_gemms_refuse_shapes_they_do_not_serve():
         skinny.swiglu(torch.zeros(2, 8), torch.zeros(5, 8))
     with pytest.raises(ValueError, match="part float32"):
         skinny.add_norm(torch.zeros(1, 2, 4, dtype=torch.bfloat16), torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="tokens int64"):
+        skinny.embed_norm(torch.zeros(9, 4), torch.zeros(3, dtype=torch.int32), torch.ones(4))
 
 
 # --- the layer step in the interpreter -----------------------------------------------------------
@@ -235,17 +252,17 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case):
 @pytest.mark.parametrize("compile_mode", [False, True], ids=["graph", "compiled"])
 @pytest.mark.parametrize("pdl", [False, True], ids=["", "pdl"])
 def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, monkeypatch):
-    """With ``decode_layer.ENABLED`` the linear layers of a captured decode graph (two in a row,
-    one after a softmax layer, one last: the final norm fused) run as the skinny kernels and the
-    fused mixer, step by step against the eager model with both off; also with the skinny
-    kernels' programmatic dependent launch (``skinny.PDL``)."""
+    """With ``decode_layer.ENABLED`` the linear layers of a captured decode graph (two in a row
+    after the fused embedding + norm, one after a softmax layer, one last: the final norm fused)
+    run as the skinny kernels and the fused mixer, step by step against the eager model with both
+    off; with and without the skinny kernels' programmatic dependent launch (``skinny.PDL``)."""
     from archsearch.decode_graph import GraphDecoder
-    from blocks.kernels import decode_mixer, skinny
+    from blocks.kernels import decode_mixer, skinny, tiles
 
     monkeypatch.setattr(skinny, "PDL", pdl)
     launches = []
-    real_pdl = skinny._pdl
-    monkeypatch.setattr(skinny, "_pdl", lambda device: launches.append(real_pdl(device)) or launches[-1])
+    real_pdl = tiles.pdl_launch  # every launch's PDL arguments, recorded
+    monkeypatch.setattr(skinny, "pdl_launch", lambda on, device: launches.append(real_pdl(on, device)) or launches[-1])
 
     model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("deltanet", {"num_heads": 2}),
                          ("softmax", {"num_heads": 2}), ("simple_gla", {"num_heads": 2}),
@@ -257,31 +274,35 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
     prompt = torch.randint(0, 97, (B, P), device="cuda")
     with _fused_paths_on():
         dec = GraphDecoder(model, B, capacity=P + steps, compile=compile_mode)
-    assert dec.fused_layers == {0, 1, 3, 4} and dec.next_norms[4] is model.final_norm
+    assert dec.fused_layers == {0, 1, 3, 4} and dec.next_norms[4] is model.final_norm and dec.fused_embed
     assert dec.next_norms[0] is model.layers[1].norm1 and dec.next_norms[1] is None
     _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)
-    assert launches and all(("launch_pdl" in kw) == pdl for kw in launches)  # the switch reached the launches
+    # the switch reached the launches: the GEMMs, add_norm and embed_norm
+    assert len(launches) > 10 and all(("launch_pdl" in kw) == pdl for kw in launches)
 
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_fused_decode_layers_with_value_split_and_pdl_match_eager(dtype, monkeypatch):
-    """Both untimed switches together inside a captured graph: the mixer's value split (heads of
-    64 value columns, 4 slices of 16) and the skinny kernels' PDL, against the eager model with
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_fused_decode_layers_after_a_softmax_first_layer_match_eager(dtype, chunks, monkeypatch):
+    """The fused layers with PDL in a model whose first layer is softmax (no fused embedding: the
+    first fused layer computes its own norm1) and whose heads are small (64 value columns), the
+    mixer's state in one or four slices (``decode_mixer.CHUNKS``, ``PLAIN_CHUNKS``), against the eager model with
     the fused paths off, 12 steps."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer, skinny
 
-    model = _tiny_model([("gated_deltanet", {"num_heads": 1}), ("softmax", {"num_heads": 2}),
+    model = _tiny_model([("softmax", {"num_heads": 2}), ("gated_deltanet", {"num_heads": 1}),
                          ("simple_gla", {"num_heads": 1}), ("deltanet", {"num_heads": 1})]).to(dtype)
-    for name, value in (("PDL", True), ("V_SPLIT", 4), ("ENABLED", False)):
-        monkeypatch.setattr(skinny if name == "PDL" else decode_mixer, name, value)
+    monkeypatch.setattr(skinny, "PDL", True)
+    monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
+    monkeypatch.setattr(decode_mixer, "PLAIN_CHUNKS", chunks)
+    monkeypatch.setattr(decode_mixer, "ENABLED", False)
     monkeypatch.setattr(decode_layer, "ENABLED", False)
-    assert decode_mixer._value_slices(model.layers[0].mixer.head_dim_v) == 4
 
     B, P, steps = 4, 6, 12
     prompt = torch.randint(0, 97, (B, P), device="cuda")
     with _fused_paths_on():
         dec = GraphDecoder(model, B, capacity=P + steps)
-    assert dec.fused_layers == {0, 2, 3}
+    assert dec.fused_layers == {1, 2, 3} and not dec.fused_embed
     _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)
