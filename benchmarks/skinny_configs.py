@@ -9,7 +9,7 @@ model; ``decode_gemm.time_layers``). Results are written after each role, and ro
 after ``--deadline`` seconds are skipped, so a time limit keeps what was measured.
 
     python benchmarks/skinny_configs.py [--out DIR] [--roles swiglu,w2,in_proj,o_proj] [--warps 4,8] [--stages 3,4,6]
-                                         [--deadline S]
+                                         [--deadline S] [--set PDL=False]
 
 Prints a table (current configuration vs the fastest) and writes ``skinny_configs.{json,md}``.
 Needs a CUDA GPU.
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 from decode_gemm import LAYERS, decode_shapes, time_layers  # noqa: E402 - benchmarks/ is this script's folder
+from gpu_common import apply_sets  # noqa: E402
 
 ROLES = {"swiglu": "w13", "w2": "w2", "in_proj": "in_proj", "o_proj": "o_proj"}  # role -> decode_gemm case
 SPLIT_ROLES = ("o_proj", "w2")
@@ -69,10 +70,11 @@ def bench_role(role: str, batch: int, warps=(4,), stages=(4,)) -> dict:
 
     sets, call, ref = role_inputs(role, batch)
     want = ref(sets[0])
-    current = skinny.CONFIGS[role]
+    table = skinny.CONFIGS
+    current = table[role]
     rows = []
     for cfg in dict.fromkeys([current, *grid(role, warps, stages)]):
-        skinny.CONFIGS[role] = cfg
+        table[role] = cfg
         row = {"config": list(cfg), "current": cfg == current}
         try:
             got = call(sets[0]).float()
@@ -84,14 +86,15 @@ def bench_role(role: str, batch: int, warps=(4,), stages=(4,)) -> dict:
         except Exception as exc:  # noqa: BLE001 - a configuration the compiler or GPU refuses: report, go on
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
         rows.append(row)
-    skinny.CONFIGS[role] = current
+    table[role] = current
     return {"shape": decode_shapes()[ROLES[role]], "rows": rows}
 
 
 def markdown(res: dict) -> str:
     lines = [f"# Fused decode layer GEMMs: launch configurations (batch {res['batch']})", "",
              f"{res['device']}, {res['when']}; us per call over {LAYERS} distinct weights in one CUDA graph "
-             "(o_proj and w2 with their add_norm). `python benchmarks/skinny_configs.py`", "",
+             "(o_proj and w2 with their add_norm). `python benchmarks/skinny_configs.py"
+             + "".join(f" --set {k}={v}" for k, v in res.get("set", {}).items()) + "`", "",
              "| role (N x K) | current (BN, BK, split, warps, stages) | us | fastest | us | current / fastest | failed |",
              "|---|---|---|---|---|---|---|"]
     for role, r in res["roles"].items():
@@ -113,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", default="4", help="comma list of num_warps to try")
     ap.add_argument("--stages", default="4", help="comma list of num_stages to try")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip roles that would start after this many s")
+    ap.add_argument("--set", default="", help="kernel module switches to sweep under, as gpu_kernels.py --set "
+                    "(e.g. PDL=False; recorded in the JSON)")
     opts = ap.parse_args(argv)
     roles = [r for r in opts.roles.split(",") if r]
     if not roles or set(roles) - set(ROLES):
@@ -123,11 +128,15 @@ def main(argv=None) -> int:
         warps, stages = (tuple(int(v) for v in x.split(",") if v) for x in (opts.warps, opts.stages))
     except ValueError:
         ap.error(f"--warps / --stages: comma lists of integers, got {opts.warps!r} / {opts.stages!r}")
+    try:
+        sets = apply_sets(opts.set)
+    except ValueError as e:
+        ap.error(str(e))
     if not torch.cuda.is_available():
         print("skinny_configs: needs a CUDA GPU (none found)", file=sys.stderr)
         return 2
     res = {"device": torch.cuda.get_device_name(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "batch": opts.batch, "roles": {}}
+           "batch": opts.batch, "set": sets, "roles": {}}
     started = time.time()
     for role in roles:
         if opts.deadline and time.time() - started > opts.deadline:

@@ -47,6 +47,9 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # 1.488 -> 1.449 and 1.524 -> 1.398 ms in two calls, simple_gla x24 1.497 -> 1.423 and 1.497 -> 1.420.
 # Prefetch depth in one call: 0 / 2 / 8 / 32 tiles 1.516 / 1.446 / 1.638 / 1.635 ms (gated): deeper
 # prefetches compete with the kernel before for bandwidth.
+# Lost (H200, 2026-12-01 12:01-12:03): the weights read by TMA (a host-built descriptor per weight,
+# configurations swept for it, docs/benchmarks/skinny_configs_tma.md): graph 1.394 / 1.445 ->
+# 1.430 / 1.435 ms gated_deltanet x24, 1.383 / 1.386 -> 1.381 / 1.376 simple_gla (no gain).
 PDL = True
 PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one prefetch per cache line)
 SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32)}

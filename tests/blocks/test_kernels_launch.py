@@ -574,8 +574,11 @@ def test_skinny_configs_report_compares_the_current_configuration_with_the_faste
         {"config": [64, 256, 8, 4, 4], "current": False, "us": 8.0},
         {"config": [128, 256, 8, 4, 4], "current": False, "error": "OutOfResources"}]}}}
     assert "| w2 (2048 x 5504) | (32, 128, 4, 4, 4) | 10.00 | (64, 256, 8, 4, 4) | 8.00 | 1.250 | 1 |" in sc.markdown(res)
+    assert "skinny_configs.py --set PDL=False`" in sc.markdown(dict(res, set={"PDL": False}))
     with pytest.raises(SystemExit):
         sc.main(["--roles", "w4"])
+    with pytest.raises(SystemExit):
+        sc.main(["--set", "PDL=maybe"])
 
 
 def test_gpu_benchmark_sets_the_decode_mixer_switches(monkeypatch, capsys, tmp_path):
@@ -615,9 +618,9 @@ def test_switched_restores_every_switch():
 
 
 def test_skinny_pdl_waits_before_reading_the_kernel_befores_output():
-    """sm_90 compile of ``skinny``'s GEMM and ``add_norm`` with ``PDL``: the grid-dependency wait
-    comes before every global load and async copy except the weight prefetches, which come before
-    it; the launch-dependents hint is there."""
+    """sm_90 compile of ``skinny``'s GEMM and ``add_norm`` (and its embedding form) with ``PDL``: the grid-dependency wait comes before every
+    global load and async copy except the weight prefetches, which come before it; the
+    launch-dependents hint is there."""
     import re
 
     code = """

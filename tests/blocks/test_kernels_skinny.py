@@ -287,8 +287,8 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
 def test_fused_decode_layers_after_a_softmax_first_layer_match_eager(dtype, chunks, monkeypatch):
     """The fused layers with PDL in a model whose first layer is softmax (no fused embedding: the
     first fused layer computes its own norm1) and whose heads are small (64 value columns), the
-    mixer's state in one or four slices (``decode_mixer.CHUNKS``, ``PLAIN_CHUNKS``), against the eager model with
-    the fused paths off, 12 steps."""
+    mixer's state in one or four slices (``decode_mixer.CHUNKS``, ``PLAIN_CHUNKS``), against the
+    eager model with the fused paths off, 12 steps."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer, skinny
 
