@@ -48,7 +48,7 @@ def variants(family: str) -> list[tuple[str, str, int]]:
     the module's ``SWITCHES`` (alternative kernels, as ``("switch", NAME, value)``). With ``ONLY``
     set, just those entries."""
     out = _all_variants(family)
-    return [v for v in out if v[0] in ONLY] if ONLY else out
+    return [v for v in out if v[0] in ONLY or (v[0] == "switch" and f"switch:{v[1]}" in ONLY)] if ONLY else out
 
 
 def _all_variants(family: str) -> list[tuple[str, str, int]]:
@@ -239,7 +239,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="", help="folder for kernel_launch_sweep.{json,md} (default: print only)")
     ap.add_argument("--workers", type=int, default=12, help="compile processes")
     ap.add_argument("--only", default="", help="comma list of entries to sweep, e.g. 'switch' or "
-                    "'wy_bwd,walk_bv' (default: every launch-table entry, walk_bv and switch)")
+                    "'wy_bwd,walk_bv' or one switch as 'switch:DQKWG_BK' (default: every launch-table "
+                    "entry, walk_bv and switch)")
     ap.add_argument("--warps", default="4,8,16", help="warp counts to try per kernel (default 4,8,16)")
     ap.add_argument("--set", default="", help="switch values for the base, e.g. 'BWD_SUB_BK=128' "
                     "(to sweep the launch of a kernel behind a switch)")
@@ -269,7 +270,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("kernel_launch_sweep: needs a CUDA GPU (the settings are per-GPU)", file=sys.stderr)
         return 2
-    unknown = ONLY - {v[0] for f in families for v in _all_variants(f)}
+    unknown = ONLY - {e for f in families for v in _all_variants(f)
+                      for e in (v[0], *([f"switch:{v[1]}"] if v[0] == "switch" else []))}
     if unknown:
         ap.error(f"--only: {sorted(unknown)} not an entry of {', '.join(families)}")
     if ONLY:  # a family with none of the entries has nothing to time

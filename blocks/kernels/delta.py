@@ -84,7 +84,10 @@ LOW_MEMORY = low_memory_from_env()
 KEEP_WU = not LOW_MEMORY
 # Key block of ``_bwd_dqkwg_kernel``: 64 (two programs per chunk, [BT, 64] float32 accumulators,
 # vn/do/dv2 read twice) or the whole K up to 128 (fla's choice on Hopper: one program, reads
-# everything once, three [BT, 128] accumulators). Swept as a switch.
+# everything once, three [BT, 128] accumulators; +8% delta_rule, +12-15% gated per step, 2026-11-30).
+# Swept as a switch. 32 (four programs; the gated kernel takes 249 registers at 64, sm_90 compile)
+# lost on the H200 (2026-12-01 12:11, docs/benchmarks/kernel_launch_sweep_1201_dqkwg_bk32.md):
+# +2.6 / +1.6% per step (delta_rule, 2k / 32k), +15.7 / +15.7% (gated).
 DQKWG_BK = 64
 # Keep the forward's chunk states h ([B, T/64, H, K, V]) and U for the backward instead of
 # rerunning the state walk (``fwd_h``, 0.68 ms of a 6.6 ms step at 64k tokens): +805 MB per

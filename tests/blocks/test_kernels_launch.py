@@ -128,6 +128,8 @@ def test_sweep_only_restricts_the_variants_to_the_named_entries(sweep, monkeypat
     assert ("switch", "KEEP_H", not delta.KEEP_H) in got
     monkeypatch.setattr(sweep, "ONLY", set())
     assert len(sweep.variants("delta_rule")) > len(got)
+    monkeypatch.setattr(sweep, "ONLY", {"switch:DQKWG_BK"})  # one switch alone
+    assert sweep.variants("gated_delta_rule") == [("switch", "DQKWG_BK", 128 if delta.DQKWG_BK != 128 else 64)]
 
 
 def _python(code: str, env: dict[str, str | None]) -> str:
