@@ -108,7 +108,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
 
 
 @triton.jit
-def _add_norm_kernel(part, res, rows, gamma, h, hn, M, N, srm, shm, snm, eps,
+def _add_norm_kernel(part, res, rows, gamma, h, hn, M, N, R, srm, shm, snm, eps,
                      S: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr, GATHER: tl.constexpr,
                      PDL: tl.constexpr):
     """Grid (M,): row ``m`` of ``h = res + sum_s part[s]`` (``part``: contiguous float32
@@ -116,15 +116,22 @@ def _add_norm_kernel(part, res, rows, gamma, h, hn, M, N, srm, shm, snm, eps,
     (float32 over the rounded row, one rounding at the store). ``S`` is a constant so that the
     split loads are unrolled and issued together: with a runtime loop the 16 programs waited for
     them one after another (3.7 us per call at batch 16, 4 splits of a 2048-wide row; H200).
-    ``GATHER``: the residual row is ``res[rows[m]]`` (an embedding lookup; ``rows``: int64 ``[M]``)."""
+    ``GATHER``: the residual row is ``res[rows[m]]`` (an embedding lookup; ``rows``: int64 ``[M]``
+    into ``R`` rows); a row index outside ``[0, R)`` gives a row of NaN instead of reading out of
+    bounds (``nn.Embedding`` would stop the process with a device-side assert)."""
     i_m = tl.program_id(0)
     o = tl.arange(0, BLOCK)
     m = o < N
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # the partials (or the rows) are the kernel before's output
-    r = tl.load(rows + i_m).to(tl.int64) if GATHER else i_m
-    y = tl.load(res + r * srm + o, mask=m, other=0.).to(tl.float32)
+    if GATHER:
+        r = tl.load(rows + i_m).to(tl.int64)
+        ok = (r >= 0) & (r < R)
+        y = tl.load(res + tl.where(ok, r, 0) * srm + o, mask=m, other=0.).to(tl.float32)
+        y = tl.where(ok, y, float("nan"))
+    else:
+        y = tl.load(res + i_m * srm + o, mask=m, other=0.).to(tl.float32)
     for s in tl.static_range(S):
         y += tl.load(part + (s * M + i_m) * N + o, mask=m, other=0.)
     y_h = y.to(h.dtype.element_ty)
@@ -220,7 +227,7 @@ def add_norm(part: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor | N
     h = residual.new_empty(M, N)
     hn = torch.empty_like(h) if gamma is not None else None
     _add_norm_kernel[(M,)](part, residual, part, gamma if gamma is not None else h, h, hn if hn is not None else h,
-                           M, N, residual.stride(0), h.stride(0), h.stride(0), eps,
+                           M, N, M, residual.stride(0), h.stride(0), h.stride(0), eps,
                            S=S, BLOCK=pow2(N), NORM=gamma is not None, GATHER=False,
                            num_warps=1 if _INTERPRET else 8, **_pdl(part.device))
     return h, hn
@@ -230,8 +237,9 @@ def embed_norm(weight: torch.Tensor, tokens: torch.Tensor, gamma: torch.Tensor,
                eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """An embedding lookup and the first layer's RMSNorm in one kernel: ``weight: [vocab, N]``
     (unit last stride), ``tokens: [M]`` int64 -> ``(x = weight[tokens] [M, N], rmsnorm(x) * gamma)``
-    in ``weight``'s dtype. (The decode step's ``index_select`` took 13 us for 16 rows on an H200,
-    2026-12-01, then a norm kernel.)"""
+    in ``weight``'s dtype; a token outside the vocabulary gives rows of NaN (no host check: that
+    would synchronise every decode step). (The decode step's ``index_select`` took 13 us for 16
+    rows on an H200, 2026-12-01, then a norm kernel.)"""
     M = tokens.shape[0]
     N = weight.shape[1]
     if (tokens.dim() != 1 or not 1 <= M <= MAX_ROWS or tokens.dtype != torch.long or weight.dim() != 2
@@ -242,7 +250,8 @@ def embed_norm(weight: torch.Tensor, tokens: torch.Tensor, gamma: torch.Tensor,
                          f"{tuple(tokens.shape)} {tokens.dtype}, {tuple(gamma.shape)}")
     x = weight.new_empty(M, N)
     hn = torch.empty_like(x)
-    _add_norm_kernel[(M,)](weight, weight, tokens, gamma, x, hn, M, N, weight.stride(0), x.stride(0), hn.stride(0),
+    _add_norm_kernel[(M,)](weight, weight, tokens, gamma, x, hn, M, N, weight.shape[0], weight.stride(0), x.stride(0),
+                           hn.stride(0),
                            eps, S=0, BLOCK=pow2(N), NORM=True, GATHER=True, num_warps=1 if _INTERPRET else 8,
                            **_pdl(weight.device))
     return x, hn

@@ -628,7 +628,7 @@ def test_skinny_pdl_waits_before_reading_the_kernel_befores_output():
     code = """
 import kernels_aot_regs as aot
 from blocks.kernels import skinny as sk
-ints = {n: "i32" for n in ("M", "N", "K", "HALF", "sxm", "swn", "so_s", "so_m", "srm", "shm", "snm")}
+ints = {n: "i32" for n in ("M", "N", "K", "R", "HALF", "sxm", "swn", "so_s", "so_m", "srm", "shm", "snm")}
 for swiglu in (False, True):
     k = aot.compile_one(sk._skinny_kernel, dict(ints, x="*bf16", w="*bf16", out="*bf16"),
                         dict(BM=16, BN=32, BK=128, K_PER=2048, SWIGLU=swiglu, DOT_PREC="tf32", PDL=True, PREFETCH=2,

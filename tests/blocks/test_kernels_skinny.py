@@ -77,6 +77,9 @@ def test_embed_norm_in_interpreter():
         x, hn = skinny.embed_norm(weight, tokens, gamma, 1e-5)
     assert torch.equal(x, F.embedding(tokens, weight))
     assert rel(hn, F.rms_norm(x, (70,), gamma, 1e-5)) < 1e-6
+    with checked_memory():  # tokens outside the vocabulary: NaN rows, no read out of bounds
+        x, hn = skinny.embed_norm(weight, torch.tensor([50, -1, 7]), gamma, 1e-5)
+    assert x[:2].isnan().all() and hn[:2].isnan().all() and torch.equal(x[2], weight[7])
 
 
 def test_skinny_gemms_refuse_shapes_they_do_not_serve():
