@@ -306,9 +306,10 @@ class GraphDecoder:
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """Advance every sequence by ``token: [B]``; returns logits ``[B, V]``, a static buffer that
         the next step overwrites (clone it to keep it). Tokens are not range-checked on the host
-        (that would synchronise every step): with the fused embedding (``fused_embed``) a token
-        outside the vocabulary gives its row NaN logits; otherwise ``nn.Embedding`` raises a
-        device-side assert."""
+        (that would synchronise every step): with the fused embedding (``fused_embed``, a fused
+        first layer) a token outside the vocabulary makes that sequence's logits NaN, and its
+        states (recurrent, conv, KV cache) with them, for every later step until ``load``/``prefill``;
+        without it ``nn.Embedding`` raises a device-side assert."""
         self._check_room(self.position)
         self.token.copy_(token)
         if not self.use_graph:

@@ -66,9 +66,10 @@ def applies(layer, x: torch.Tensor) -> bool:
 
 def embed_applies(embed, first_layer, x: torch.Tensor) -> bool:
     """Whether ``embed`` runs as ``skinny.embed_norm`` before a fused first layer (``applies`` said
-    yes for it): a plain ``nn.Embedding`` (no ``max_norm``, which renormalises rows in place)."""
-    return (ENABLED and isinstance(embed, nn.Embedding) and embed.max_norm is None
-            and applies(first_layer, x))
+    yes for it): exactly an ``nn.Embedding`` (a subclass may change ``forward``) without
+    ``max_norm`` (which renormalises rows in place), its weight rows of unit stride."""
+    return (ENABLED and type(embed) is nn.Embedding and embed.max_norm is None
+            and embed.weight.stride(1) == 1 and applies(first_layer, x))
 
 
 def embed(embed, tokens: torch.Tensor, norm1) -> tuple[torch.Tensor, torch.Tensor]:

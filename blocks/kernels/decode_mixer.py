@@ -7,8 +7,8 @@ short conv and its cache update, SiLU, the delta rules' L2 norms of q and k, the
 gated_deltanet and simple_gla), the state update (``blocks.kernels.step``), the head norm and the
 output gate: under ``torch.compile`` about eight kernels per gated_deltanet layer and step (the
 2026-12-01 05:27 profile of the compiled 24-layer graph: ~20 kernels per layer, 0.42 ms of its
-2.36 ms between kernels). Here they are one, one program per (batch, head) with the head's whole
-``[K, V]`` float32 state in registers:
+2.36 ms between kernels). Here they are one, one program per (batch, head) with the head's
+``[K, V]`` float32 state in registers, whole or in slices of value columns (``CHUNKS``):
 
     x_c   = silu(sum_t w[c, t] * [cache | proj][t, c])          c: the head's q, k, v channels
     q, k  = l2norm(x_q), l2norm(x_k);  v = x_v                   (delta rules; else q, k = x_q, x_k)

@@ -17,6 +17,8 @@ put the extra work where it costs nothing:
   adds the splits and the residual (the residual stream's new value, in the activation dtype) and
   the next RMSNorm of that row (what the next GEMM reads). That replaces cuBLAS's split-K reduce,
   the residual add and the RMSNorm kernel.
+* ``embed_norm``: the same row kernel gathering the embedding rows of the step's tokens, with the
+  first layer's RMSNorm: the decode step's first kernel.
 
 Every kernel here is forward-only and runs under ``torch.no_grad`` from ``archsearch.decode_layer``.
 """
@@ -242,10 +244,11 @@ def embed_norm(weight: torch.Tensor, tokens: torch.Tensor, gamma: torch.Tensor,
     rows on an H200, 2026-12-01, then a norm kernel.)"""
     M = tokens.shape[0]
     N = weight.shape[1]
-    if (tokens.dim() != 1 or not 1 <= M <= MAX_ROWS or tokens.dtype != torch.long or weight.dim() != 2
+    if (tokens.dim() != 1 or tokens.stride(0) != 1 or not 1 <= M <= MAX_ROWS or tokens.dtype != torch.long
+            or weight.dim() != 2
             or weight.stride(1) != 1 or tokens.device != weight.device
             or tuple(gamma.shape) != (N,) or gamma.stride(0) != 1):
-        raise ValueError(f"skinny embed_norm: weight [vocab, N] with unit last stride, tokens int64 [M <= {MAX_ROWS}] "
+        raise ValueError(f"skinny embed_norm: weight [vocab, N] with unit last stride, tokens contiguous int64 [M <= {MAX_ROWS}] "
                          f"on its device, gamma [N] contiguous; got {tuple(weight.shape)}, "
                          f"{tuple(tokens.shape)} {tokens.dtype}, {tuple(gamma.shape)}")
     x = weight.new_empty(M, N)

@@ -403,6 +403,10 @@ MIXER_CONFIGS = [  # (block, config): the benchmark's defaults, every conv size,
     ("deltanet", {"num_heads": 2, "conv_size": 0, "output_gate": True}),
     ("simple_gla", {"num_heads": 2}),
     ("simple_gla", {"num_heads": 2, "conv_size": 4, "head_dim_k": 12, "head_dim_v": 20}),
+    # value widths that take four slices of 16 (CHUNKS = 4), the last of V = 40 wholly masked
+    ("simple_gla", {"num_heads": 2, "head_dim_k": 16, "head_dim_v": 64}),
+    ("gated_deltanet", {"num_heads": 2, "head_dim_k": 16, "head_dim_v": 40, "output_gate": True}),
+    ("deltanet", {"num_heads": 2, "head_dim_k": 16, "head_dim_v": 64, "output_norm": False, "output_gate": True}),
 ]
 
 

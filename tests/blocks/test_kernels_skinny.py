@@ -95,8 +95,10 @@ def test_skinny_gemms_refuse_shapes_they_do_not_serve():
         skinny.swiglu(torch.zeros(2, 8), torch.zeros(5, 8))
     with pytest.raises(ValueError, match="part float32"):
         skinny.add_norm(torch.zeros(1, 2, 4, dtype=torch.bfloat16), torch.zeros(2, 4))
-    with pytest.raises(ValueError, match="tokens int64"):
+    with pytest.raises(ValueError, match="tokens contiguous int64"):
         skinny.embed_norm(torch.zeros(9, 4), torch.zeros(3, dtype=torch.int32), torch.ones(4))
+    with pytest.raises(ValueError, match="tokens contiguous int64"):  # a strided column of tokens
+        skinny.embed_norm(torch.zeros(9, 4), torch.zeros(3, 2, dtype=torch.long)[:, 0], torch.ones(4))
 
 
 # --- the layer step in the interpreter -----------------------------------------------------------
