@@ -163,6 +163,10 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
 # off costs gated_delta_rule +0.4 / +1.5% per fwd+bwd step at 2k / 32k (delta_rule, which it does
 # not touch, moved 0.1 / 0.4%: the noise floor); the GPU tests passed with it on.
 PAIR_DECAY_FACTORED = True
+# Lost (no gain) on the H200, 2026-12-01 12:32 (docs/benchmarks/kernel_launch_sweep_1201_hdh.md):
+# the gated ``bwd_dqkwg``'s ``sum(h * dh)`` accumulated as [BV, BK] products and reduced once after
+# the value loop instead of in every iteration: 4.926 -> 4.916 ms and 5.661 -> 5.657 ms per step
+# at 2k / 32k (-0.2 / -0.1%, the base's own repeat moved 0.1-0.4%).
 # Both factors stay normal float32 numbers up to a span of ~85; but an exponent of size x carries
 # ~x float32 ulps of rounding into its factor (the GPU's exp scales x by log2(e) before ex2), so the
 # span stays at gla's SPAN_MAX: factors within exp(+-40), pairs ~5e-6 relative at worst against
