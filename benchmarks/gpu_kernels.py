@@ -283,14 +283,21 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
 
 
 def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes: str = "default",
-                         mixers: str = "on", layers: str = "off", sets: str = "") -> dict:
+                         mixers: str = "on", layers: str = "off", sets: str = "", rounds: int = 3,
+                         iters: int = 10) -> dict:
     """The same models with their linear layers through torch.compile inside the captured graph,
     once per compile mode in ``modes`` (``archsearch.decode_graph.COMPILE_MODES``), per setting
     of ``blocks.kernels.decode_mixer.ENABLED`` in ``mixers`` (``off``, ``on``: the deltanet,
     gated_deltanet and simple_gla layers' decode step between their projections as one kernel)
     and of ``archsearch.decode_layer.ENABLED`` in ``layers`` (``on``: those layers' whole decode
     step as the skinny GEMMs, the mixer and the residual + RMSNorm kernels, not compiled), and per
-    entry of ``sets`` (``;``-separated ``--set`` strings, ``-`` for none: kernel switches for the row)."""
+    entry of ``sets`` (``;``-separated ``--set`` strings, ``-`` for none: kernel switches for the row).
+
+    Every row is built and captured first (its switches apply while it compiles and captures; a
+    captured graph keeps them), then all are timed in ``rounds`` round-robin passes of ``iters``
+    replays each, and each row's time is the median of its passes: the graph time of one
+    configuration drifted by ~6% between calls on the H200 (2026-12-01), so rows timed one after
+    another would carry that drift into their comparison."""
     from archsearch import decode_layer
     from blocks.kernels import decode_mixer
 
@@ -303,19 +310,55 @@ def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes
                                             ("simple_gla x24", "simple_gla", 0, 4096))
             if not cases or name in cases.split(",")]
     enabled = decode_mixer.ENABLED, decode_layer.ENABLED
+    built = []
     for name, block, every, ctx, mode, mixer, fused, switch in runs:
         label = (("compiled" if mode == "default" else f"compiled, {mode}") + (", fused mixer" if mixer == "on" else "")
                  + (", fused layers" if fused == "on" else "") + ("" if switch.strip() in ("", "-") else f", {switch}"))
         decode_mixer.ENABLED, decode_layer.ENABLED = mixer == "on", fused == "on"
         with switched("" if switch.strip() == "-" else switch):
-            _model_compiled_row(out, copy_bw, batch, name, block, every, ctx, mode, label)
+            item = _model_compiled_row(out, copy_bw, batch, name, block, every, ctx, mode, label,
+                                       steps=rounds * (iters + 2))
+        if item is not None:
+            built.append(item)
     decode_mixer.ENABLED, decode_layer.ENABLED = enabled
+    _time_round_robin(out, built, rounds, iters)
     return out
 
 
+def _time_round_robin(out: dict, built: list, rounds: int, iters: int) -> None:
+    """Time every ``(key, decoder)`` of ``built`` in ``rounds`` passes over all of them (``iters``
+    replays each, after 2 warm-up replays), and complete their rows in ``out``: ``graph_s`` (the
+    median of the passes' medians), ``graph_s_rounds`` and the roofline ratio."""
+    samples: dict[str, list[float]] = {key: [] for key, _ in built}
+    for _ in range(rounds):
+        for key, dec in built:
+            if "error" in out[key]:
+                continue
+            try:
+                samples[key].append(dec.time_step(iters=iters, warmup=2))
+            except Exception as exc:  # noqa: BLE001 - this row fails; the others are still timed
+                out[key]["error"] = f"timing: {type(exc).__name__}: {str(exc)[:300]}"
+                traceback.print_exc()
+    for key, dec in built:
+        row = out[key]
+        if "error" in row:
+            continue
+        times = sorted(samples[key])
+        row["graph_s"] = times[len(times) // 2]
+        row["graph_s_rounds"] = samples[key]
+        row["x_roofline"] = row["graph_s"] / row["roofline_s"]
+        row["tokens_per_s"] = row["batch"] / row["graph_s"]
+        log(f"{key}: graph {row['graph_s'] * 1e3:.3f} ms ({row['x_roofline']:.2f}x roofline; "
+            f"passes {', '.join(f'{t * 1e3:.3f}' for t in samples[key])})")
+    built.clear()
+    torch.cuda.empty_cache()
+
+
 def _model_compiled_row(out: dict, copy_bw: float, batch: int, name: str, block: str, every: int, ctx: int,
-                        mode: str, label: str) -> None:
-    """One row of ``model_compiled_bench`` into ``out`` (an error row if it fails)."""
+                        mode: str, label: str, steps: int = 40):
+    """Build, check against the eager model, capture and profile one row of
+    ``model_compiled_bench`` into ``out`` (an error row if it fails); returns ``(key, decoder)``
+    with room for ``steps`` more positions, for ``_time_round_robin``, or None."""
     from archsearch import decode_graph
     from archsearch.model import HybridLM
 
@@ -323,26 +366,26 @@ def _model_compiled_row(out: dict, copy_bw: float, batch: int, name: str, block:
         with torch.device("cuda"):
             model = HybridLM(model_spec(block, softmax_every=every))
         model = model.to(torch.bfloat16).eval()
-        dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 64, compile=mode)
+        dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 8 + steps, compile=mode)
         dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(0))
         t0 = time.time()
         check = _graph_vs_eager(model, dec, batch)  # first step: compiles and captures
         compile_s = time.time() - t0
         dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(1))
-        graph_s = dec.time_step(iters=30)
         nbytes = decode_graph.decode_bytes(model, batch, ctx)
-        out[f"{name} @ {ctx} ({label})"] = {
-            "params": model.num_params(), "bytes_per_step": nbytes, "graph_s": graph_s,
-            "roofline_s": nbytes / copy_bw, "x_roofline": graph_s / (nbytes / copy_bw),
-            "tokens_per_s": batch / graph_s, "max_abs_logit_diff_vs_eager": check,
+        key = f"{name} @ {ctx} ({label})"
+        out[key] = {
+            "params": model.num_params(), "bytes_per_step": nbytes, "batch": batch,
+            "roofline_s": nbytes / copy_bw, "max_abs_logit_diff_vs_eager": check,
             "compile_and_capture_s": compile_s, "profile": _profile_step(dec)}
-        log(f"{label} {name} ctx={ctx}: graph {graph_s * 1e3:.3f} ms ({graph_s / (nbytes / copy_bw):.2f}x roofline), "
-            f"compile+capture {compile_s:.0f} s, logit diff {check:.3g}")
-        del dec, model
+        dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(1))  # the profile took a step
+        log(f"{label} {name} ctx={ctx}: compile+capture {compile_s:.0f} s, logit diff {check:.3g}")
+        return key, dec
     except Exception as exc:
         out[f"{name} ({label})"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         traceback.print_exc()
-    torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
+        return None
 
 
 def _profile_step(dec) -> dict:
@@ -591,6 +634,10 @@ def _md_model(res: dict) -> list[str]:
             lines.append(f"| {name} | {r['params'] / 1e9:.2f} B | {r['bytes_per_step'] / 1e6:.0f} | {r['graph_s'] * 1e3:.3f} | "
                          f"{r['roofline_s'] * 1e3:.3f} | {r['x_roofline']:.2f} | {fmt(r.get('eager_s'), 1e3, 2)} | "
                          f"{r['tokens_per_s']:.0f} | {r['max_abs_logit_diff_vs_eager']:.2g} |")
+    passes = [(n, r["graph_s_rounds"]) for n, r in md.items() if "graph_s_rounds" in r and "error" not in r]
+    if passes:
+        lines += ["", "Compiled rows: the median of round-robin passes over all rows (ms per step in each pass): "
+                  + "; ".join(f"{n}: {', '.join(f'{t * 1e3:.3f}' for t in ts)}" for n, ts in passes)]
     prof = [(n, r) for n, r in md.items() if isinstance(r.get("profile"), dict) and "kernels" in r["profile"]]
     if prof:
         lines += ["", "Kernels in one replayed step (count, summed kernel time): "
@@ -719,6 +766,8 @@ def main(argv=None) -> int:
                     "e.g. --compiled-sets=\"-;PDL=False;CHUNKS=4\"")
     ap.add_argument("--set", default="", help="kernel module switches to run with, as the launch sweep's --set "
                     "(e.g. CHUNKS=4: the decode mixer's state in four slices; recorded in kernel_settings)")
+    ap.add_argument("--rounds", type=int, default=3, help="round-robin timing passes over the compiled decode "
+                    "rows (each row's time: the median of its passes)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(filter(None, a.families.split(",")))
@@ -738,6 +787,8 @@ def main(argv=None) -> int:
                 pass  # each entry checked here, before anything runs
     except ValueError as exc:
         ap.error(str(exc))
+    if a.rounds < 1:
+        ap.error(f"--rounds: must be >= 1, got {a.rounds}")
     if a.decode_layers is None:
         from archsearch import decode_layer
 
@@ -783,7 +834,7 @@ def main(argv=None) -> int:
                 ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"],
                                                                 cases=a.compiled_cases, modes=a.compile_modes,
                                                                 mixers=a.decode_mixers, layers=a.decode_layers,
-                                                                sets=a.compiled_sets))]
+                                                                sets=a.compiled_sets, rounds=a.rounds))]
     for name, fn in sections:
         if name in skip or (name == "softmax_decode" and "softmax" in skip) or (name == "model_decode" and "model" in skip):
             continue

@@ -651,3 +651,38 @@ for gather in (False, True):
         assert reads and min(reads) > wait
         prefetches = [i for i, t in enumerate(lines) if "prefetch.global.L2" in t]
         assert all(i < wait for i in prefetches)
+
+
+def test_compiled_decode_rows_are_timed_round_robin(capsys, tmp_path):
+    """``gpu_kernels._time_round_robin``: every row timed once per pass, the passes interleaved
+    across rows (drift over the call falls on all alike), each row's time the median of its passes;
+    a row whose timing fails gets an error and the others are still completed; the report lists
+    the passes. ``--rounds 0`` is a usage error."""
+    gpu_kernels = _benchmark("gpu_kernels")
+    order = []
+
+    class FakeDecoder:
+        def __init__(self, name, times):
+            self.name, self.times = name, list(times)
+
+        def time_step(self, iters, warmup):
+            order.append(self.name)
+            if not self.times:
+                raise RuntimeError("graph replay failed")
+            return self.times.pop(0)
+
+    out = {key: {"params": 1e9, "bytes_per_step": 4e9, "batch": 16, "roofline_s": 1e-3,
+                 "max_abs_logit_diff_vs_eager": 0.1} for key in ("a", "b", "c")}
+    built = [("a", FakeDecoder("a", [3e-3, 1e-3, 2e-3])), ("b", FakeDecoder("b", [5e-3, 4e-3, 6e-3])),
+             ("c", FakeDecoder("c", [1e-3]))]
+    gpu_kernels._time_round_robin(out, built, rounds=3, iters=10)
+    assert order == ["a", "b", "c", "a", "b", "c", "a", "b"]  # c failed in the second pass, then skipped
+    assert out["a"]["graph_s"] == 2e-3 and out["a"]["graph_s_rounds"] == [3e-3, 1e-3, 2e-3]
+    assert out["a"]["x_roofline"] == 2.0 and out["a"]["tokens_per_s"] == 16 / 2e-3
+    assert out["b"]["graph_s"] == 5e-3 and "graph replay failed" in out["c"]["error"] and not built
+    md = "\n".join(gpu_kernels._md_model({"model_compiled": out}))
+    assert "| a | 1.00 B | 4000 | 2.000 |" in md and "a: 3.000, 1.000, 2.000" in md and "| c | error: timing" in md
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        gpu_kernels.main(["--out", str(tmp_path), "--rounds", "0"])
+    assert "--rounds: must be >= 1" in capsys.readouterr().err
