@@ -245,16 +245,15 @@ def embed_norm(weight: torch.Tensor, tokens: torch.Tensor, gamma: torch.Tensor,
     M = tokens.shape[0]
     N = weight.shape[1]
     if (tokens.dim() != 1 or tokens.stride(0) != 1 or not 1 <= M <= MAX_ROWS or tokens.dtype != torch.long
-            or weight.dim() != 2
-            or weight.stride(1) != 1 or tokens.device != weight.device
+            or weight.dim() != 2 or weight.stride(1) != 1 or tokens.device != weight.device
             or tuple(gamma.shape) != (N,) or gamma.stride(0) != 1):
-        raise ValueError(f"skinny embed_norm: weight [vocab, N] with unit last stride, tokens contiguous int64 [M <= {MAX_ROWS}] "
-                         f"on its device, gamma [N] contiguous; got {tuple(weight.shape)}, "
+        raise ValueError(f"skinny embed_norm: weight [vocab, N] with unit last stride, tokens contiguous int64 "
+                         f"[M <= {MAX_ROWS}] on its device, gamma [N] contiguous; got {tuple(weight.shape)}, "
                          f"{tuple(tokens.shape)} {tokens.dtype}, {tuple(gamma.shape)}")
     x = weight.new_empty(M, N)
     hn = torch.empty_like(x)
-    _add_norm_kernel[(M,)](weight, weight, tokens, gamma, x, hn, M, N, weight.shape[0], weight.stride(0), x.stride(0),
-                           hn.stride(0),
-                           eps, S=0, BLOCK=pow2(N), NORM=True, GATHER=True, num_warps=1 if _INTERPRET else 8,
-                           **_pdl(weight.device))
+    # the add_norm kernel with no partials, the residual rows gathered from the weight
+    _add_norm_kernel[(M,)](weight, weight, tokens, gamma, x, hn, M, N, weight.shape[0], weight.stride(0),
+                           x.stride(0), hn.stride(0), eps, S=0, BLOCK=pow2(N), NORM=True, GATHER=True,
+                           num_warps=1 if _INTERPRET else 8, **_pdl(weight.device))
     return x, hn
