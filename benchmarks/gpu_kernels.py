@@ -371,14 +371,13 @@ def _model_compiled_row(out: dict, copy_bw: float, batch: int, name: str, block:
         t0 = time.time()
         check = _graph_vs_eager(model, dec, batch)  # first step: compiles and captures
         compile_s = time.time() - t0
-        dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(1))
         nbytes = decode_graph.decode_bytes(model, batch, ctx)
         key = f"{name} @ {ctx} ({label})"
         out[key] = {
             "params": model.num_params(), "bytes_per_step": nbytes, "batch": batch,
             "roofline_s": nbytes / copy_bw, "max_abs_logit_diff_vs_eager": check,
             "compile_and_capture_s": compile_s, "profile": _profile_step(dec)}
-        dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(1))  # the profile took a step
+        dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(1))  # fresh states for the timing
         log(f"{label} {name} ctx={ctx}: compile+capture {compile_s:.0f} s, logit diff {check:.3g}")
         return key, dec
     except Exception as exc:

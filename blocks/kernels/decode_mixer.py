@@ -241,10 +241,16 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         qkv, qkv.stride(0), cache, new_cache, conv_w, a, a.stride(0), beta_logit, beta_logit.stride(0),
         block.A_log if decay else s_in, block.dt_bias if decay else s_in, s_in, s_out, gate, gate.stride(0),
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
-        K=K, V=V, BK=pow2(K), BV=pow2(V), NC=max(1, min(CHUNKS if delta else PLAIN_CHUNKS, pow2(V) // 16)), W=W, DELTA=delta,
+        K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), W=W, DELTA=delta,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
         DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS)
     return o[:, None], new_state
+
+
+def _slices(V: int, delta: bool) -> int:
+    """Value-column slices of a head: ``CHUNKS`` (delta rules) or ``PLAIN_CHUNKS``, at most one per
+    16 columns of V's power of two."""
+    return max(1, min(CHUNKS if delta else PLAIN_CHUNKS, pow2(V) // 16))
 
 
 def applies(block, x: torch.Tensor) -> bool:

@@ -88,6 +88,10 @@ KEEP_WU = not LOW_MEMORY
 # Swept as a switch. 32 (four programs; the gated kernel takes 249 registers at 64, sm_90 compile)
 # lost on the H200 (2026-12-01 12:11, docs/benchmarks/kernel_launch_sweep_1201_dqkwg_bk32.md):
 # +2.6 / +1.6% per step (delta_rule, 2k / 32k), +15.7 / +15.7% (gated).
+# Also lost in that kernel (no gain; 2026-12-01 12:32, kernel_launch_sweep_1201_hdh.md): the gated
+# ``sum(h * dh)`` accumulated as [BV, BK] products and reduced once after the value loop instead of
+# in every iteration: 4.926 -> 4.916 and 5.661 -> 5.657 ms per step at 2k / 32k (-0.2 / -0.1%, the
+# base's own repeat moved 0.1-0.4%).
 DQKWG_BK = 64
 # Keep the forward's chunk states h ([B, T/64, H, K, V]) and U for the backward instead of
 # rerunning the state walk (``fwd_h``, 0.68 ms of a 6.6 ms step at 64k tokens): +805 MB per
@@ -163,10 +167,6 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
 # off costs gated_delta_rule +0.4 / +1.5% per fwd+bwd step at 2k / 32k (delta_rule, which it does
 # not touch, moved 0.1 / 0.4%: the noise floor); the GPU tests passed with it on.
 PAIR_DECAY_FACTORED = True
-# Lost (no gain) on the H200, 2026-12-01 12:32 (docs/benchmarks/kernel_launch_sweep_1201_hdh.md):
-# the gated ``bwd_dqkwg``'s ``sum(h * dh)`` accumulated as [BV, BK] products and reduced once after
-# the value loop instead of in every iteration: 4.926 -> 4.916 ms and 5.661 -> 5.657 ms per step
-# at 2k / 32k (-0.2 / -0.1%, the base's own repeat moved 0.1-0.4%).
 # Both factors stay normal float32 numbers up to a span of ~85; but an exponent of size x carries
 # ~x float32 ulps of rounding into its factor (the GPU's exp scales x by log2(e) before ex2), so the
 # span stays at gla's SPAN_MAX: factors within exp(+-40), pairs ~5e-6 relative at worst against
