@@ -20,8 +20,8 @@ each linear layer as it is (``HybridLayer``: norm, mixer, MLP), each softmax lay
 norms, projections and MLP around the static cache, the final norm and the head; the GPU tests and
 the benchmark check it against the eager model. Linear layers that ``archsearch.decode_layer``
 serves (deltanet, gated_deltanet, simple_gla with RMSNorm and SwiGLU, batch <= 16) run as its
-seven kernels instead, each handing the next its first norm (a fused first layer's comes with the
-embedding lookup, one kernel). ``compile=True`` additionally runs
+five kernels instead, each handing the next fused layer its first norm (as ``skinny.NormedRows``;
+a fused first layer's comes with the embedding lookup, one kernel). ``compile=True`` additionally runs
 the other linear layers through ``torch.compile`` (fewer, fused kernels per layer).
 
     dec = GraphDecoder(model, batch=16, capacity=4096)      # model on CUDA, in eval mode
@@ -240,7 +240,8 @@ class GraphDecoder:
             hn = None  # norm1 of x, where the fused layer before computed it
         for i, layer in enumerate(model.layers):
             if i in self.fused_layers:
-                x, hn, new = decode_layer.step(layer, x, hn, self.states[i], self.next_norms[i])
+                x, hn, new = decode_layer.step(layer, x, hn, self.states[i], self.next_norms[i],
+                                               hand_on=i + 1 in self.fused_layers)
                 self._keep_state(i, layer, new)
                 continue
             if i not in self.caches:

@@ -1,4 +1,4 @@
-"""A whole decode layer as seven kernels: the GEMMs, the fused mixer and the residual + RMSNorms.
+"""A whole decode layer as five kernels: the GEMMs, the fused mixer and the residual + RMSNorms.
 
 For a ``HybridLayer`` whose mixer has the fused decode kernel (``blocks.kernels.decode_mixer``:
 deltanet, gated_deltanet, simple_gla), RMSNorm norms and a SwiGLU MLP, one decode step
@@ -6,14 +6,16 @@ deltanet, gated_deltanet, simple_gla), RMSNorm norms and a SwiGLU MLP, one decod
 
     proj      = hn1 W_in^T                        skinny.linear           (hn1 = rmsnorm1(x))
     o, state  = mixer(proj, state)                decode_mixer            (conv, gates, state update, norms)
-    part      = o W_o^T                           skinny.partials         (float32 split-K sums)
-    h, hn2    = x + sum(part), rmsnorm2(h)        skinny.add_norm
+    h, hn2    = x + o W_o^T, rmsnorm2(h)          skinny.residual_linear  (split-K, summed by the last split)
     a         = silu(hn2 W1^T) * (hn2 W3^T)       skinny.swiglu
-    part      = a W2^T                            skinny.partials
-    x', hn1'  = h + sum(part), rmsnorm1'(x')      skinny.add_norm         (the next layer's norm1, or
+    x', hn1'  = h + a W2^T, rmsnorm1'(x')         skinny.residual_linear  (the next layer's norm1, or
                                                                            the model's final norm)
 
-so the next fused layer starts from ``hn1'`` without a norm kernel of its own. Under
+so the next fused layer starts from ``hn1'`` without a norm kernel of its own. A norm handed to a
+GEMM is ``skinny.NormedRows`` (``h * gamma`` and the sums of ``h^2`` per column tile): the GEMM
+multiplies its rows by ``1 / rms``. (``skinny.RESIDUAL_EPILOGUE`` off: o_proj and w2 as
+``skinny.partials`` + ``skinny.add_norm``, two kernels each, the norms as tensors; the last layer's
+w2 takes that path when the final norm feeds a head that is not a skinny GEMM.) Under
 ``torch.compile`` with the fused mixer the same layer was 10 kernels (H200, 2026-12-01 10:33:
 cuBLAS's four GEMMs and split-K reduce, the mixer, two RMSNorms, a residual add, SiLU-mul).
 
@@ -81,28 +83,42 @@ def embed(embed, tokens: torch.Tensor, norm1) -> tuple[torch.Tensor, torch.Tenso
     return x[:, None], hn[:, None]
 
 
-def step(layer, x: torch.Tensor, hn: torch.Tensor | None, state: dict, next_norm=None):
+def step(layer, x: torch.Tensor, hn, state: dict, next_norm=None, hand_on: bool = False):
     """One decode step of ``layer`` (``applies`` said yes): ``x: [B, 1, D]`` the residual stream,
-    ``hn`` its ``norm1`` (``[B, 1, D]``, from the previous fused layer) or None, ``state`` the
-    mixer's decode state, ``next_norm`` an RMSNorm (``is_rmsnorm``) or None
-    -> ``(x_out [B, 1, D], next_norm(x_out) [B, 1, D] or None, new_state)``."""
+    ``hn`` its ``norm1`` (``[B, 1, D]``, or ``skinny.NormedRows`` ``[B, D]``, from the previous fused
+    layer) or None, ``state`` the mixer's decode state, ``next_norm`` an RMSNorm (``is_rmsnorm``)
+    or None, ``hand_on`` whether the next norm goes to another fused layer's GEMM (which takes it
+    as ``NormedRows``) -> ``(x_out [B, 1, D], next_norm(x_out) or None, new_state)``.
+
+    With ``skinny.RESIDUAL_EPILOGUE`` o_proj and w2 are ``skinny.residual_linear`` (the residual
+    add and the next norm in the GEMM), except a w2 whose norm is wanted as a tensor (the model's
+    final norm, before the head): ``partials`` + ``add_norm`` there."""
     from blocks.kernels import skinny
 
     B, _, D = x.shape
     x2 = x.view(B, D)
-    hn2d = (F.rms_norm(x2, (D,), layer.norm1.weight, _eps(layer.norm1)) if hn is None else hn.view(B, D))
+    if hn is None:
+        hn = F.rms_norm(x2, (D,), layer.norm1.weight, _eps(layer.norm1))
+    elif not isinstance(hn, skinny.NormedRows):
+        hn = hn.view(B, D)
     mixer = layer.mixer
-    proj_all = skinny.linear(hn2d, mixer.in_proj.weight, "in_proj")  # [B, sum(widths)]
+    proj_all = skinny.linear(hn, mixer.in_proj.weight, "in_proj")  # [B, sum(widths)]
     proj = dict(zip(mixer.in_proj.names, proj_all.view(B, 1, -1).split(mixer.in_proj.widths, dim=-1)))
     fused = mixer.fused_decode(x, proj, state)
     if fused is None:  # the mixer was switched off after the plan: the layer's own path, still correct
         out, new_state = layer(x, state)
         return out, None if next_norm is None else next_norm(out), new_state
     o, new_state = fused  # [B, 1, H*V]
-    h, hn2 = skinny.add_norm(skinny.partials(o.view(B, -1), mixer.o_proj.weight, "o_proj"), x2,
-                             layer.norm2.weight, _eps(layer.norm2))
+    gamma, eps = (None, 0.0) if next_norm is None else (next_norm.weight, _eps(next_norm))
+    if skinny.RESIDUAL_EPILOGUE:
+        h, hn2 = skinny.residual_linear(o.view(B, -1), mixer.o_proj.weight, x2, layer.norm2.weight,
+                                        _eps(layer.norm2), "o_proj")
+    else:
+        h, hn2 = skinny.add_norm(skinny.partials(o.view(B, -1), mixer.o_proj.weight, "o_proj_partials"), x2,
+                                 layer.norm2.weight, _eps(layer.norm2))
     a = skinny.swiglu(hn2, layer.mlp.w13.weight)  # [B, hidden]
-    out, hn_next = skinny.add_norm(skinny.partials(a, layer.mlp.w2.weight, "w2"), h,
-                                   None if next_norm is None else next_norm.weight,
-                                   0.0 if next_norm is None else _eps(next_norm))
+    if skinny.RESIDUAL_EPILOGUE and (hand_on or next_norm is None):
+        out, hn_next = skinny.residual_linear(a, layer.mlp.w2.weight, h, gamma, eps, "w2")
+        return out.view(B, 1, D), hn_next, new_state
+    out, hn_next = skinny.add_norm(skinny.partials(a, layer.mlp.w2.weight, "w2_partials"), h, gamma, eps)
     return out.view(B, 1, D), None if hn_next is None else hn_next.view(B, 1, D), new_state

@@ -174,18 +174,24 @@ def switch_modules() -> list:
 def switched(text: str):
     """``apply_sets(text)`` inside the block (yields its result), every switch as before after it."""
     saved = [(m, name, getattr(m, name)) for m in switch_modules() for name in m.SWITCHES]
+    tables = [(m.CONFIGS, dict(m.CONFIGS)) for m in switch_modules() if isinstance(getattr(m, "CONFIGS", None), dict)]
     try:
         yield apply_sets(text)
     finally:
         for mod, name, value in saved:
             setattr(mod, name, value)
+        for table, copy in tables:
+            table.clear()
+            table.update(copy)
 
 
 def apply_sets(text: str) -> dict:
     """``--set "KEEP_H=False,BWD_SUB_BK=128"``: give module switches these values before anything
     is timed (the base all variants are compared with), in every kernel module that has the switch;
     e.g. to sweep the launch of a kernel that only runs with a switch on. Values are parsed as
-    Python literals (``True``, ``128``), else kept as strings. Returns ``{name: value}``."""
+    Python literals (``True``, ``128``), else kept as strings. ``CONFIGS.KEY=64/256/4/4/4``: an
+    entry of a module's launch-configuration table (``skinny.CONFIGS``), its integers separated
+    by ``/`` (commas separate the items). Returns ``{name: value}``."""
     import ast
 
     done: dict = {}
@@ -193,6 +199,9 @@ def apply_sets(text: str) -> dict:
         name, sep, raw = item.partition("=")
         if not sep:
             raise ValueError(f"--set: expected NAME=VALUE, got {item!r}")
+        if name.startswith("CONFIGS."):
+            done[name] = _set_config(name.partition(".")[2], raw)
+            continue
         try:
             value = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
@@ -206,6 +215,24 @@ def apply_sets(text: str) -> dict:
             setattr(mod, name, value)
         done[name] = value
     return done
+
+
+def _set_config(key: str, raw: str) -> tuple[int, ...]:
+    """``apply_sets``' ``CONFIGS.KEY=a/b/c``: that entry of every switch module's ``CONFIGS`` that has
+    it, as a tuple of as many integers as it has now."""
+    tables = [m.CONFIGS for m in switch_modules() if key in getattr(m, "CONFIGS", {})]
+    if not tables:
+        raise ValueError(f"--set: CONFIGS.{key} is not an entry of any kernel module's CONFIGS")
+    try:
+        value = tuple(int(v) for v in raw.split("/"))
+    except ValueError:
+        value = ()
+    if any(len(value) != len(t[key]) or min(value) < 1 for t in tables):
+        raise ValueError(f"--set: CONFIGS.{key} takes {len(tables[0][key])} positive integers separated by '/' "
+                         f"(now {'/'.join(map(str, tables[0][key]))}), got {raw!r}")
+    for table in tables:
+        table[key] = value
+    return value
 
 
 def kernel_settings() -> dict:
@@ -230,7 +257,8 @@ def kernel_settings() -> dict:
 
     out["decode_mixer"] = {"switches": {"ENABLED": decode_mixer.ENABLED,
                                         **{k: getattr(decode_mixer, k) for k in decode_mixer.SWITCHES}}}
-    out["skinny"] = {"switches": {k: getattr(skinny, k) for k in skinny.SWITCHES}}
+    out["skinny"] = {"switches": {k: getattr(skinny, k) for k in skinny.SWITCHES},
+                     "configs": {k: list(v) for k, v in skinny.CONFIGS.items()}}
     out["decode_layer"] = {"switches": {"ENABLED": decode_layer.ENABLED}}
     return out
 

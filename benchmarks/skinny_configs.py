@@ -2,8 +2,9 @@
 
 Each GEMM of a decode layer as ``archsearch.decode_layer`` runs it, at batch 16 on the benchmark
 model's shapes (24 layers, d_model 2048): ``in_proj`` (``skinny.linear``), ``o_proj`` and ``w2``
-(``skinny.partials`` + ``skinny.add_norm``, as the layer follows them), ``swiglu`` (w1|w3 with the
-SiLU-mul epilogue). Every configuration of the grid (BN, BK, split, warps, stages) is checked
+(``skinny.residual_linear``; with ``--set RESIDUAL_EPILOGUE=False`` ``skinny.partials`` +
+``skinny.add_norm``, as the layer follows them), ``swiglu`` (w1|w3 with the SiLU-mul epilogue);
+in_proj and swiglu read ``NormedRows`` as the layer hands them (a tensor with the switch off). Every configuration of the grid (BN, BK, split, warps, stages) is checked
 against float32 PyTorch, then timed on 24 distinct weights in one CUDA graph (HBM-bound, as in the
 model; ``decode_gemm.time_layers``). Results are written after each role, and roles starting
 after ``--deadline`` seconds are skipped, so a time limit keeps what was measured.
@@ -54,14 +55,25 @@ def role_inputs(role: str, batch: int) -> tuple[list[dict], callable, callable]:
 
     sets = [{"x": rnd(batch, K), "w": rnd(N, K, scale=K ** -0.5), "r": rnd(batch, N),
              "g": 1 + rnd(N, scale=0.1).float()} for _ in range(LAYERS)]
+    epilogue = skinny.RESIDUAL_EPILOGUE
+    if epilogue:  # in_proj and swiglu read the norm as the layer hands it: NormedRows, 64 column tiles
+        for s in sets:
+            s["gb"] = s["g"].bfloat16()
+            s["rows"] = skinny.NormedRows(s["x"], (torch.rand(64, batch, generator=gen, device="cuda") + 0.5) * K / 64,
+                                          1e-6)
+    left = (lambda s: s["rows"]) if epilogue else (lambda s: s["x"])
+    want_left = (lambda s: s["rows"].materialize().float()) if epilogue else (lambda s: s["x"].float())
     if role == "in_proj":
-        return sets, lambda s: skinny.linear(s["x"], s["w"], role), lambda s: s["x"].float() @ s["w"].float().T
+        return sets, lambda s: skinny.linear(left(s), s["w"], role), lambda s: want_left(s) @ s["w"].float().T
     if role == "swiglu":
         def ref(s):
-            a, b = (s["x"].float() @ s["w"].float().T).chunk(2, dim=-1)
+            a, b = (want_left(s) @ s["w"].float().T).chunk(2, dim=-1)
             return F.silu(a) * b
-        return sets, lambda s: skinny.swiglu(s["x"], s["w"], role), ref
-    return (sets, lambda s: skinny.add_norm(skinny.partials(s["x"], s["w"], role), s["r"], s["g"], 1e-6)[1],
+        return sets, lambda s: skinny.swiglu(left(s), s["w"], role), ref
+    if epilogue:  # the residual add in the GEMM, the next norm's operands beside it
+        return (sets, lambda s: skinny.residual_linear(s["x"], s["w"], s["r"], s["gb"], 1e-6, role)[0],
+                lambda s: s["r"].float() + s["x"].float() @ s["w"].float().T)
+    return (sets, lambda s: skinny.add_norm(skinny.partials(s["x"], s["w"], f"{role}_partials"), s["r"], s["g"], 1e-6)[1],
             lambda s: F.rms_norm(s["r"].float() + s["x"].float() @ s["w"].float().T, (N,), s["g"], 1e-6))
 
 
@@ -71,10 +83,11 @@ def bench_role(role: str, batch: int, warps=(4,), stages=(4,)) -> dict:
     sets, call, ref = role_inputs(role, batch)
     want = ref(sets[0])
     table = skinny.CONFIGS
-    current = table[role]
+    key = role if role not in SPLIT_ROLES or skinny.RESIDUAL_EPILOGUE else f"{role}_partials"  # the layer's
+    current = table[key]
     rows = []
     for cfg in dict.fromkeys([current, *grid(role, warps, stages)]):
-        table[role] = cfg
+        table[key] = cfg
         row = {"config": list(cfg), "current": cfg == current}
         try:
             got = call(sets[0]).float()
@@ -86,14 +99,14 @@ def bench_role(role: str, batch: int, warps=(4,), stages=(4,)) -> dict:
         except Exception as exc:  # noqa: BLE001 - a configuration the compiler or GPU refuses: report, go on
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
         rows.append(row)
-    table[role] = current
-    return {"shape": decode_shapes()[ROLES[role]], "rows": rows}
+    table[key] = current
+    return {"shape": decode_shapes()[ROLES[role]], "config_key": key, "rows": rows}
 
 
 def markdown(res: dict) -> str:
     lines = [f"# Fused decode layer GEMMs: launch configurations (batch {res['batch']})", "",
              f"{res['device']}, {res['when']}; us per call over {LAYERS} distinct weights in one CUDA graph "
-             "(o_proj and w2 with their add_norm). `python benchmarks/skinny_configs.py"
+             "(o_proj and w2 with their residual add and norm; in_proj and swiglu reading the norm as the layer hands it). `python benchmarks/skinny_configs.py"
              + "".join(f" --set {k}={v}" for k, v in res.get("set", {}).items()) + "`", "",
              "| role (N x K) | current (BN, BK, split, warps, stages) | us | fastest | us | current / fastest | failed |",
              "|---|---|---|---|---|---|---|"]

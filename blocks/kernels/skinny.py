@@ -13,16 +13,23 @@ put the extra work where it costs nothing:
 * ``swiglu``: SwiGLU's ``silu(x W1^T) * (x W3^T)`` as one kernel with two accumulators, one for a
   block of W1's rows and one for the same block of W3's (``SwiGLU.w13`` holds W1 above W3), and
   the product in the epilogue: no ``[B, 2 * hidden]`` intermediate, no elementwise kernel.
-* ``partials`` + ``add_norm``: a split-K GEMM writes float32 partial sums; one kernel per row then
-  adds the splits and the residual (the residual stream's new value, in the activation dtype) and
-  the next RMSNorm of that row (what the next GEMM reads). That replaces cuBLAS's split-K reduce,
-  the residual add and the RMSNorm kernel.
+* ``residual_linear``: a split-K GEMM whose last program per column tile adds the splits' float32
+  partials and the residual (the residual stream's new value, in the activation dtype) and writes
+  the next RMSNorm as ``NormedRows``: ``h * gamma`` and the sums of ``h^2`` per column tile. The
+  GEMM that reads it (``linear``, ``swiglu``) multiplies its rows by ``1 / rms`` in the epilogue,
+  so its left operand stays a plain load. That replaces cuBLAS's split-K reduce, the residual add
+  and the RMSNorm kernel.
+* ``partials`` + ``add_norm``: the same in two kernels (float32 partials, then one program per row
+  adds them and normalises); the layer's path with ``RESIDUAL_EPILOGUE`` off, and for a norm
+  wanted as a tensor (the final norm before the model's head).
 * ``embed_norm``: the same row kernel gathering the embedding rows of the step's tokens, with the
   first layer's RMSNorm: the decode step's first kernel.
 
 Every kernel here is forward-only and runs under ``torch.no_grad`` from ``archsearch.decode_layer``.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -32,11 +39,17 @@ from . import register_kernel
 from .tiles import INTERPRET as _INTERPRET, cdiv, pdl_launch, pow2
 
 MAX_ROWS = 16
-# (BN, BK, SPLIT_K, num_warps, num_stages) per GEMM of a decode layer: the fastest plain
-# configurations of ``benchmarks/decode_gemm.py --grid small`` (H200, 2026-12-01 10:23). ``swiglu``
-# reads two weight blocks per program, so it takes the w13 case's BN per half.
-CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "o_proj": (32, 128, 4, 4, 4), "swiglu": (32, 128, 1, 4, 4),
-           "w2": (32, 128, 4, 4, 4)}
+# (BN, BK, SPLIT_K, num_warps, num_stages) per GEMM of a decode layer (H200). in_proj, swiglu: the
+# fastest of ``benchmarks/skinny_configs.py`` (2026-12-01 10:46; ``swiglu`` reads two weight blocks
+# per program, so it takes the w13 case's BN per half). o_proj, w2 (``residual_linear``) and
+# ``*_partials`` (the same GEMMs as ``partials`` + ``add_norm``): the fastest in the whole decode
+# graph (13:10, ``gpu_kernels.py --compiled-sets`` with ``CONFIGS.KEY=...`` entries, round-robin,
+# docs/benchmarks/decode_residual_epilogue.md): there the isolated sweep's favourite (64, 256, 4),
+# 5.43 against 7.53 us per o_proj call alone, made the gated_deltanet x24 step 1.488 ms against
+# 1.441 with (32, 128, 4).
+CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "swiglu": (32, 128, 1, 4, 4),
+           "o_proj": (32, 128, 4, 2, 4), "w2": (32, 128, 4, 2, 4),
+           "o_proj_partials": (64, 128, 4, 4, 4), "w2_partials": (64, 128, 4, 4, 4)}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Programmatic dependent launch (Hopper+): each kernel here is launched with ``launch_pdl``, lets the
 # next kernel launch once all its programs have started (``gdc_launch_dependents`` first thing),
@@ -54,7 +67,11 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # 1.430 / 1.435 ms gated_deltanet x24, 1.383 / 1.386 -> 1.381 / 1.376 simple_gla (no gain).
 PDL = True
 PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one prefetch per cache line)
-SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32)}
+# ``archsearch.decode_layer``: o_proj and w2 as ``residual_linear`` (the residual add and the next
+# norm in the GEMM's last split, the norm's 1 / rms applied by the next GEMM) instead of
+# ``partials`` + ``add_norm``: 5 kernels per layer instead of 7.
+RESIDUAL_EPILOGUE = True
+SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True)}
 
 
 @triton.jit
@@ -70,13 +87,27 @@ def _prefetch_l2(w, o_n, m_n, swn, k0, k_end, BK: tl.constexpr, TILES: tl.conste
 
 @triton.jit
 def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
+                   ss_in, T_in, N_in, eps_in, res, srm, part, xg, sxg, gamma, ss_out, tickets,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, K_PER: tl.constexpr,
                    SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-                   LINE: tl.constexpr):
+                   LINE: tl.constexpr, ROW_SCALE: tl.constexpr, BT: tl.constexpr, RESIDUAL: tl.constexpr,
+                   SPLITS: tl.constexpr, GAMMA: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
-    ``out[:M, n] = silu(x . w[n]) * (x . w[HALF + n])`` for ``n < N`` (one split)."""
+    ``out[:M, n] = silu(x . w[n]) * (x . w[HALF + n])`` for ``n < N`` (one split).
+
+    ``ROW_SCALE``: ``x`` is an RMSNorm's input times its weight (``NormedRows.scaled``) and row
+    ``m`` of each product is multiplied by ``rsqrt(sum_t ss_in[t, m] / N_in + eps_in)`` (``ss_in``:
+    float32 ``[T_in, M]`` sums of squares per column tile) before the SiLU: the norm's ``1 / rms``
+    is a per-row factor, so it leaves the dot product and the weights stay a plain load.
+
+    ``RESIDUAL``: ``out[:M, n] = res[:M, n] + x . w[n]`` (``out`` in the activation dtype) over
+    ``SPLITS`` splits of K: each split stores its float32 partial in ``part`` (``[SPLITS, M, N]``)
+    and takes a ticket (``tickets[i_n]``); the last of a column tile adds them up, finishes the tile
+    and sets the ticket back to 0 for the next call. ``GAMMA``: it also writes ``xg = out * gamma``
+    (in the activation dtype) and ``ss_out[i_n, m]``, the tile's sum of ``out[m]^2`` (float32): the
+    next GEMM's ``ROW_SCALE`` operands."""
     i_n = tl.program_id(0)
     i_s = tl.program_id(1)
     o_m = tl.arange(0, BM)
@@ -93,6 +124,14 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
             if SWIGLU:
                 _prefetch_l2(w, HALF + o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE)
         tl.extra.cuda.gdc_wait()  # x is the kernel before's output
+    # the epilogue's operands, loaded before the K loop so that their latency hides behind it
+    m_mn = m_m[:, None] & m_n[None, :]
+    if ROW_SCALE:
+        o_t = tl.arange(0, BT)
+        ss = tl.load(ss_in + o_t[:, None] * M + o_m[None, :], mask=(o_t < T_in)[:, None] & m_m[None, :], other=0.)
+    if RESIDUAL:
+        r = tl.load(res + o_m[:, None] * srm + o_n[None, :], mask=m_mn, other=0.).to(tl.float32)
+        g = tl.load(gamma + o_n, mask=m_n & GAMMA, other=0.).to(tl.float32)
     for k0 in range(i_s * K_PER, k_end, BK):
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < k_end
@@ -103,10 +142,41 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
             b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
                            other=0.)
             acc3 += tl.dot(b_x, tl.trans(b_w3), input_precision=DOT_PREC)
+    if ROW_SCALE:
+        rstd = tl.rsqrt(tl.sum(ss, 0) / N_in + eps_in)
+        acc = acc * rstd[:, None]
+        acc3 = acc3 * rstd[:, None]
     if SWIGLU:
         acc = acc * tl.sigmoid(acc) * acc3
-    tl.store(out + i_s * so_s + o_m[:, None] * so_m + o_n[None, :], acc.to(out.dtype.element_ty),
-             mask=m_m[:, None] & m_n[None, :])
+    if RESIDUAL:
+        if SPLITS > 1:
+            o_part = part + o_m[:, None] * N + o_n[None, :]
+            tl.store(o_part + i_s * M * N, acc, mask=m_mn)
+            tl.debug_barrier()  # every thread's partial stored before the ticket (its release covers them)
+            if tl.atomic_add(tickets + i_n, 1, sem="acq_rel") == SPLITS - 1:
+                acc = tl.zeros([BM, BN], dtype=tl.float32)
+                for s in tl.static_range(SPLITS):  # every split's partial (this one's too: same layout), from L2
+                    acc += tl.load(o_part + s * M * N, mask=m_mn, other=0., cache_modifier=".cg")
+                tl.store(tickets + i_n, 0)
+                _finish_residual(acc + r, out, so_m, xg, sxg, g, ss_out, M, i_n, o_m, o_n, m_m, m_n, GAMMA)
+        else:
+            _finish_residual(acc + r, out, so_m, xg, sxg, g, ss_out, M, i_n, o_m, o_n, m_m, m_n, GAMMA)
+    else:
+        tl.store(out + i_s * so_s + o_m[:, None] * so_m + o_n[None, :], acc.to(out.dtype.element_ty), mask=m_mn)
+
+
+@triton.jit
+def _finish_residual(y, out, so_m, xg, sxg, g, ss_out, M, i_n, o_m, o_n, m_m, m_n, GAMMA: tl.constexpr):
+    """A column tile's ``out = y`` (``y`` = residual + product, float32 ``[BM, BN]``) and (``GAMMA``)
+    its ``xg = out * g`` (``g``: the norm weight's ``[BN]`` columns) and ``ss_out[i_n] = sum(out^2,
+    columns)``, from the rounded ``out`` (as ``F.rms_norm`` sees it)."""
+    m_mn = m_m[:, None] & m_n[None, :]
+    y_h = y.to(out.dtype.element_ty)
+    tl.store(out + o_m[:, None] * so_m + o_n[None, :], y_h, mask=m_mn)
+    if GAMMA:
+        y = y_h.to(tl.float32)
+        tl.store(ss_out + i_n * M + o_m, tl.sum(y * y, 1), mask=m_m)
+        tl.store(xg + o_m[:, None] * sxg + o_n[None, :], (y * g[None, :]).to(xg.dtype.element_ty), mask=m_mn)
 
 
 @triton.jit
@@ -159,12 +229,62 @@ def _pdl(device: torch.device) -> dict:
     return pdl_launch(PDL, device)
 
 
-def _launch(grid, x, w, out, N, half, so_s, so_m, BN, BK, k_per, warps, stages, swiglu):
+class NormedRows(NamedTuple):
+    """An RMSNorm's output as one skinny kernel hands it to the next, the ``1 / rms`` not applied:
+    ``scaled: [M, N]`` the norm's input times its weight (activation dtype), ``sumsq: [T, M]``
+    float32 sums of the input's squares over T column tiles, ``eps`` the norm's. The GEMM reading
+    it (``linear``, ``swiglu``) scales its product's rows, which keeps its left operand a plain load."""
+
+    scaled: torch.Tensor
+    sumsq: torch.Tensor
+    eps: float
+
+    def materialize(self) -> torch.Tensor:
+        """``rmsnorm(h) * gamma [M, N]`` in PyTorch (tests, and a consumer that is not a skinny GEMM)."""
+        rstd = torch.rsqrt(self.sumsq.sum(0) / self.scaled.shape[1] + self.eps)
+        return (self.scaled.float() * rstd[:, None]).to(self.scaled.dtype)
+
+
+# Split-K tickets of ``residual_linear`` (int32, one per column tile; each call's last split sets
+# its tile's back to 0). One buffer per device serves every call: a kernel touches the tickets only
+# after ``gdc_wait``, so after every kernel before it in the stream has finished. Two streams
+# decoding on one device at once would share them: not supported.
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+_MAX_TILES = 1 << 16
+
+
+def _tickets(device: torch.device, tiles: int) -> torch.Tensor:
+    if tiles > _MAX_TILES:
+        raise ValueError(f"skinny residual_linear: {tiles} column tiles, at most {_MAX_TILES}")
+    t = _TICKETS.get(device)
+    if t is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("skinny residual_linear: call it once on this device before capturing a CUDA graph "
+                               "(its split-K tickets are allocated and zeroed outside the graph)")
+        t = _TICKETS[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+    return t
+
+
+def _launch(grid, x, w, out, N, k_per, cfg, so_m, *, half=0, so_s=0, swiglu=False, rows: NormedRows | None = None,
+            res=None, part=None, normed: NormedRows | None = None, gamma=None, splits=1):
+    """One ``_skinny_kernel`` launch; unused pointers get ``out`` (never read)."""
+    BN, BK, _, warps, stages = cfg
+    rows_t = rows.sumsq.shape[0] if rows is not None else 1
+    ticketed = res is not None and splits > 1
     _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), w.stride(0), so_s, so_m,
+                         rows.sumsq if rows is not None else out, rows_t,
+                         rows.scaled.shape[1] if rows is not None else 1, rows.eps if rows is not None else 0.,
+                         res if res is not None else out, res.stride(0) if res is not None else 0,
+                         part if part is not None else out, normed.scaled if normed is not None else out,
+                         normed.scaled.stride(0) if normed is not None else 0, gamma if gamma is not None else out,
+                         normed.sumsq if normed is not None else out,
+                         _tickets(x.device, grid[0]) if ticketed else out,
                          BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
                          DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", PREFETCH=PDL_PREFETCH,
-                         LINE=128 // x.element_size(), num_warps=1 if _INTERPRET else warps,
-                         num_stages=1 if _INTERPRET else stages, **_pdl(x.device))
+                         LINE=128 // x.element_size(), ROW_SCALE=rows is not None, BT=pow2(rows_t, 1),
+                         RESIDUAL=res is not None, SPLITS=splits, GAMMA=normed is not None,
+                         num_warps=1 if _INTERPRET else warps, num_stages=1 if _INTERPRET else stages,
+                         **_pdl(x.device))
 
 
 @register_kernel("skinny", "decode")  # registered so that callers can ask whether these kernels are available
@@ -175,41 +295,86 @@ def _config(name: str, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
     return BN, (BK // 2 if dtype == torch.float32 else BK), split, warps, stages
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, config: str = "in_proj") -> torch.Tensor:
-    """``x [M, K] @ w [N, K]^T -> [M, N]`` in ``x``'s dtype (float32 accumulation), one split."""
-    _check(x, w, "linear")
-    BN, BK, _, warps, stages = _config(config, x.dtype)
+def _operand(x: torch.Tensor | NormedRows, w: torch.Tensor, name: str) -> tuple[torch.Tensor, NormedRows | None]:
+    """``(left operand, the NormedRows whose row scale the kernel applies or None)``, checked."""
+    rows = x if isinstance(x, NormedRows) else None
+    x = rows.scaled if rows is not None else x
+    _check(x, w, name)
+    if rows is not None and (rows.sumsq.dtype != torch.float32 or rows.sumsq.dim() != 2
+                             or rows.sumsq.shape[1] != x.shape[0] or not rows.sumsq.is_contiguous()):
+        raise ValueError(f"skinny {name}: NormedRows.sumsq float32 [T, M] contiguous, got "
+                         f"{tuple(rows.sumsq.shape)} {rows.sumsq.dtype}")
+    return x, rows
+
+
+def linear(x: torch.Tensor | NormedRows, w: torch.Tensor, config: str = "in_proj") -> torch.Tensor:
+    """``x [M, K] @ w [N, K]^T -> [M, N]`` in ``x``'s dtype (float32 accumulation), one split;
+    ``x`` may be ``NormedRows`` (the product of the normed rows)."""
+    x, rows = _operand(x, w, "linear")
+    cfg = _config(config, x.dtype)
     N = w.shape[0]
     out = x.new_empty(x.shape[0], N)
-    _launch((cdiv(N, BN), 1), x, w, out, N, 0, 0, out.stride(0), BN, BK, x.shape[1], warps, stages, False)
+    _launch((cdiv(N, cfg[0]), 1), x, w, out, N, x.shape[1], cfg, out.stride(0), rows=rows)
     return out
 
 
-def partials(x: torch.Tensor, w: torch.Tensor, config: str = "o_proj") -> torch.Tensor:
+def partials(x: torch.Tensor, w: torch.Tensor, config: str = "o_proj_partials") -> torch.Tensor:
     """``x [M, K] @ w [N, K]^T`` as float32 partial sums ``[S, M, N]`` over S slices of K (the
     config's split, fewer when K is short); ``add_norm`` adds them up."""
     _check(x, w, "partials")
-    BN, BK, split, warps, stages = _config(config, x.dtype)
+    cfg = _config(config, x.dtype)
     M, K = x.shape
     N = w.shape[0]
-    k_per = cdiv(cdiv(K, split), BK) * BK
-    S = cdiv(K, k_per)
+    k_per, S = _split(K, cfg)
     out = torch.empty(S, M, N, dtype=torch.float32, device=x.device)
-    _launch((cdiv(N, BN), S), x, w, out, N, 0, out.stride(0), out.stride(1), BN, BK, k_per, warps, stages, False)
+    _launch((cdiv(N, cfg[0]), S), x, w, out, N, k_per, cfg, out.stride(1), so_s=out.stride(0))
     return out
 
 
-def swiglu(x: torch.Tensor, w13: torch.Tensor, config: str = "swiglu") -> torch.Tensor:
+def _split(K: int, cfg) -> tuple[int, int]:
+    """``(keys per split, splits)``: the config's split of K in whole BK tiles (fewer when K is short)."""
+    BK, split = cfg[1], cfg[2]
+    k_per = cdiv(cdiv(K, split), BK) * BK
+    return k_per, cdiv(K, k_per)
+
+
+def residual_linear(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor | None = None,
+                    eps: float = 1e-6, config: str = "o_proj") -> tuple[torch.Tensor, NormedRows | None]:
+    """``h = residual + x [M, K] @ w [N, K]^T`` (``h`` in ``x``'s dtype) and, with ``gamma``, the
+    RMSNorm of ``h`` as ``NormedRows`` for the next ``linear`` / ``swiglu``, in one kernel: the
+    config's split-K partials are added up by each column tile's last split (``partials`` +
+    ``add_norm`` in two kernels, which this replaces)."""
+    _check(x, w, "residual_linear")
+    cfg = _config(config, x.dtype)
+    M, K = x.shape
+    N = w.shape[0]
+    if (tuple(residual.shape) != (M, N) or residual.stride(1) != 1 or residual.dtype != x.dtype
+            or residual.device != x.device or (gamma is not None and (tuple(gamma.shape) != (N,) or gamma.stride(0) != 1))):
+        raise ValueError(f"skinny residual_linear: residual [M, N] of x's dtype with unit last stride, gamma [N] "
+                         f"contiguous; got {tuple(residual.shape)} {residual.dtype}, "
+                         f"{None if gamma is None else tuple(gamma.shape)}")
+    k_per, S = _split(K, cfg)
+    tiles = cdiv(N, cfg[0])
+    h = x.new_empty(M, N)
+    part = torch.empty(S, M, N, dtype=torch.float32, device=x.device) if S > 1 else None
+    normed = (NormedRows(torch.empty_like(h), torch.empty(tiles, M, dtype=torch.float32, device=x.device), eps)
+              if gamma is not None else None)
+    _launch((tiles, S), x, w, h, N, k_per, cfg, h.stride(0), res=residual, part=part, normed=normed, gamma=gamma,
+            splits=S)
+    return h, normed
+
+
+def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor, config: str = "swiglu") -> torch.Tensor:
     """``silu(x W1^T) * (x W3^T) -> [M, hidden]`` in ``x``'s dtype, ``w13 = [W1; W3]``
-    (``[2 * hidden, K]``, as ``archsearch.model.SwiGLU.w13``)."""
-    _check(x, w13, "swiglu")
+    (``[2 * hidden, K]``, as ``archsearch.model.SwiGLU.w13``); ``x`` may be ``NormedRows``."""
+    x, rows = _operand(x, w13, "swiglu")
     if w13.shape[0] % 2:
         raise ValueError(f"skinny swiglu: w13 must stack W1 over W3 ([2 * hidden, K]), got {tuple(w13.shape)}")
-    BN, BK, _, warps, stages = _config(config, x.dtype)
+    cfg = _config(config, x.dtype)
     hidden = w13.shape[0] // 2
     out = x.new_empty(x.shape[0], hidden)
-    _launch((cdiv(hidden, BN), 1), x, w13, out, hidden, hidden, 0, out.stride(0), BN, BK, x.shape[1], warps,
-            stages, True)
+    _launch((cdiv(hidden, cfg[0]), 1), x, w13, out, hidden, x.shape[1], cfg, out.stride(0), half=hidden, swiglu=True,
+            rows=rows)
     return out
 
 

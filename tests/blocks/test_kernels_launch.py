@@ -619,20 +619,47 @@ def test_switched_restores_every_switch():
     assert "skinny: PDL=" in gpu_common.switches_line(gpu_common.kernel_settings())
 
 
+def test_sets_give_skinny_launch_configurations_and_restore_them():
+    """``--set CONFIGS.o_proj=64/128/4/4/4``: that entry of ``skinny.CONFIGS`` inside
+    ``switched``, the table as before after it; a wrong count, a non-integer or an unknown entry
+    is a one-line ValueError naming the entry."""
+    from blocks.kernels import skinny
+
+    gpu_common = _benchmark("gpu_common")
+    before = dict(skinny.CONFIGS)
+    with gpu_common.switched("CONFIGS.o_proj=16/64/2/8/3,PDL=False") as done:
+        assert done["CONFIGS.o_proj"] == (16, 64, 2, 8, 3) and skinny.CONFIGS["o_proj"] == (16, 64, 2, 8, 3)
+        assert gpu_common.kernel_settings()["skinny"]["configs"]["o_proj"] == [16, 64, 2, 8, 3]
+    assert skinny.CONFIGS == before
+    for bad, match in (("CONFIGS.o_proj=16/64", "CONFIGS.o_proj takes 5 positive integers"),
+                       ("CONFIGS.o_proj=a/b/c/d/e", "CONFIGS.o_proj takes 5"),
+                       ("CONFIGS.nope=1/2/3/4/5", "CONFIGS.nope is not an entry")):
+        with pytest.raises(ValueError, match=match):
+            with gpu_common.switched(bad):
+                pass
+        assert skinny.CONFIGS == before
+
+
 def test_skinny_pdl_waits_before_reading_the_kernel_befores_output():
-    """sm_90 compile of ``skinny``'s GEMM and ``add_norm`` (and its embedding form) with ``PDL``: the grid-dependency wait comes before every
-    global load and async copy except the weight prefetches, which come before it; the
-    launch-dependents hint is there."""
+    """sm_90 compile of ``skinny``'s GEMM (plain, SwiGLU on ``NormedRows``, ``residual_linear``'s
+    split-K) and ``add_norm`` (and its embedding form) with ``PDL``: the grid-dependency wait comes
+    before every global load, async copy and atomic except the weight prefetches, which come before
+    it; the launch-dependents hint is there; the split-K ticket is an acq_rel GPU-scope atomic."""
     import re
 
     code = """
 import kernels_aot_regs as aot
 from blocks.kernels import skinny as sk
-ints = {n: "i32" for n in ("M", "N", "K", "R", "HALF", "sxm", "swn", "so_s", "so_m", "srm", "shm", "snm")}
-for swiglu in (False, True):
-    k = aot.compile_one(sk._skinny_kernel, dict(ints, x="*bf16", w="*bf16", out="*bf16"),
+ints = {n: "i32" for n in ("M", "N", "K", "R", "HALF", "sxm", "swn", "so_s", "so_m", "srm", "shm", "snm", "T_in",
+                           "N_in", "sxg")}
+ptrs = dict(x="*bf16", w="*bf16", out="*bf16", ss_in="*fp32", eps_in="fp32", res="*bf16", part="*fp32", xg="*bf16",
+            gamma="*bf16", ss_out="*fp32", tickets="*i32")
+# plain, SwiGLU reading NormedRows, and residual_linear's split-K with the next norm
+for swiglu, rows, splits in ((False, False, 1), (True, True, 1), (False, False, 4)):
+    k = aot.compile_one(sk._skinny_kernel, dict(ints, **ptrs),
                         dict(BM=16, BN=32, BK=128, K_PER=2048, SWIGLU=swiglu, DOT_PREC="tf32", PDL=True, PREFETCH=2,
-                             LINE=64), 4, 4, 90)
+                             LINE=64, ROW_SCALE=rows, BT=64, RESIDUAL=splits > 1, SPLITS=splits,
+                             GAMMA=splits > 1), 4, 4, 90)
     print(k.asm["ptx"].replace(chr(10), " ;; "))
 for gather in (False, True):
     k = aot.compile_one(sk._add_norm_kernel, dict(ints, part="*fp32", res="*bf16", rows="*i64", gamma="*fp32",
@@ -642,13 +669,18 @@ for gather in (False, True):
 """
     out = _python(code, {"TRITON_INTERPRET": None})
     ptxs = [line for line in out.splitlines() if "griddepcontrol" in line]
-    assert len(ptxs) == 4, out[-2000:]
-    for ptx in ptxs:
+    assert len(ptxs) == 5, out[-2000:]
+    for n, ptx in enumerate(ptxs):
         lines = [t.strip() for t in ptx.split(" ;; ")]
         wait = next(i for i, t in enumerate(lines) if t.startswith("griddepcontrol.wait"))
         assert any(t.startswith("griddepcontrol.launch_dependents") for t in lines[:wait])
-        reads = [i for i, t in enumerate(lines) if re.match(r"(@%p\d+ )?(ld\.global|cp\.async)", t)]
+        reads = [i for i, t in enumerate(lines) if re.match(r"(@%p\d+ )?(ld\.global|cp\.async|atom\.)", t)]
         assert reads and min(reads) > wait
+        # residual_linear's ticket: an acquire-release atomic at GPU scope (the partials before it
+        # visible to the last split), after a CTA barrier
+        tickets = [i for i, t in enumerate(lines) if re.match(r"(@%p\d+ )?atom\.", t)]
+        assert bool(tickets) == (n == 2)
+        assert all(".gpu." in lines[i] and ".acq_rel." in lines[i] and any(t.startswith("bar.sync") for t in lines[wait:i]) for i in tickets)
         prefetches = [i for i, t in enumerate(lines) if "prefetch.global.L2" in t]
         assert all(i < wait for i in prefetches)
 

@@ -44,7 +44,7 @@ def test_skinny_gemms_in_interpreter(M, N, K, monkeypatch):
     from blocks.kernels import skinny
 
     # float32 halves the BK (16 here): K 150 -> 4 splits of 48, the last 6 wide; 64 -> 4; 300 -> 4
-    monkeypatch.setitem(skinny.CONFIGS, "o_proj", (32, 32, 4, 4, 4))
+    monkeypatch.setitem(skinny.CONFIGS, "o_proj_partials", (32, 32, 4, 4, 4))
     torch.manual_seed(0)
     x, w = torch.randn(M, K), torch.randn(N, K) / K ** 0.5
     w13 = torch.randn(2 * N, K) / K ** 0.5
@@ -62,6 +62,37 @@ def test_skinny_gemms_in_interpreter(M, N, K, monkeypatch):
     assert rel(part.sum(0), x @ w.T) < 1e-6
     assert rel(h, res + x @ w.T) < 1e-6 and torch.equal(h2, h) and none is None
     assert rel(hn, F.rms_norm(h, (N,), gamma, 1e-6)) < 1e-6
+
+
+@interpreter
+@pytest.mark.parametrize("M, N, K, split", [(3, 70, 150, 4), (16, 32, 64, 4), (1, 5, 300, 4), (5, 40, 64, 1)])
+def test_residual_linear_and_normed_rows_in_interpreter(M, N, K, split, monkeypatch):
+    """``residual_linear`` (split K added up by each column tile's last split, the residual, the
+    next norm as ``NormedRows``) and ``linear`` / ``swiglu`` reading those rows, against float32
+    PyTorch; the split-K tickets are all back at 0 afterwards (the next call starts clean). The
+    interpreter runs the programs one after another, so which split finishes a tile is exercised
+    on the GPU (``test_skinny_gemms_at_decode_shapes_on_gpu``, three calls in a row)."""
+    from blocks.kernels import skinny
+
+    monkeypatch.setitem(skinny.CONFIGS, "o_proj", (16, 32, split, 4, 4))  # float32: BK 16
+    torch.manual_seed(1)
+    x, w = torch.randn(M, K), torch.randn(N, K) / K ** 0.5
+    res, gamma = torch.randn(M, N), 1 + 0.3 * torch.randn(N)
+    w_next, w13 = torch.randn(24, N) / N ** 0.5, torch.randn(2 * 24, N) / N ** 0.5
+    with checked_memory():
+        h, rows = skinny.residual_linear(x, w, res, gamma, 1e-5)
+        y = skinny.linear(rows, w_next)
+        a = skinny.swiglu(rows, w13)
+        h2, none = skinny.residual_linear(x, w, res)
+    ref = res + x @ w.T
+    hn = F.rms_norm(ref, (N,), gamma, 1e-5)
+    assert rel(h, ref) < 1e-6 and torch.equal(h2, h) and none is None
+    assert rows.sumsq.shape == (skinny.cdiv(N, 16), M) and rel(rows.scaled, ref * gamma) < 1e-6
+    assert rel(rows.materialize(), hn) < 1e-6
+    assert rel(y, hn @ w_next.T) < 1e-6
+    w1, w3 = w13.chunk(2)
+    assert rel(a, F.silu(hn @ w1.T) * (hn @ w3.T)) < 1e-6
+    assert not skinny._TICKETS[torch.device("cpu")].any()
 
 
 @interpreter
@@ -93,6 +124,12 @@ def test_skinny_gemms_refuse_shapes_they_do_not_serve():
         skinny.linear(torch.zeros(2, 8, dtype=torch.bfloat16), w)
     with pytest.raises(ValueError, match="stack W1 over W3"):
         skinny.swiglu(torch.zeros(2, 8), torch.zeros(5, 8))
+    with pytest.raises(ValueError, match="residual \\[M, N\\] of x's dtype"):
+        skinny.residual_linear(torch.zeros(2, 8), w, torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="gamma \\[N\\] contiguous"):
+        skinny.residual_linear(torch.zeros(2, 8), w, torch.zeros(2, 4), torch.ones(5))
+    with pytest.raises(ValueError, match="NormedRows.sumsq float32 \\[T, M\\]"):
+        skinny.linear(skinny.NormedRows(torch.zeros(2, 8), torch.zeros(1, 3), 1e-6), w)
     with pytest.raises(ValueError, match="part float32"):
         skinny.add_norm(torch.zeros(1, 2, 4, dtype=torch.bfloat16), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="tokens contiguous int64"):
@@ -109,12 +146,16 @@ LAYER_CONFIGS = [("gated_deltanet", {"num_heads": 2}), ("deltanet", {"num_heads"
 @interpreter
 @pytest.mark.parametrize("block, config", LAYER_CONFIGS, ids=lambda c: str(c))
 @pytest.mark.parametrize("given_norm", [False, True], ids=["norm1_here", "norm1_given"])
-def test_decode_layer_step_in_interpreter(block, config, given_norm, monkeypatch):
+@pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
+def test_decode_layer_step_in_interpreter(block, config, given_norm, epilogue, monkeypatch):
     """``decode_layer.step`` against ``HybridLayer.forward`` for one token continuing a state: the
-    new residual stream, the next norm of it, the new state; with ``norm1(x)`` computed there or
-    handed in (as the fused layer before hands it)."""
+    new residual stream, the next norm of it (a tensor, or handed on as ``NormedRows``), the new
+    state; with ``norm1(x)`` computed there or handed in (as the fused layer before hands it), and
+    with o_proj / w2 as ``residual_linear`` or as ``partials`` + ``add_norm``."""
     from blocks import kernels
-    from blocks.kernels import decode_mixer
+    from blocks.kernels import decode_mixer, skinny
+
+    monkeypatch.setattr(skinny, "RESIDUAL_EPILOGUE", epilogue)
 
     layer = _layer(block, config)
     reference = copy.deepcopy(layer)  # the block's own path (no mixer kernel)
@@ -130,12 +171,22 @@ def test_decode_layer_step_in_interpreter(block, config, given_norm, monkeypatch
         hn = layer.norm1(x) if given_norm else None
         with checked_memory():
             out, hn_next, new = decode_layer.step(layer, x, hn, state, next_norm)
+            out3, rows, _ = decode_layer.step(layer, x, hn, state, next_norm, hand_on=True)
             mine = {n: t.clone() for n, t in state.items()}
             with kernels.inplace_decode_state():
                 out2, none, new2 = decode_layer.step(layer, x, hn, mine, None)
     assert rel(out, ref_x) < 1e-5 and rel(hn_next, next_norm(ref_x)) < 1e-5
+    assert isinstance(rows, skinny.NormedRows) == epilogue and rel(out3, out) < 1e-6  # w2 summed in another order
+    assert rel(rows.materialize()[:, None] if epilogue else rows, next_norm(ref_x)) < 1e-5
+    # the rows handed on, as the next fused layer takes them (they were next_norm's: make it norm1)
+    layer.norm1.load_state_dict(next_norm.state_dict())
+    reference.norm1.load_state_dict(next_norm.state_dict())
+    with torch.no_grad():
+        ref_out4, _ = reference(ref_x, state)
+        out4, _, _ = decode_layer.step(layer, out3, rows, state, None)
+    assert rel(out4, ref_out4) < 1e-5
     assert set(new) == set(ref_state) and all(rel(new[n], ref_state[n]) < 1e-5 for n in ref_state)
-    assert torch.equal(out2, out) and none is None and all(new2[n] is mine[n] for n in mine)
+    assert torch.equal(out2, out3) and none is None and all(new2[n] is mine[n] for n in mine)
 
 
 @interpreter
@@ -248,8 +299,18 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case):
         assert rel(skinny.swiglu(x, w), F.silu(a) * b) < 1e-2
     else:
         res, gamma = torch.randn(16, N, device="cuda").bfloat16(), torch.rand(N, device="cuda") + 0.5
-        h, hn = skinny.add_norm(skinny.partials(x, w, case), res, gamma, 1e-6)
+        h, hn = skinny.add_norm(skinny.partials(x, w, case + "_partials"), res, gamma, 1e-6)
         assert rel(h, res.float() + ref) < 1e-2 and rel(hn, F.rms_norm(h.float(), (N,), gamma, 1e-6)) < 1e-2
+        for _ in range(3):  # residual_linear, its split-K tickets reused call after call
+            h2, rows = skinny.residual_linear(x, w, res, gamma.bfloat16(), 1e-6, case)
+            assert rel(h2, res.float() + ref) < 1e-2
+            assert rel(rows.materialize(), F.rms_norm(h2.float(), (N,), gamma, 1e-6)) < 1e-2
+        assert not skinny._TICKETS[x.device].any()
+        w_next = (torch.randn(4 * N, N, device="cuda") / N ** 0.5).bfloat16()
+        hn2 = F.rms_norm(h2.float(), (N,), gamma.bfloat16().float(), 1e-6)
+        assert rel(skinny.linear(rows, w_next), hn2 @ w_next.float().T) < 1e-2
+        a, b = (hn2 @ w_next.float().T).chunk(2, dim=-1)
+        assert rel(skinny.swiglu(rows, w_next), F.silu(a) * b) < 1e-2
 
 
 @gpu
@@ -289,10 +350,12 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("chunks", [1, 4])
-def test_fused_decode_layers_after_a_softmax_first_layer_match_eager(dtype, chunks, monkeypatch):
+@pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
+def test_fused_decode_layers_after_a_softmax_first_layer_match_eager(dtype, chunks, epilogue, monkeypatch):
     """The fused layers with PDL in a model whose first layer is softmax (no fused embedding: the
     first fused layer computes its own norm1) and whose heads are small (64 value columns), the
-    mixer's state in one or four slices (``decode_mixer.CHUNKS``, ``PLAIN_CHUNKS``), against the
+    mixer's state in one or four slices (``decode_mixer.CHUNKS``, ``PLAIN_CHUNKS``), o_proj / w2 as
+    ``residual_linear`` or ``partials`` + ``add_norm`` (``skinny.RESIDUAL_EPILOGUE``), against the
     eager model with the fused paths off, 12 steps."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer, skinny
@@ -300,6 +363,7 @@ def test_fused_decode_layers_after_a_softmax_first_layer_match_eager(dtype, chun
     model = _tiny_model([("softmax", {"num_heads": 2}), ("gated_deltanet", {"num_heads": 1}),
                          ("simple_gla", {"num_heads": 1}), ("deltanet", {"num_heads": 1})]).to(dtype)
     monkeypatch.setattr(skinny, "PDL", True)
+    monkeypatch.setattr(skinny, "RESIDUAL_EPILOGUE", epilogue)
     monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
     monkeypatch.setattr(decode_mixer, "PLAIN_CHUNKS", chunks)
     monkeypatch.setattr(decode_mixer, "ENABLED", False)
