@@ -54,7 +54,10 @@ NUM_WARPS = 4
 # Lost on the H200 (2026-12-01 11:47): splitting the value columns over 4 programs per head with the
 # last one finishing the norm (15.1 us; the q, k conv and norms done 4 times, an atomic count), and
 # launching the kernel early with PDL to read the state under the input projection
-# (gated_deltanet x24 1.471 -> 1.560 ms: its programs hold SMs the GEMM needs).
+# (gated_deltanet x24 1.471 -> 1.560 ms: its programs hold SMs the GEMM needs). Lost (13:29): the
+# kernel's first instruction ``gdc_launch_dependents``, so that o_proj's GEMM (launched with PDL)
+# starts during the mixer and prefetches its weights there: 1.383 -> 1.477 ms gated_deltanet x24,
+# 1.339 -> 1.380 simple_gla (docs/benchmarks/decode_residual_epilogue.md).
 CHUNKS = 1
 PLAIN_CHUNKS = 4
 SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4)}
