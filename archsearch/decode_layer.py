@@ -87,8 +87,10 @@ def step(layer, x: torch.Tensor, hn, state: dict, next_norm=None, hand_on: bool 
     """One decode step of ``layer`` (``applies`` said yes): ``x: [B, 1, D]`` the residual stream,
     ``hn`` its ``norm1`` (``[B, 1, D]``, or ``skinny.NormedRows`` ``[B, D]``, from the previous fused
     layer) or None, ``state`` the mixer's decode state, ``next_norm`` an RMSNorm (``is_rmsnorm``)
-    or None, ``hand_on`` whether the next norm goes to another fused layer's GEMM (which takes it
-    as ``NormedRows``) -> ``(x_out [B, 1, D], next_norm(x_out) or None, new_state)``.
+    or None, ``hand_on`` whether the next norm goes to another fused layer's GEMM
+    -> ``(x_out [B, 1, D], next_norm(x_out), new_state)``, the norm as ``skinny.NormedRows``
+    (``[B, D]``) with ``hand_on`` and ``skinny.RESIDUAL_EPILOGUE``, else ``[B, 1, D]``, or None
+    without ``next_norm``.
 
     With ``skinny.RESIDUAL_EPILOGUE`` o_proj and w2 are ``skinny.residual_linear`` (the residual
     add and the next norm in the GEMM), except a w2 whose norm is wanted as a tensor (the model's

@@ -38,7 +38,7 @@ SPLIT_ROLES = ("o_proj", "w2")
 
 def grid(role: str, warps=(4,), stages=(4,)) -> list[tuple[int, int, int, int, int]]:
     """(BN, BK, SPLIT_K, num_warps, num_stages) to try for ``role``: splits only where the layer
-    sums partials (``add_norm`` adds them for free)."""
+    sums partials (o_proj, w2: ``residual_linear``'s last split or ``add_norm`` adds them)."""
     splits = (1, 2, 4, 8) if role in SPLIT_ROLES else (1,)
     return list(itertools.product((16, 32, 64, 128), (64, 128, 256), splits, warps, stages))
 
@@ -56,11 +56,12 @@ def role_inputs(role: str, batch: int) -> tuple[list[dict], callable, callable]:
     sets = [{"x": rnd(batch, K), "w": rnd(N, K, scale=K ** -0.5), "r": rnd(batch, N),
              "g": 1 + rnd(N, scale=0.1).float()} for _ in range(LAYERS)]
     epilogue = skinny.RESIDUAL_EPILOGUE
-    if epilogue:  # in_proj and swiglu read the norm as the layer hands it: NormedRows, 64 column tiles
+    if epilogue:  # in_proj and swiglu read the norm as the layer hands it: NormedRows from w2 / o_proj
+        tiles = -(-K // skinny.CONFIGS["w2" if role == "in_proj" else "o_proj"][0])
         for s in sets:
             s["gb"] = s["g"].bfloat16()
-            s["rows"] = skinny.NormedRows(s["x"], (torch.rand(64, batch, generator=gen, device="cuda") + 0.5) * K / 64,
-                                          1e-6)
+            s["rows"] = skinny.NormedRows(
+                s["x"], (torch.rand(tiles, batch, generator=gen, device="cuda") + 0.5) * K / tiles, 1e-6)
     left = (lambda s: s["rows"]) if epilogue else (lambda s: s["x"])
     want_left = (lambda s: s["rows"].materialize().float()) if epilogue else (lambda s: s["x"].float())
     if role == "in_proj":
@@ -106,7 +107,9 @@ def bench_role(role: str, batch: int, warps=(4,), stages=(4,)) -> dict:
 def markdown(res: dict) -> str:
     lines = [f"# Fused decode layer GEMMs: launch configurations (batch {res['batch']})", "",
              f"{res['device']}, {res['when']}; us per call over {LAYERS} distinct weights in one CUDA graph "
-             "(o_proj and w2 with their residual add and norm; in_proj and swiglu reading the norm as the layer hands it). `python benchmarks/skinny_configs.py"
+             + ("(o_proj and w2 with their residual add and norm; in_proj and swiglu reading the norm as the layer "
+                "hands it). " if res.get("residual_epilogue", True) else "(o_proj and w2 with their add_norm). ")
+             + "`python benchmarks/skinny_configs.py"
              + "".join(f" --set {k}={v}" for k, v in res.get("set", {}).items()) + "`", "",
              "| role (N x K) | current (BN, BK, split, warps, stages) | us | fastest | us | current / fastest | failed |",
              "|---|---|---|---|---|---|---|"]
@@ -148,8 +151,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("skinny_configs: needs a CUDA GPU (none found)", file=sys.stderr)
         return 2
+    from blocks.kernels import skinny
+
     res = {"device": torch.cuda.get_device_name(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "batch": opts.batch, "set": sets, "roles": {}}
+           "batch": opts.batch, "set": sets, "residual_epilogue": skinny.RESIDUAL_EPILOGUE, "roles": {}}
     started = time.time()
     for role in roles:
         if opts.deadline and time.time() - started > opts.deadline:

@@ -103,9 +103,10 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     is a per-row factor, so it leaves the dot product and the weights stay a plain load.
 
     ``RESIDUAL``: ``out[:M, n] = res[:M, n] + x . w[n]`` (``out`` in the activation dtype) over
-    ``SPLITS`` splits of K: each split stores its float32 partial in ``part`` (``[SPLITS, M, N]``)
-    and takes a ticket (``tickets[i_n]``); the last of a column tile adds them up, finishes the tile
-    and sets the ticket back to 0 for the next call. ``GAMMA``: it also writes ``xg = out * gamma``
+    ``SPLITS`` splits of K. With more than one, each split stores its float32 partial in ``part``
+    (``[SPLITS, M, N]``) and takes a ticket (``tickets[i_n]``); the last of a column tile adds them
+    up, finishes the tile and sets the ticket back to 0 for the next call (one split: no partials,
+    no ticket). ``GAMMA``: it also writes ``xg = out * gamma``
     (in the activation dtype) and ``ss_out[i_n, m]``, the tile's sum of ``out[m]^2`` (float32): the
     next GEMM's ``ROW_SCALE`` operands."""
     i_n = tl.program_id(0)
@@ -124,7 +125,8 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
             if SWIGLU:
                 _prefetch_l2(w, HALF + o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE)
         tl.extra.cuda.gdc_wait()  # x is the kernel before's output
-    # the epilogue's operands, loaded before the K loop so that their latency hides behind it
+    # the epilogue's operands, loaded before the K loop so that their latency hides behind it (by
+    # every split: which one finishes the tile is known only at the end)
     m_mn = m_m[:, None] & m_n[None, :]
     if ROW_SCALE:
         o_t = tl.arange(0, BT)
@@ -154,8 +156,10 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
             tl.store(o_part + i_s * M * N, acc, mask=m_mn)
             tl.debug_barrier()  # every thread's partial stored before the ticket (its release covers them)
             if tl.atomic_add(tickets + i_n, 1, sem="acq_rel") == SPLITS - 1:
+                # every split's partial, this one's re-read too: the sum's order is then the same
+                # whichever split finishes (results repeat bit for bit); from L2
                 acc = tl.zeros([BM, BN], dtype=tl.float32)
-                for s in tl.static_range(SPLITS):  # every split's partial (this one's too: same layout), from L2
+                for s in tl.static_range(SPLITS):
                     acc += tl.load(o_part + s * M * N, mask=m_mn, other=0., cache_modifier=".cg")
                 tl.store(tickets + i_n, 0)
                 _finish_residual(acc + r, out, so_m, xg, sxg, g, ss_out, M, i_n, o_m, o_n, m_m, m_n, GAMMA)
@@ -233,7 +237,9 @@ class NormedRows(NamedTuple):
     """An RMSNorm's output as one skinny kernel hands it to the next, the ``1 / rms`` not applied:
     ``scaled: [M, N]`` the norm's input times its weight (activation dtype), ``sumsq: [T, M]``
     float32 sums of the input's squares over T column tiles, ``eps`` the norm's. The GEMM reading
-    it (``linear``, ``swiglu``) scales its product's rows, which keeps its left operand a plain load."""
+    it (``linear``, ``swiglu``) scales its product's rows, which keeps its left operand a plain load.
+    ``scaled`` is the un-normalised row: in float16 a norm weight above 1 can take it past 65504
+    where the normalised row would fit (bfloat16 and float32 have the range)."""
 
     scaled: torch.Tensor
     sumsq: torch.Tensor
@@ -265,24 +271,28 @@ def _tickets(device: torch.device, tiles: int) -> torch.Tensor:
     return t
 
 
-def _launch(grid, x, w, out, N, k_per, cfg, so_m, *, half=0, so_s=0, swiglu=False, rows: NormedRows | None = None,
-            res=None, part=None, normed: NormedRows | None = None, gamma=None, splits=1):
-    """One ``_skinny_kernel`` launch; unused pointers get ``out`` (never read)."""
+def _launch(grid, x, w, out, N, k_per, cfg, so_m, *, half=0, so_s=0, swiglu=False, norm_in: NormedRows | None = None,
+            res=None, part=None, norm_out: NormedRows | None = None, gamma=None, splits=1):
+    """One ``_skinny_kernel`` launch: ``norm_in`` the ``NormedRows`` whose row scale it applies
+    (``ROW_SCALE``), ``res`` / ``part`` / ``norm_out`` / ``gamma`` the residual epilogue's operands
+    (``RESIDUAL``, ``GAMMA``). A pointer the launch does not use gets ``out`` (never read)."""
     BN, BK, _, warps, stages = cfg
-    rows_t = rows.sumsq.shape[0] if rows is not None else 1
+
+    def given(t):
+        return out if t is None else t
+
+    tiles_in = norm_in.sumsq.shape[0] if norm_in is not None else 1
     ticketed = res is not None and splits > 1
     _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), w.stride(0), so_s, so_m,
-                         rows.sumsq if rows is not None else out, rows_t,
-                         rows.scaled.shape[1] if rows is not None else 1, rows.eps if rows is not None else 0.,
-                         res if res is not None else out, res.stride(0) if res is not None else 0,
-                         part if part is not None else out, normed.scaled if normed is not None else out,
-                         normed.scaled.stride(0) if normed is not None else 0, gamma if gamma is not None else out,
-                         normed.sumsq if normed is not None else out,
-                         _tickets(x.device, grid[0]) if ticketed else out,
+                         given(norm_in and norm_in.sumsq), tiles_in, norm_in.scaled.shape[1] if norm_in else 1,
+                         norm_in.eps if norm_in else 0., given(res), res.stride(0) if res is not None else 0,
+                         given(part), given(norm_out and norm_out.scaled),
+                         norm_out.scaled.stride(0) if norm_out else 0, given(gamma),
+                         given(norm_out and norm_out.sumsq), _tickets(x.device, grid[0]) if ticketed else out,
                          BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
                          DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", PREFETCH=PDL_PREFETCH,
-                         LINE=128 // x.element_size(), ROW_SCALE=rows is not None, BT=pow2(rows_t, 1),
-                         RESIDUAL=res is not None, SPLITS=splits, GAMMA=normed is not None,
+                         LINE=128 // x.element_size(), ROW_SCALE=norm_in is not None, BT=pow2(tiles_in, 1),
+                         RESIDUAL=res is not None, SPLITS=splits, GAMMA=norm_out is not None,
                          num_warps=1 if _INTERPRET else warps, num_stages=1 if _INTERPRET else stages,
                          **_pdl(x.device))
 
@@ -314,7 +324,7 @@ def linear(x: torch.Tensor | NormedRows, w: torch.Tensor, config: str = "in_proj
     cfg = _config(config, x.dtype)
     N = w.shape[0]
     out = x.new_empty(x.shape[0], N)
-    _launch((cdiv(N, cfg[0]), 1), x, w, out, N, x.shape[1], cfg, out.stride(0), rows=rows)
+    _launch((cdiv(N, cfg[0]), 1), x, w, out, N, x.shape[1], cfg, out.stride(0), norm_in=rows)
     return out
 
 
@@ -359,7 +369,7 @@ def residual_linear(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, ga
     part = torch.empty(S, M, N, dtype=torch.float32, device=x.device) if S > 1 else None
     normed = (NormedRows(torch.empty_like(h), torch.empty(tiles, M, dtype=torch.float32, device=x.device), eps)
               if gamma is not None else None)
-    _launch((tiles, S), x, w, h, N, k_per, cfg, h.stride(0), res=residual, part=part, normed=normed, gamma=gamma,
+    _launch((tiles, S), x, w, h, N, k_per, cfg, h.stride(0), res=residual, part=part, norm_out=normed, gamma=gamma,
             splits=S)
     return h, normed
 
@@ -374,7 +384,7 @@ def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor, config: str = "swigl
     hidden = w13.shape[0] // 2
     out = x.new_empty(x.shape[0], hidden)
     _launch((cdiv(hidden, cfg[0]), 1), x, w13, out, hidden, x.shape[1], cfg, out.stride(0), half=hidden, swiglu=True,
-            rows=rows)
+            norm_in=rows)
     return out
 
 

@@ -577,6 +577,8 @@ def test_skinny_configs_report_compares_the_current_configuration_with_the_faste
         {"config": [128, 256, 8, 4, 4], "current": False, "error": "OutOfResources"}]}}}
     assert "| w2 (2048 x 5504) | (32, 128, 4, 4, 4) | 10.00 | (64, 256, 8, 4, 4) | 8.00 | 1.250 | 1 |" in sc.markdown(res)
     assert "skinny_configs.py --set PDL=False`" in sc.markdown(dict(res, set={"PDL": False}))
+    assert "residual add and norm" in sc.markdown(res)
+    assert "with their add_norm" in sc.markdown(dict(res, residual_epilogue=False))
     with pytest.raises(SystemExit):
         sc.main(["--roles", "w4"])
     with pytest.raises(SystemExit):
@@ -680,7 +682,10 @@ for gather in (False, True):
         # visible to the last split), after a CTA barrier
         tickets = [i for i, t in enumerate(lines) if re.match(r"(@%p\d+ )?atom\.", t)]
         assert bool(tickets) == (n == 2)
-        assert all(".gpu." in lines[i] and ".acq_rel." in lines[i] and any(t.startswith("bar.sync") for t in lines[wait:i]) for i in tickets)
+        for i in tickets:  # a CTA barrier between the last partial store and the ticket
+            last_store = max(j for j, t in enumerate(lines[:i]) if re.match(r"(@%p\d+ )?st\.global", t))
+            assert ".gpu." in lines[i] and ".acq_rel." in lines[i]
+            assert any(t.startswith("bar.sync") for t in lines[last_store:i])
         prefetches = [i for i, t in enumerate(lines) if "prefetch.global.L2" in t]
         assert all(i < wait for i in prefetches)
 

@@ -92,7 +92,32 @@ def test_residual_linear_and_normed_rows_in_interpreter(M, N, K, split, monkeypa
     assert rel(y, hn @ w_next.T) < 1e-6
     w1, w3 = w13.chunk(2)
     assert rel(a, F.silu(hn @ w1.T) * (hn @ w3.T)) < 1e-6
-    assert not skinny._TICKETS[torch.device("cpu")].any()
+    tickets = skinny._TICKETS.get(torch.device("cpu"))  # none allocated until a call has two splits
+    assert (tickets is None and split == 1) or not tickets.any()
+
+
+@interpreter
+def test_residual_linear_tickets_choose_the_split_that_finishes_a_tile_in_interpreter(monkeypatch):
+    """The split-K ticket decides which split finishes a column tile: with tile 1's ticket left at
+    1 (as a call that died mid-way would leave it), the third of its four splits takes ticket 3 and
+    finishes the tile before the fourth has stored its partial, which then leaves the ticket at 1;
+    the other tiles are right and back at 0. (The interpreter runs the splits in order.)"""
+    from blocks.kernels import skinny
+
+    monkeypatch.setitem(skinny.CONFIGS, "o_proj", (16, 32, 4, 4, 4))  # float32: BK 16, K 64 -> 4 splits
+    torch.manual_seed(2)
+    x, w, res = torch.randn(4, 64), torch.randn(48, 64) / 8, torch.randn(4, 48)
+    skinny.residual_linear(-x, w, res)  # allocates the tickets (other partials than below: a reused buffer differs)
+    tickets = skinny._TICKETS[torch.device("cpu")]
+    tickets[1] = 1
+    try:
+        h, _ = skinny.residual_linear(x, w, res)
+        ref = res + x @ w.T
+        assert rel(h[:, :16], ref[:, :16]) < 1e-6 and rel(h[:, 32:], ref[:, 32:]) < 1e-6
+        assert rel(h[:, 16:32], ref[:, 16:32]) > 1e-3
+        assert tickets[:3].tolist() == [0, 1, 0]
+    finally:
+        tickets.zero_()
 
 
 @interpreter
@@ -190,7 +215,7 @@ def test_decode_layer_step_in_interpreter(block, config, given_norm, epilogue, m
 
 
 @interpreter
-def test_decode_layer_falls_back_to_the_layer_when_the_mixer_is_switched_off_after_the_plan():
+def test_decode_layer_falls_back_to_the_layer_when_the_mixer_is_switched_off_after_the_plan_in_interpreter():
     """``step`` on a layer whose mixer takes its own path (``fused_decode`` returns None, as when
     ``decode_mixer.ENABLED`` goes off after a GraphDecoder planned the layer): the layer's result
     and the next norm of it, not an error. The GEMM run before the mixer is the only kernel (CPU:
