@@ -106,9 +106,9 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     ``SPLITS`` splits of K. With more than one, each split stores its float32 partial in ``part``
     (``[SPLITS, M, N]``) and takes a ticket (``tickets[i_n]``); the last of a column tile adds them
     up, finishes the tile and sets the ticket back to 0 for the next call (one split: no partials,
-    no ticket). ``GAMMA``: it also writes ``xg = out * gamma``
-    (in the activation dtype) and ``ss_out[i_n, m]``, the tile's sum of ``out[m]^2`` (float32): the
-    next GEMM's ``ROW_SCALE`` operands."""
+    no ticket). ``GAMMA``: it also writes ``xg = out * gamma`` (in the activation dtype) and
+    ``ss_out[i_n, m]``, the tile's sum of ``out[m]^2`` (float32): the next GEMM's ``ROW_SCALE``
+    operands."""
     i_n = tl.program_id(0)
     i_s = tl.program_id(1)
     o_m = tl.arange(0, BM)
