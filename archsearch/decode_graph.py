@@ -154,7 +154,7 @@ class GraphDecoder:
         from archsearch import decode_layer
 
         layers = self.model.layers
-        probe = torch.empty(self.batch, 1, self.model.embed.embedding_dim, dtype=self.dtype, device=self.device)
+        probe = self._probe()
         fused = {i for i, layer in enumerate(layers) if i not in self.caches and decode_layer.applies(layer, probe)}
         final = self.model.final_norm if decode_layer.is_rmsnorm(self.model.final_norm) else None
         nexts = {i: (layers[i + 1].norm1 if i + 1 in fused else None) if i + 1 < len(layers) else final
@@ -165,8 +165,11 @@ class GraphDecoder:
     def _embed_fuses(self) -> bool:
         from archsearch import decode_layer
 
-        probe = torch.empty(self.batch, 1, self.model.embed.embedding_dim, dtype=self.dtype, device=self.device)
-        return decode_layer.embed_applies(self.model.embed, self.model.layers[0], probe)
+        return decode_layer.embed_applies(self.model.embed, self.model.layers[0], self._probe())
+
+    def _probe(self) -> torch.Tensor:
+        """An uninitialised step input ``[B, 1, d_model]``: what ``decode_layer``'s checks look at."""
+        return torch.empty(self.batch, 1, self.model.embed.embedding_dim, dtype=self.dtype, device=self.device)
 
     # --- state -------------------------------------------------------------------------------
     @torch.no_grad()

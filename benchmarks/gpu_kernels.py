@@ -238,10 +238,18 @@ def model_spec(block: str, layers: int = 24, d_model: int = 2048, softmax_every:
     return ArchSpec(vocab_size=32000, d_model=d_model, layers=tuple(lay), mlp_expansion=MLP_EXPANSION)
 
 
+def _bf16_model(block: str, softmax_every: int):
+    """The decode benchmark's model (``model_spec``), built on the GPU, in bf16 and eval mode."""
+    from archsearch.model import HybridLM
+
+    with torch.device("cuda"):
+        model = HybridLM(model_spec(block, softmax_every=softmax_every))
+    return model.to(torch.bfloat16).eval()
+
+
 def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
     """Whole-model decode: eager ``decode_step`` vs the captured graph, against the roofline."""
     from archsearch import decode_graph
-    from archsearch.model import HybridLM
 
     out = {}
     cases = [("gated_deltanet x24", "gated_deltanet", 0, (4096,)),
@@ -249,9 +257,7 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
              ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, (1024, 4096, 16384))]
     for name, block, every, contexts in cases:
         try:
-            with torch.device("cuda"):
-                model = HybridLM(model_spec(block, softmax_every=every))
-            model = model.to(torch.bfloat16).eval()
+            model = _bf16_model(block, every)
             for ctx in contexts:
                 dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 64)
                 gen = torch.Generator(device="cuda").manual_seed(0)
@@ -360,12 +366,9 @@ def _model_compiled_row(out: dict, copy_bw: float, batch: int, name: str, block:
     ``model_compiled_bench`` into ``out`` (an error row if it fails); returns ``(key, decoder)``
     with room for ``steps`` more positions, for ``_time_round_robin``, or None."""
     from archsearch import decode_graph
-    from archsearch.model import HybridLM
 
     try:
-        with torch.device("cuda"):
-            model = HybridLM(model_spec(block, softmax_every=every))
-        model = model.to(torch.bfloat16).eval()
+        model = _bf16_model(block, every)
         dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 8 + steps, compile=mode)
         dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(0))
         t0 = time.time()
@@ -775,10 +778,14 @@ def main(argv=None) -> int:
         ap.error(f"--families: unknown {sorted(unknown)}; known: {', '.join(LINEAR_FAMILIES)}")
     from archsearch.decode_graph import COMPILE_MODES
 
-    if a.decode_mixers is None:
-        from blocks.kernels import decode_mixer
+    from archsearch import decode_layer
+    from blocks.kernels import decode_mixer
 
+    # the compiled decode rows default to the switches as the modules have them
+    if a.decode_mixers is None:
         a.decode_mixers = "on" if decode_mixer.ENABLED else "off"
+    if a.decode_layers is None:
+        a.decode_layers = "on" if decode_layer.ENABLED else "off"
     try:
         apply_sets(a.set)
         for entry in filter(None, a.compiled_sets.split(";")):
@@ -788,10 +795,6 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     if a.rounds < 1:
         ap.error(f"--rounds: must be >= 1, got {a.rounds}")
-    if a.decode_layers is None:
-        from archsearch import decode_layer
-
-        a.decode_layers = "on" if decode_layer.ENABLED else "off"
     for flag, value in (("--decode-mixers", a.decode_mixers), ("--decode-layers", a.decode_layers)):
         if set(filter(None, value.split(","))) - {"off", "on"}:
             ap.error(f"{flag}: a comma list of off, on; got {value!r}")
