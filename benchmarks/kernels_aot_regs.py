@@ -126,9 +126,6 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec), *table(g.LAUNCH, "bwd_dv", s))
     yield ("gla.bwd_sub", g._bwd_sub_kernel, dict(C, BC=16, NC=4, BK=min(g.BWD_SUB_BK, BK), BV=min(64, BV), DOT_PREC=prec,
                                                   SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_sub", s))
-    yield ("gla.bwd_chunk", g._bwd_chunk_kernel, dict(C, BC=16, NC=4, BK=min(g.BWD_CHUNK_BK, BK), BV=min(64, BV), DOT_PREC=prec,
-                                                      SPAN_MAX=g.SPAN_MAX, LOWP=g.BWD_CHUNK_INPUT_DTYPE_DOTS and dtype == torch.bfloat16),
-           *table(g.LAUNCH, "bwd_chunk", s))
     yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), NP=4),
            *table(g.LAUNCH, "rev_cumsum", s))
     # the decode step (blocks.kernels.step) of each family: gate none / scalar / per key, delta or not

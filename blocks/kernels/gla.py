@@ -66,7 +66,6 @@ LAUNCH = {
     # at 19:59 (fewer spills) 4 warps +14.6 / +13.1%, 2 or 3 stages +10%
     "bwd_sub": dict(num_warps=2, num_stages=1),
     "rev_cumsum": dict(num_warps=4, num_stages=3),
-    "bwd_chunk": dict(num_warps=8, num_stages=2),  # not yet swept
 }
 # The backward of dq, dk and the gate runs one program per 16-row sub-chunk (``_bwd_sub_kernel``)
 # plus a reverse-cumsum pass (``_rev_cumsum_kernel``). Removed after H200 sweeps (2026-11-30, ms per
@@ -97,6 +96,17 @@ LOW_MEMORY = low_memory_from_env()
 # at 64k tokens). Sweep 2026-11-30 16:49 (H200): fwd+bwd -4.6 / -9.0% (2k / 32k). Off under
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1.
 KEEP_H = not LOW_MEMORY
+# Also lost (sweeps 2026-12-01 14:18 / 14:21, H200, ms per fwd+bwd step at 2k / 32k;
+# docs/benchmarks/kernel_launch_sweep_1201_gla_per_chunk.md): this kernel and the reverse cumsum
+# replaced by one program per chunk and key slice (``_bwd_chunk_kernel``, commit a54d6c0): the state
+# parts and the chunk's dA = do v^T from one value loop, the intra-chunk parts as full [64, 64] dots
+# per sub-chunk with the rows of that sub-chunk kept (factors X = k exp(G_m(s) - G), Y = q exp(G -
+# G_n(s)) and per-sub-chunk vectors, so 4 full-tile exps), the exact diagonal path one key row at a
+# time, the gate's reverse cumsum in registers. Against 7.21 / 8.35 for this pair: 10.87 / 12.04 at
+# 8 warps, key slice 32; 8.12 / 9.24 at 4 warps; key slice 64 8.56 / 9.72; 2 warps 8.58 / 9.71.
+# sm_90 AOT: 255 registers at every key slice (16-64), value block (32, 64) and warp count (4, 8),
+# 1-2 programs per SM: each program a serial chain of ~14 small dots, latency-bound. (The first
+# form checked each diagonal block's span once per key row, in every program: 21.0 / 22.3.)
 # Key slice of ``_bwd_sub_kernel``: 64 (two programs per sub-chunk) or 128 (one: the dA blocks and
 # the do, v rows behind them once instead of twice, [16, 128] float32 tiles). At the kernel's
 # launch (2 warps, 1 stage) 128 measured +18.7 / +16.0% at 2k / 32k (sweep 19:59); at 8 warps it
@@ -108,16 +118,7 @@ BWD_SUB_BK = 64
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
 # at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
-# The backward of dq, dk and the gate as one program per chunk and key slice (``_bwd_chunk_kernel``:
-# full-chunk dots, the reverse cumsum inside) instead of one per 16-row sub-chunk plus a reverse-cumsum
-# pass (``_bwd_sub_kernel`` + ``_rev_cumsum_kernel``).
-BWD_PER_CHUNK = True
-# ``_bwd_chunk_kernel``'s key slice (programs per chunk: K / BWD_CHUNK_BK, each recomputing the chunk's dA).
-BWD_CHUNK_BK = 32
-# ``_bwd_chunk_kernel``'s intra-chunk dots on bf16 operands (bf16 inputs only), else TF32.
-BWD_CHUNK_INPUT_DTYPE_DOTS = True
-SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
-            "BWD_PER_CHUNK": (False, True), "BWD_CHUNK_INPUT_DTYPE_DOTS": (False, True), "BWD_CHUNK_BK": (32, 64)}
+SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -483,155 +484,6 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
     _store(dk, b_dk + b_dks + b_diag[:, None] * b_qf, i_b, i_h, ra, T, H, K, c0, BC, BK)
 
 
-@triton.jit
-def _row_refs(gc, i_b, i_h, r0, last, T, H: tl.constexpr, K: tl.constexpr, c0,
-              BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, OFFSET: tl.constexpr):
-    """``[BT, BK]``: for each row of the chunk starting at ``r0``, ``gc`` at row ``OFFSET`` of its
-    own sub-chunk (0: the first row, ``BC - 1``: the last; clamped to ``last``)."""
-    o_i = tl.arange(0, BT)
-    o_k = c0 + tl.arange(0, BK)
-    ref = tl.minimum(r0 + (o_i // BC) * BC + OFFSET, last)
-    return tl.load(gc + ((i_b * T + ref[:, None]) * H + i_h) * K + o_k[None, :], mask=(o_k < K)[None, :], other=0.)
-
-
-@triton.jit
-def _exact_diag(b_dA, b_kf, b_qf, b_g, steep, gc, i_b, i_h, r0, last, T, H: tl.constexpr, K: tl.constexpr, c0,
-                BT: tl.constexpr, BC: tl.constexpr, NC: tl.constexpr, BK: tl.constexpr, SPAN_MAX: tl.constexpr,
-                FOR_DQ: tl.constexpr):
-    """``[BT, BK]``: the strictly-lower pairs of the chunk's diagonal 16x16 blocks whose decay spans
-    ``SPAN_MAX`` or more (the others are factored by the caller), exactly, one key row ``j`` at a
-    time: ``dq_i += sum_j dA_ij k_j exp(G_i - G_j)`` (``FOR_DQ``) or ``dk_j += sum_i dA_ij q_i
-    exp(G_i - G_j)``; zero where no block is that steep. ``b_dA``: the chunk's strictly lower score
-    gradients ``[BT, BT]``; ``steep``: whether any block of the chunk is that steep (else nothing
-    is loaded or reduced here: a per-block check in every program measured 3x the whole kernel's time)."""
-    o_i = tl.arange(0, BT)
-    s_i = o_i // BC
-    b_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    # one runtime loop over the key rows, not one per block: one copy of its body in registers
-    for j in range(tl.where(steep, tl.minimum(last + 1 - r0, BT), 0)):
-        a = j // BC
-        ra = r0 + a * BC
-        b_span = _g_row(gc, i_b, i_h, ra, last, T, H, K, c0, BK) - _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)
-        if tl.max(b_span, axis=0) >= SPAN_MAX:
-            sel = o_i == j
-            b_gj = _g_row(gc, i_b, i_h, r0 + j, last, T, H, K, c0, BK)  # [BK]
-            b_dAj = tl.sum(tl.where(sel[None, :], b_dA, 0.), axis=1).to(tl.float32)  # dA_ij, rows i > j
-            b_de = b_dAj[:, None] * tl.exp(tl.where(((s_i == a) & (o_i > j))[:, None], b_g - b_gj[None, :], float("-inf")))
-            if FOR_DQ:
-                b_acc += b_de * tl.sum(tl.where(sel[:, None], b_kf, 0.), axis=0)[None, :]
-            else:
-                b_acc += tl.where(sel[:, None], tl.sum(b_de * b_qf, axis=0)[None, :], 0.)
-    return b_acc
-
-
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_chunk_kernel(q, k, v, gc, h, do, dh, dq, dk, dg, scale, T, NT,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                      NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                      SPAN_MAX: tl.constexpr, LOWP: tl.constexpr):
-    """Grid (K/BK, NT, B*H): the whole backward of ``dq, dk`` and the gate for one chunk and key
-    slice: the state parts from ``h, dh``; the chunk's score gradients ``dA = scale do v^T``
-    [BT, BT] from the same value loop; the intra-chunk parts as full-chunk dots, one per sub-chunk
-    (its rows selected after the dot: 4x the flops of per-block dots, which the tensor cores have to
-    spare, for no [16, *] slicing of register tiles); the gate's reverse cumsum and chunk-wide term
-    in place. Writes ``dq, dk`` and ``dg`` (float32), all final.
-
-    Intra-chunk factoring, as in the forward: query sub-chunk ``a`` against earlier keys through
-    ``n`` = its first row, ``dq_i = exp(G_i - G_n) sum_j dA_ij k_j exp(G_n - G_j)``, with
-    ``k_j exp(G_n - G_j) = X_j exp(G_n - G_m(s_j))``, ``X_j = k_j exp(G_m(s_j) - G_j)`` and
-    ``m(s)`` the last row of sub-chunk ``s``: one full-tile ``exp`` for ``X`` and vectors per
-    sub-chunk pair. Likewise the keys of sub-chunk ``b`` against later queries through ``m(b)``.
-    The diagonal blocks factor the same way while their decay spans less than ``SPAN_MAX``;
-    steeper blocks take the exact path, one key row at a time. ``LOWP``: the intra dots on bf16
-    operands (bf16 inputs only: the diagonal factors reach exp(SPAN_MAX))."""
-    i_k = tl.program_id(0)
-    i_t = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    c0 = i_k * BK
-    r0 = i_t * BT
-    last = tl.minimum(r0 + BT, T) - 1
-    o_i = tl.arange(0, BT)
-    s_i = o_i // BC  # sub-chunk of each row
-    o_k = c0 + tl.arange(0, BK)
-    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
-    b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
-    # state parts do h^T, v dh^T, <h, dh> per key channel, and the scores' gradients do v^T
-    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
-        b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
-        b_v = _rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
-        b_h = tl.load(h + p_h + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)  # [BK, BV]
-        b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
-        b_dq += tl.dot(b_do, tl.trans(b_h.to(b_do.dtype)), input_precision=DOT_PREC)
-        b_dk += tl.dot(b_v, tl.trans(b_dh.to(b_v.dtype)), input_precision=DOT_PREC)
-        b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
-    b_dq = b_dq * tl.exp(b_g) * scale
-    b_dk = b_dk * tl.exp(g_last[None, :] - b_g)
-    # the state write exp(G_C - G_j) k_j moves gradient from rows j < last to the chunk-wide term
-    # (row last: exponent 0, no gradient), as does exp(G_C) S with <S, dS'>
-    moved = (r0 + o_i < last)[:, None]
-    b_qf = _rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
-    b_kf = _rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
-    b_wide = tl.sum(tl.where(moved, b_kf * b_dk, 0.), axis=0) + tl.exp(g_last) * b_hdh  # [BK]
-    b_dA = b_dA * scale
-    b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_dA, 0.), axis=1)  # [BT]
-    b_dA = tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.)  # strictly lower
-    b_dA_lp = _op(b_dA, q, LOWP)
-    # dq: the exact diagonal blocks first (decay inside a block spans >= SPAN_MAX; rare), then per
-    # query sub-chunk a the keys through a's first row n
-    steep = tl.max(tl.max(_row_refs(gc, i_b, i_h, r0, last, T, H, K, c0, BT, BC, BK, 0)
-                          - _row_refs(gc, i_b, i_h, r0, last, T, H, K, c0, BT, BC, BK, BC - 1), axis=1), axis=0) >= SPAN_MAX
-    b_dqs = _exact_diag(b_dA_lp, b_kf, b_qf, b_g, steep, gc, i_b, i_h, r0, last, T, H, K, c0, BT, BC, NC, BK, SPAN_MAX, True)
-    b_x = b_kf * tl.exp(_row_refs(gc, i_b, i_h, r0, last, T, H, K, c0, BT, BC, BK, BC - 1) - b_g)  # X, <= |k|
-    b_pre = tl.zeros([BT, BK], dtype=tl.float32)
-    for a in tl.static_range(NC):
-        ra = r0 + a * BC
-        b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, c0, BK)
-        b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, c0, BK)
-        b_espan = tl.where(tl.max(b_gn - b_gm, axis=0) < SPAN_MAX, tl.exp(tl.minimum(b_gn - b_gm, SPAN_MAX)), 0.)  # 0: exact above
-        b_f = tl.where((s_i == a)[:, None], b_espan[None, :], 0.)
-        for s in tl.static_range(a):
-            b_gms = _g_row(gc, i_b, i_h, r0 + s * BC + BC - 1, last, T, H, K, c0, BK)
-            b_f = tl.where((s_i == s)[:, None], tl.exp(b_gn - b_gms)[None, :], b_f)
-        b_p = tl.dot(b_dA_lp, _op(b_x * b_f, q, LOWP), input_precision=DOT_PREC)
-        b_pre = tl.where((s_i == a)[:, None], b_p, b_pre)
-    b_dqs += b_pre * tl.exp(b_g - _row_refs(gc, i_b, i_h, r0, last, T, H, K, c0, BT, BC, BK, 0))
-    b_gq = b_qf * (b_dq + b_dqs)  # the gate's share through q (before the reverse cumsum)
-    _store(dq, b_dq + b_dqs + b_diag[:, None] * b_kf, i_b, i_h, r0, T, H, K, c0, BT, BK)
-    # dk: the exact diagonal blocks, then per key sub-chunk b the later queries through b's last row m
-    b_dks = _exact_diag(b_dA_lp, b_kf, b_qf, b_g, steep, gc, i_b, i_h, r0, last, T, H, K, c0, BT, BC, NC, BK, SPAN_MAX, False)
-    b_y = b_qf * tl.exp(b_g - _row_refs(gc, i_b, i_h, r0, last, T, H, K, c0, BT, BC, BK, 0))  # Y, <= |q|
-    b_pre = tl.zeros([BT, BK], dtype=tl.float32)
-    for b in tl.static_range(NC):
-        rb = r0 + b * BC
-        b_gn = _g_row(gc, i_b, i_h, rb, last, T, H, K, c0, BK)
-        b_gm = _g_row(gc, i_b, i_h, rb + BC - 1, last, T, H, K, c0, BK)
-        b_espan = tl.where(tl.max(b_gn - b_gm, axis=0) < SPAN_MAX, tl.exp(tl.minimum(b_gn - b_gm, SPAN_MAX)), 0.)  # 0: exact above
-        b_f = tl.where((s_i == b)[:, None], b_espan[None, :], 0.)
-        for s in tl.static_range(b + 1, NC):
-            b_gns = _g_row(gc, i_b, i_h, r0 + s * BC, last, T, H, K, c0, BK)
-            b_f = tl.where((s_i == s)[:, None], tl.exp(b_gns - b_gm)[None, :], b_f)
-        b_p = tl.dot(tl.trans(b_dA_lp), _op(b_y * b_f, q, LOWP), input_precision=DOT_PREC)
-        b_pre = tl.where((s_i == b)[:, None], b_p, b_pre)
-    b_dks += b_pre * tl.exp(_row_refs(gc, i_b, i_h, r0, last, T, H, K, c0, BT, BC, BK, BC - 1) - b_g)
-    # gate: q . dq through the state read and the intra-chunk pairs, minus k . dk of what leaves the
-    # row (rows < last: the state write; every row: the later queries in the chunk); reverse cumsum
-    # inside the chunk plus the chunk-wide term on every row
-    b_dG = b_gq - b_kf * (tl.where(moved, b_dk, 0.) + b_dks)
-    b_dG = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_wide[None, :]
-    _store(dg, b_dG, i_b, i_h, r0, T, H, K, c0, BT, BK)
-    _store(dk, b_dk + b_dks + b_diag[:, None] * b_qf, i_b, i_h, r0, T, H, K, c0, BT, BK)
-
-
 @triton.jit(do_not_specialize=["T"])  # one compile for every length
 def _rev_cumsum_kernel(x, P, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        NP: tl.constexpr):
@@ -732,13 +584,6 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
         **_launch(LAUNCH, "bwd_dv", q))
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-    if BWD_PER_CHUNK:
-        BKc = min(BWD_CHUNK_BK, _pow2(K))
-        _bwd_chunk_kernel[(_cdiv(K, BKc), NT, B * H)](
-            q, k, v, gc, h, do, dh, dq, dk, dg, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
-            BK=BKc, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX,
-            LOWP=BWD_CHUNK_INPUT_DTYPE_DOTS and q.dtype == torch.bfloat16, **_launch(LAUNCH, "bwd_chunk", q))
-        return dq, dk, dv, dg, dh0
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(_cdiv(K, BKf), NT * NC, B * H)](

@@ -422,7 +422,6 @@ def test_interpreter_gla_backward_per_sub_chunk(key_slice, monkeypatch):
     negligible); over two key slices (``BWD_SUB_BK`` 16 at K = 32) and over all keys in one."""
     from blocks.kernels import gla
 
-    monkeypatch.setattr(gla, "BWD_PER_CHUNK", False)
     monkeypatch.setattr(gla, "BWD_SUB_BK", key_slice)
     spy = _LaunchSpy(gla._bwd_sub_kernel)
     monkeypatch.setattr(gla, "_bwd_sub_kernel", spy)
@@ -431,28 +430,6 @@ def test_interpreter_gla_backward_per_sub_chunk(key_slice, monkeypatch):
             errs = run_case(chunk_kernel("gla"), "gla", (1, 100, 2, 32, 48), torch.float32, decay, True, "cpu")
         assert max(errs.values()) < 2e-5, (decay, errs)
     assert spy.calls and all(kw["BK"] == min(key_slice, 32) for _, kw in spy.calls)
-
-
-@interpreter
-@pytest.mark.parametrize("K,key_slice", [(32, 64), (80, 32)])
-def test_interpreter_gla_backward_per_chunk(K, key_slice, monkeypatch):
-    """``_bwd_chunk_kernel`` (one program per chunk and key slice: the state parts, the chunk's
-    score gradients, the intra-chunk parts as full-chunk dots per sub-chunk, the gate's reverse
-    cumsum in place) at a length whose last chunk ends in its third sub-chunk (100 = 64 + 36), under
-    a random decay, a steep one (its exact diagonal path, with weights that matter), a strong one
-    (every step forgets ~all) and none (the chunk-wide term ``exp(G_C) <S, dS'>`` is not negligible);
-    all keys in one slice, and K = 80 in three slices of 32, the last one part masked."""
-    from blocks.kernels import gla
-
-    monkeypatch.setattr(gla, "BWD_PER_CHUNK", True)
-    monkeypatch.setattr(gla, "BWD_CHUNK_BK", key_slice)
-    spy = _LaunchSpy(gla._bwd_chunk_kernel)
-    monkeypatch.setattr(gla, "_bwd_chunk_kernel", spy)
-    for decay in ("random", "steep", "strong", "none"):
-        with checked_memory():
-            errs = run_case(chunk_kernel("gla"), "gla", (1, 100, 2, K, 48), torch.float32, decay, True, "cpu")
-        assert max(errs.values()) < 2e-5, (decay, errs)
-    assert spy.calls and all(kw["BK"] == min(key_slice, 128 if K > 64 else 32) for _, kw in spy.calls)
 
 
 @interpreter
