@@ -176,10 +176,15 @@ PAIR_SPAN_MAX = tl.constexpr(40.0)
 # every dot exact. Sweep 2026-12-01 05:13 (H200): off costs +1.5 / +1.7% per fwd+bwd step
 # (delta_rule, 2k / 32k), +1.5 / -0.1% (gated).
 SOLVE_TRIL_TF32_MERGES = True
+# The gated ``_bwd_dqkwg_kernel``'s gate terms of the intra-chunk pairs, ``sum_j M_ij - sum_j M_ji``
+# with ``M = ds * (q k^T)`` strictly lower, as ``q_i . (ds k)_i - k_i . (ds^T q)_i`` from the dq / dk
+# dots it makes anyway (``ds`` strictly lower there, its diagonal added to dq / dk apart, so that the
+# ``G_x - G_x`` terms still stay out): no [BT, BT] ``q k^T`` dot, no row and column sums of ``M``.
+DQKWG_DG_FROM_ROWS = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
-            "PAIR_DECAY_FACTORED": (False, True)}
+            "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True)}
 
 
 @triton.jit
@@ -550,7 +555,8 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
 def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
+                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
+                      DG_FROM_ROWS: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
@@ -601,20 +607,33 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         # Terms whose exponent is G_x - G_x (the diagonal of the pairwise decay, the last key's
         # exp(G_C - G_C)) carry no gradient: they are left out rather than added and subtracted,
         # since that +x - x would swamp the tiny true gradient of a strong decay in rounding.
-        b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
-        b_M = tl.where(o_i[:, None] > o_i[None, :], b_ds * b_qk, 0.)
         last = tl.minimum(i_t * BT + BT, T) - 1
         b_kdk = tl.where(o_t < last, tl.sum(b_k.to(tl.float32) * b_dk, 1), 0.)
-        # a row sum and a column sum (across warps) of M; one row sum of M - M^T instead (fewer
-        # shuffles in sm_90 compiles) lost in the sweep of 2026-12-01 10:22: +1.9 / -0.1% (2k / 32k)
-        b_dg = tl.sum(b_q.to(tl.float32) * b_dq, 1) - b_kdk + tl.sum(b_M, 1) - tl.sum(b_M, 0)
+        if DG_FROM_ROWS:
+            b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_ds, 0.), 1)
+            b_ds = tl.where(o_i[:, None] > o_i[None, :], b_ds, 0.)
+            b_dqs = tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
+            b_dks = tl.dot(tl.trans(b_ds).to(b_q.dtype), b_q, input_precision=DOT_PREC)
+            b_qf = b_q.to(tl.float32)
+            b_kf = b_k.to(tl.float32)
+            b_dq += b_dqs
+            b_dg = tl.sum(b_qf * b_dq, 1) - b_kdk - tl.sum(b_kf * b_dks, 1)
+            b_dq += b_diag[:, None] * b_kf
+            b_dk += b_dks + b_diag[:, None] * b_qf
+        else:
+            b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+            b_M = tl.where(o_i[:, None] > o_i[None, :], b_ds * b_qk, 0.)
+            # a row sum and a column sum (across warps) of M; one row sum of M - M^T instead (fewer
+            # shuffles in sm_90 compiles) lost in the sweep of 2026-12-01 10:22: +1.9 / -0.1% (2k / 32k)
+            b_dg = tl.sum(b_q.to(tl.float32) * b_dq, 1) - b_kdk + tl.sum(b_M, 1) - tl.sum(b_M, 0)
         b_dg += tl.where(o_t == last, tl.sum(b_kdk, 0) + tl.sum(b_hdh, 0) * tl.exp(g_last), 0.)
         tl.store(dG + ((i_k * B + i_b) * T + o_t) * H + i_h, b_dg, mask=m_t)
     else:
         b_dq = b_dq * scale
         b_ds = tl.where(m_ij, b_dP * scale, 0.)
-    b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
-    b_dk += tl.dot(tl.trans(b_ds).to(b_q.dtype), b_q, input_precision=DOT_PREC)
+    if not (USE_G and DG_FROM_ROWS):
+        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
+        b_dk += tl.dot(tl.trans(b_ds).to(b_q.dtype), b_q, input_precision=DOT_PREC)
     _store_rows(dq, b_dq, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     _store_rows(dk, b_dk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     _store_rows(dw, -b_dw, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
@@ -861,7 +880,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     _bwd_dqkwg_kernel[(NK, NT, B * H)](
         q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,
         BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-        **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
+        DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
     del h, dh, vn
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
