@@ -179,7 +179,10 @@ SOLVE_TRIL_TF32_MERGES = True
 # The gated ``_bwd_dqkwg_kernel``'s gate terms of the intra-chunk pairs, ``sum_j M_ij - sum_j M_ji``
 # with ``M = ds * (q k^T)`` strictly lower, as ``q_i . (ds k)_i - k_i . (ds^T q)_i`` from the dq / dk
 # dots it makes anyway (``ds`` strictly lower there, its diagonal added to dq / dk apart, so that the
-# ``G_x - G_x`` terms still stay out): no [BT, BT] ``q k^T`` dot, no row and column sums of ``M``.
+# ``G_x - G_x`` terms still stay out): no [BT, BT] ``q k^T`` dot, no row and column sums of ``M``
+# (sm_90 AOT: 2320 instead of 2576 instructions, 30 instead of 106 shuffles). Sweep 2026-12-01
+# 14:27 (H200, docs/benchmarks/kernel_launch_sweep_1201_dg_from_rows.md): off +1.8 / +0.4% per
+# fwd+bwd step at 2k / 32k (gated; delta_rule, which it does not touch, moved 0.2 / 0.1%).
 DQKWG_DG_FROM_ROWS = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
