@@ -71,10 +71,16 @@ class _SoftmaxCache:
 
     def step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """``x: [B, 1, d_model]`` (normed) at position ``pos`` (0-d long tensor) -> ``[B, 1, d_model]``."""
+        return self.block.o_proj(self.attend(self.block.in_proj(x), pos))
+
+    def attend(self, proj: dict[str, torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
+        """The step between the projections: ``proj``, the input projection's columns
+        (``[B, 1, width]`` views by name) -> ``o: [B, 1, H*D]`` before ``o_proj``; writes this
+        position's key and value into the cache."""
         blk = self.block
-        B = x.shape[0]
+        B = proj["q"].shape[0]
         H, Hkv, D = blk.num_heads, blk.num_kv_heads, blk.head_dim
-        q, k, v, g = blk.project(x, pos)  # [B, 1, H, D], [B, 1, Hkv, D] x2, gate [B, 1, H*D] | None
+        q, k, v, g = blk.heads_of(proj, pos)  # [B, 1, H, D], [B, 1, Hkv, D] x2, gate [B, 1, H*D] | None
         slot = torch.remainder(pos, self.cap).view(1)
         self.k.index_copy_(1, slot, k)
         self.v.index_copy_(1, slot, v)
@@ -86,7 +92,7 @@ class _SoftmaxCache:
         ).transpose(1, 2).reshape(B, 1, H * D)
         if blk.gate is not None:
             o = blk.gate(o, g)
-        return blk.o_proj(o)
+        return o
 
 
 # GraphDecoder(compile=...) -> torch.compile's arguments. Inductor's own CUDA graphs stay off: the
@@ -155,7 +161,8 @@ class GraphDecoder:
 
         layers = self.model.layers
         probe = self._probe()
-        fused = {i for i, layer in enumerate(layers) if i not in self.caches and decode_layer.applies(layer, probe)}
+        fused = {i for i, layer in enumerate(layers)
+                 if (decode_layer.attention_applies if i in self.caches else decode_layer.applies)(layer, probe)}
         final = self.model.final_norm if decode_layer.is_rmsnorm(self.model.final_norm) else None
         nexts = {i: (layers[i + 1].norm1 if i + 1 in fused else None) if i + 1 < len(layers) else final
                  for i in fused}
@@ -242,6 +249,10 @@ class GraphDecoder:
             x = model.embed(self.token[:, None])  # [B, 1, d_model]
             hn = None  # norm1 of x, where the fused layer before computed it
         for i, layer in enumerate(model.layers):
+            if i in self.fused_layers and i in self.caches:
+                x, hn = decode_layer.attention_step(layer, x, hn, self.caches[i].attend, self.pos,
+                                                    self.next_norms[i], hand_on=i + 1 in self.fused_layers)
+                continue
             if i in self.fused_layers:
                 x, hn, new = decode_layer.step(layer, x, hn, self.states[i], self.next_norms[i],
                                                hand_on=i + 1 in self.fused_layers)

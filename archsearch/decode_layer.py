@@ -1,4 +1,5 @@
-"""A whole decode layer as five kernels: the GEMMs, the fused mixer and the residual + RMSNorms.
+"""A whole decode layer as five kernels: the GEMMs, the fused mixer and the residual + RMSNorms;
+a softmax layer as the same GEMMs around the decoder's attention over its KV cache.
 
 For a ``HybridLayer`` whose mixer has the fused decode kernel (``blocks.kernels.decode_mixer``:
 deltanet, gated_deltanet, simple_gla), RMSNorm norms and a SwiGLU MLP, one decode step
@@ -11,7 +12,9 @@ deltanet, gated_deltanet, simple_gla), RMSNorm norms and a SwiGLU MLP, one decod
     x', hn1'  = h + a W2^T, rmsnorm1'(x')         skinny.residual_linear  (the next layer's norm1, or
                                                                            the model's final norm)
 
-so the next fused layer starts from ``hn1'`` without a norm kernel of its own. A norm handed to a
+so the next fused layer starts from ``hn1'`` without a norm kernel of its own. A softmax layer
+(``attention_step``) runs the same four GEMMs with the decoder's own attention step in the mixer's
+place (rotary, the KV-cache write, SDPA, the output gate: a few PyTorch kernels). A norm handed to a
 GEMM is ``skinny.NormedRows`` (``h * gamma`` and the sums of ``h^2`` per column tile): the GEMM
 multiplies its rows by ``1 / rms``. (``skinny.RESIDUAL_EPILOGUE`` off: o_proj and w2 as
 ``skinny.partials`` + ``skinny.add_norm``, two kernels each, the norms as tensors; the last layer's
@@ -49,21 +52,37 @@ def _eps(norm) -> float:
     return norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
 
 
-def applies(layer, x: torch.Tensor) -> bool:
-    """Whether ``step`` runs ``layer``'s decode step for ``x: [B, 1, d_model]``: switched on, on
-    CUDA with the kernels available and no gradient recorded, B <= 16, RMSNorm norms, a SwiGLU MLP,
-    and a mixer the fused decode kernel serves (``decode_mixer.applies``)."""
+def _frame_applies(layer, x: torch.Tensor) -> bool:
+    """What both kinds of fused layer need: switched on, on CUDA with the skinny kernels available
+    and no gradient recorded, ``x: [B <= 16, 1, d_model]``, RMSNorm norms, a SwiGLU MLP, the mixer's
+    input projection one bias-free matmul and its ``o_proj`` bias-free."""
     from archsearch.model import SwiGLU
 
     if not (ENABLED and x.is_cuda and x.dim() == 3 and x.shape[1] == 1 and 1 <= x.shape[0] <= 16
             and not torch.is_grad_enabled() and is_rmsnorm(layer.norm1) and is_rmsnorm(layer.norm2)
             and isinstance(layer.mlp, SwiGLU)):
         return False
-    mixer = cuda_kernel("mixer", "decode", x)
     in_proj = getattr(layer.mixer, "in_proj", None)
-    return (mixer is not None and cuda_kernel("skinny", "decode", x) is not None and in_proj is not None
+    return (cuda_kernel("skinny", "decode", x) is not None and in_proj is not None
             and getattr(in_proj, "linear", None) is not None and in_proj.linear.bias is None
-            and layer.mixer.o_proj.bias is None and mixer.applies(layer.mixer, x))
+            and getattr(layer.mixer, "o_proj", None) is not None and layer.mixer.o_proj.bias is None)
+
+
+def applies(layer, x: torch.Tensor) -> bool:
+    """Whether ``step`` runs ``layer``'s decode step for ``x: [B, 1, d_model]``: ``_frame_applies``
+    and a mixer the fused decode kernel serves (``decode_mixer.applies``)."""
+    if not _frame_applies(layer, x):
+        return False
+    mixer = cuda_kernel("mixer", "decode", x)
+    return mixer is not None and mixer.applies(layer.mixer, x)
+
+
+def attention_applies(layer, x: torch.Tensor) -> bool:
+    """Whether ``attention_step`` runs ``layer``'s decode step: ``_frame_applies`` and a ``softmax``
+    mixer in chunk mode (any heads, grouped-query, window or output gate: the attention between
+    the projections stays the decoder's own)."""
+    return (getattr(layer.mixer, "name", None) == "softmax" and layer.mixer.config.mode == "chunk"
+            and _frame_applies(layer, x))
 
 
 def embed_applies(embed, first_layer, x: torch.Tensor) -> bool:
@@ -71,7 +90,7 @@ def embed_applies(embed, first_layer, x: torch.Tensor) -> bool:
     yes for it): exactly an ``nn.Embedding`` (a subclass may change ``forward``) without
     ``max_norm`` (which renormalises rows in place), its weight rows of unit stride."""
     return (ENABLED and type(embed) is nn.Embedding and embed.max_norm is None
-            and embed.weight.stride(1) == 1 and applies(first_layer, x))
+            and embed.weight.stride(1) == 1 and (applies(first_layer, x) or attention_applies(first_layer, x)))
 
 
 def embed(embed, tokens: torch.Tensor, norm1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,22 +114,49 @@ def step(layer, x: torch.Tensor, hn, state: dict, next_norm=None, hand_on: bool 
     With ``skinny.RESIDUAL_EPILOGUE`` o_proj and w2 are ``skinny.residual_linear`` (the residual
     add and the next norm in the GEMM), except a w2 whose norm is wanted as a tensor (the model's
     final norm, before the head): ``partials`` + ``add_norm`` there."""
-    from blocks.kernels import skinny
-
-    B, _, D = x.shape
-    x2 = x.view(B, D)
-    if hn is None:
-        hn = F.rms_norm(x2, (D,), layer.norm1.weight, _eps(layer.norm1))
-    elif not isinstance(hn, skinny.NormedRows):
-        hn = hn.view(B, D)
-    mixer = layer.mixer
-    proj_all = skinny.linear(hn, mixer.in_proj.weight, "in_proj")  # [B, sum(widths)]
-    proj = dict(zip(mixer.in_proj.names, proj_all.view(B, 1, -1).split(mixer.in_proj.widths, dim=-1)))
-    fused = mixer.fused_decode(x, proj, state)
+    proj = _in_proj(layer, x, hn)
+    fused = layer.mixer.fused_decode(x, proj, state)
     if fused is None:  # the mixer was switched off after the plan: the layer's own path, still correct
         out, new_state = layer(x, state)
         return out, None if next_norm is None else next_norm(out), new_state
     o, new_state = fused  # [B, 1, H*V]
+    return *_after_mixer(layer, x, o, next_norm, hand_on), new_state
+
+
+def attention_step(layer, x: torch.Tensor, hn, attend, pos: torch.Tensor, next_norm=None, hand_on: bool = False):
+    """One decode step of a softmax ``layer`` (``attention_applies`` said yes) as ``step`` runs a
+    linear one, the attention between the projections by ``attend(proj, pos) -> o [B, 1, H*D]``
+    (the decoder's static KV cache: rotary, cache write, SDPA, output gate; ``proj`` the input
+    projection's columns by name, ``[B, 1, width]`` views) -> ``(x_out [B, 1, D], next_norm(x_out))``
+    as ``step`` returns them (the cache is the state, written by ``attend``)."""
+    o = attend(_in_proj(layer, x, hn), pos)
+    return _after_mixer(layer, x, o.reshape(x.shape[0], 1, -1), next_norm, hand_on)
+
+
+def _in_proj(layer, x: torch.Tensor, hn) -> dict[str, torch.Tensor]:
+    """``norm1(x)`` (``hn``, or computed here) through the mixer's input projection as one skinny GEMM
+    -> its columns by name, ``[B, 1, width]`` views."""
+    from blocks.kernels import skinny
+
+    B, _, D = x.shape
+    if hn is None:
+        hn = F.rms_norm(x.view(B, D), (D,), layer.norm1.weight, _eps(layer.norm1))
+    elif not isinstance(hn, skinny.NormedRows):
+        hn = hn.view(B, D)
+    in_proj = layer.mixer.in_proj
+    proj_all = skinny.linear(hn, in_proj.weight, "in_proj")  # [B, sum(widths)]
+    return dict(zip(in_proj.names, proj_all.view(B, 1, -1).split(in_proj.widths, dim=-1)))
+
+
+def _after_mixer(layer, x: torch.Tensor, o: torch.Tensor, next_norm, hand_on: bool):
+    """The layer after its mixer's output ``o: [B, 1, H*V]``: o_proj with the residual add and norm2,
+    the SwiGLU MLP, w2 with the residual add and the next norm -> ``(x_out, next_norm(x_out))`` as
+    ``step`` returns them."""
+    from blocks.kernels import skinny
+
+    B, _, D = x.shape
+    x2 = x.view(B, D)
+    mixer = layer.mixer
     gamma, eps = (None, 0.0) if next_norm is None else (next_norm.weight, _eps(next_norm))
     if skinny.RESIDUAL_EPILOGUE:
         h, hn2 = skinny.residual_linear(o.view(B, -1), mixer.o_proj.weight, x2, layer.norm2.weight,
@@ -121,6 +167,6 @@ def step(layer, x: torch.Tensor, hn, state: dict, next_norm=None, hand_on: bool 
     a = skinny.swiglu(hn2, layer.mlp.w13.weight)  # [B, hidden]
     if skinny.RESIDUAL_EPILOGUE and (hand_on or next_norm is None):
         out, hn_next = skinny.residual_linear(a, layer.mlp.w2.weight, h, gamma, eps, "w2")
-        return out.view(B, 1, D), hn_next, new_state
+        return out.view(B, 1, D), hn_next
     out, hn_next = skinny.add_norm(skinny.partials(a, layer.mlp.w2.weight, "w2_partials"), h, gamma, eps)
-    return out.view(B, 1, D), None if hn_next is None else hn_next.view(B, 1, D), new_state
+    return out.view(B, 1, D), None if hn_next is None else hn_next.view(B, 1, D)

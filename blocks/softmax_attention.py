@@ -98,9 +98,13 @@ class SoftmaxAttention(Block):
     def project(self, x: torch.Tensor, start: torch.Tensor | int):
         """``x: [B, T, d_model]`` at positions ``start + [0, T)`` -> ``(q: [B, T, H, D],
         k, v: [B, T, Hkv, D], gate pre-activation [B, T, H*D] | None)``, rotary applied to q and k."""
-        B, T, _ = x.shape
+        return self.heads_of(self.in_proj(x), start)
+
+    def heads_of(self, p: dict[str, torch.Tensor], start: torch.Tensor | int):
+        """``project`` from the input projection's columns ``p`` (``InputProjection``'s dict of
+        ``[B, T, width]`` views; a decode step may compute them in another kernel)."""
+        B, T, _ = p["q"].shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        p = self.in_proj(x)
         q = rotary(p["q"].view(B, T, H, D), start, self.config.rope_theta)
         k = rotary(p["k"].view(B, T, Hkv, D), start, self.config.rope_theta)
         return q, k, p["v"].view(B, T, Hkv, D), p.get("gate")

@@ -214,6 +214,59 @@ def test_decode_layer_step_in_interpreter(block, config, given_norm, epilogue, m
     assert torch.equal(out2, out3) and none is None and all(new2[n] is mine[n] for n in mine)
 
 
+ATTENTION_CONFIGS = [{"num_heads": 2}, {"num_heads": 4, "num_kv_heads": 2, "window": 3, "output_gate": True}]
+
+
+@interpreter
+@pytest.mark.parametrize("config", ATTENTION_CONFIGS, ids=["mha", "gqa_window_gate"])
+@pytest.mark.parametrize("given_norm", [False, True], ids=["norm1_here", "norm1_given"])
+@pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
+def test_decode_attention_step_in_interpreter(config, given_norm, epilogue, monkeypatch):
+    """``decode_layer.attention_step`` (a softmax layer's GEMMs as skinny kernels around the
+    decoder's static-cache attention, ``_SoftmaxCache.attend``) against ``HybridLayer.forward`` for
+    one token after a 5-token prompt: the residual stream, the next norm (a tensor, or handed on as
+    ``NormedRows`` to a next layer's in_proj), the key and value the cache gained; grouped-query
+    heads with a 3-token window (the ring wraps) and the output gate, or plain heads."""
+    from archsearch.decode_graph import _SoftmaxCache
+    from blocks.kernels import skinny
+
+    monkeypatch.setattr(skinny, "RESIDUAL_EPILOGUE", epilogue)
+    layer = _layer("softmax", config)
+    next_norm = torch.nn.RMSNorm(32, eps=1e-6)
+    B, P = 3, 5
+    with torch.no_grad():
+        next_norm.weight.add_(0.1 * torch.randn(32))
+        _, state = layer(torch.randn(B, P, 32))
+        x = torch.randn(B, 1, 32)
+        ref_x, ref_state = layer(x, state)
+        hn = layer.norm1(x) if given_norm else None
+        caches = []
+        for _ in range(2):
+            caches.append(_SoftmaxCache(layer.mixer, B, capacity=8, dtype=torch.float32, device="cpu"))
+            caches[-1].load(state["k_cache"], state["v_cache"], P)
+        pos = torch.tensor(P)
+        with checked_memory():
+            out, hn_next = decode_layer.attention_step(layer, x, hn, caches[0].attend, pos, next_norm)
+            out2, rows = decode_layer.attention_step(layer, x, hn, caches[1].attend, pos, next_norm, hand_on=True)
+    assert rel(out, ref_x) < 1e-5 and rel(hn_next, next_norm(ref_x)) < 1e-5
+    assert isinstance(rows, skinny.NormedRows) == epilogue and rel(out2, out) < 1e-6
+    assert rel(rows.materialize()[:, None] if epilogue else rows, next_norm(ref_x)) < 1e-5
+    slot = P % caches[0].cap
+    for name, buf in (("k_cache", caches[0].k), ("v_cache", caches[0].v)):
+        assert rel(buf[:, slot], ref_state[name][:, -1]) < 1e-5, name
+    # the rows handed on, as the next fused layer takes them (a linear layer whose norm1 they are)
+    linear = _layer("simple_gla", {"num_heads": 2})
+    linear.norm1.load_state_dict(next_norm.state_dict())
+    mixer = linear.mixer
+    from blocks.kernels import decode_mixer
+    monkeypatch.setattr(mixer, "fused_decode", lambda x, proj, state: decode_mixer.mixer_step(mixer, proj, state))
+    with torch.no_grad():
+        _, lin_state = linear(torch.randn(B, P, 32))
+        ref_out3, _ = linear(ref_x, lin_state)
+        out3, _, _ = decode_layer.step(linear, out2, rows, lin_state, None)
+    assert rel(out3, ref_out3) < 1e-5
+
+
 @interpreter
 def test_decode_layer_falls_back_to_the_layer_when_the_mixer_is_switched_off_after_the_plan_in_interpreter():
     """``step`` on a layer whose mixer takes its own path (``fused_decode`` returns None, as when
@@ -232,7 +285,8 @@ def test_decode_layer_falls_back_to_the_layer_when_the_mixer_is_switched_off_aft
 
 def test_decode_layer_refuses_layers_it_does_not_compute(monkeypatch):
     """``applies`` with the kernels stubbed in and a stand-in CUDA input: yes for an RMSNorm +
-    SwiGLU gated_deltanet layer; no without an MLP, with LayerNorm, with a norm without weight."""
+    SwiGLU gated_deltanet layer; no without an MLP, with LayerNorm, with a norm without weight.
+    ``attention_applies`` likewise for softmax layers (and no for a linear one, or recurrent mode)."""
     import blocks.kernels
     from archsearch.model import HybridLayer
     from archsearch.spec import ArchSpec, LayerSpec
@@ -261,7 +315,16 @@ def test_decode_layer_refuses_layers_it_does_not_compute(monkeypatch):
         assert not decode_layer.applies(plain, OnCuda())
         simple = HybridLayer(ArchSpec(vocab_size=11, d_model=32, layers=(LayerSpec("gla", {"num_heads": 2}),)), 0)
         assert not decode_layer.applies(simple, OnCuda())
+        # softmax layers: attention_step, not step; any heads, window or gate; chunk mode only
+        attn = {"layers": (LayerSpec("softmax", {"num_heads": 4, "num_kv_heads": 2, "window": 3, "output_gate": True}),)}
+        assert decode_layer.attention_applies(layer(**attn), OnCuda()) and not decode_layer.applies(layer(**attn), OnCuda())
+        assert not decode_layer.attention_applies(layer(), OnCuda())
+        assert not decode_layer.attention_applies(layer(**attn, mlp_expansion=0), OnCuda())
+        assert not decode_layer.attention_applies(layer(**attn, norm="layernorm"), OnCuda())
+        recurrent = {"layers": (LayerSpec("softmax", {"num_heads": 2, "mode": "recurrent"}),)}
+        assert not decode_layer.attention_applies(layer(**recurrent), OnCuda())
     assert not decode_layer.applies(layer(), OnCuda())  # a gradient is recorded
+    assert not decode_layer.attention_applies(layer(**attn), OnCuda())
 
 
 # --- where the layer applies (CPU) ---------------------------------------------------------------
@@ -275,6 +338,7 @@ def test_decode_layer_applies_only_on_cuda_when_switched_on(monkeypatch):
     layer = _layer("gated_deltanet", {"num_heads": 2})
     with torch.no_grad():
         assert not decode_layer.applies(layer, torch.zeros(2, 1, 32))  # CPU
+        assert not decode_layer.attention_applies(_layer("softmax", {"num_heads": 2}), torch.zeros(2, 1, 32))
     model = _cpu_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2})])
     assert GraphDecoder(model, 2, capacity=4, use_graph=False).fused_layers == set()
     if not HAS_GPU:
@@ -343,10 +407,12 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case):
 @pytest.mark.parametrize("compile_mode", [False, True], ids=["graph", "compiled"])
 @pytest.mark.parametrize("pdl", [False, True], ids=["", "pdl"])
 def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, monkeypatch):
-    """With ``decode_layer.ENABLED`` the linear layers of a captured decode graph (two in a row
-    after the fused embedding + norm, one after a softmax layer, one last: the final norm fused)
-    run as the skinny kernels and the fused mixer, step by step against the eager model with both
-    off; with and without the skinny kernels' programmatic dependent launch (``skinny.PDL``)."""
+    """With ``decode_layer.ENABLED`` the layers of a captured decode graph (two linear in a row
+    after the fused embedding + norm, a softmax layer handed its norm1 and handing on its next, a
+    linear one after it, one last: the final norm fused) run as the skinny kernels and the fused
+    mixer (the softmax layer: the skinny GEMMs around the cache's attention), step by step against
+    the eager model with both off; with and without the skinny kernels' programmatic dependent
+    launch (``skinny.PDL``)."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer, skinny, tiles
 
@@ -365,8 +431,8 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
     prompt = torch.randint(0, 97, (B, P), device="cuda")
     with _fused_paths_on():
         dec = GraphDecoder(model, B, capacity=P + steps, compile=compile_mode)
-    assert dec.fused_layers == {0, 1, 3, 4} and dec.next_norms[4] is model.final_norm and dec.fused_embed
-    assert dec.next_norms[0] is model.layers[1].norm1 and dec.next_norms[1] is None
+    assert dec.fused_layers == {0, 1, 2, 3, 4} and dec.next_norms[4] is model.final_norm and dec.fused_embed
+    assert dec.next_norms[0] is model.layers[1].norm1 and dec.next_norms[1] is model.layers[2].norm1
     _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)
     # the switch reached the launches: the GEMMs, add_norm and embed_norm
     assert len(launches) > 10 and all(("launch_pdl" in kw) == pdl for kw in launches)
@@ -376,17 +442,20 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("chunks", [1, 4])
 @pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
-def test_fused_decode_layers_after_a_softmax_first_layer_match_eager(dtype, chunks, epilogue, monkeypatch):
-    """The fused layers with PDL in a model whose first layer is softmax (no fused embedding: the
-    first fused layer computes its own norm1) and whose heads are small (64 value columns), the
-    mixer's state in one or four slices (``decode_mixer.CHUNKS``, ``PLAIN_CHUNKS``), o_proj / w2 as
-    ``residual_linear`` or ``partials`` + ``add_norm`` (``skinny.RESIDUAL_EPILOGUE``), against the
-    eager model with the fused paths off, 12 steps."""
+def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chunks, epilogue, monkeypatch):
+    """The fused layers with PDL in a model whose first layer is not fused (gla: no fused
+    embedding; the first fused layer, softmax with grouped-query heads, a 4-token window whose ring
+    wraps in the 12 steps and the output gate, computes its own norm1) and whose linear heads are
+    small (64 value columns), the mixer's state in one or four slices (``decode_mixer.CHUNKS``,
+    ``PLAIN_CHUNKS``), o_proj / w2 as ``residual_linear`` or ``partials`` + ``add_norm``
+    (``skinny.RESIDUAL_EPILOGUE``), against the eager model with the fused paths off, 12 steps."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer, skinny
 
-    model = _tiny_model([("softmax", {"num_heads": 2}), ("gated_deltanet", {"num_heads": 1}),
-                         ("simple_gla", {"num_heads": 1}), ("deltanet", {"num_heads": 1})]).to(dtype)
+    model = _tiny_model([("gla", {"num_heads": 2}),
+                         ("softmax", {"num_heads": 2, "num_kv_heads": 1, "window": 4, "output_gate": True}),
+                         ("gated_deltanet", {"num_heads": 1}), ("simple_gla", {"num_heads": 1}),
+                         ("deltanet", {"num_heads": 1})]).to(dtype)
     monkeypatch.setattr(skinny, "PDL", True)
     monkeypatch.setattr(skinny, "RESIDUAL_EPILOGUE", epilogue)
     monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
@@ -398,5 +467,5 @@ def test_fused_decode_layers_after_a_softmax_first_layer_match_eager(dtype, chun
     prompt = torch.randint(0, 97, (B, P), device="cuda")
     with _fused_paths_on():
         dec = GraphDecoder(model, B, capacity=P + steps)
-    assert dec.fused_layers == {1, 2, 3} and not dec.fused_embed
+    assert dec.fused_layers == {1, 2, 3, 4} and not dec.fused_embed and dec.next_norms[0] is None
     _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)
