@@ -12,8 +12,9 @@ never moves:
   step (``blocks.kernels.inplace_decode_state``); conv caches ``[B, W-1, C]`` are copied back into
   their buffers (a few KB).
 * softmax layers: a preallocated KV cache ``[B, capacity, Hkv, D]`` (a ring of ``window`` slots for
-  windowed layers) is written at the current position, and attention reads the valid slots through
-  a mask; the position is a device scalar advanced inside the graph, so rotary embeddings follow.
+  windowed layers) is written at the current position, and attention reads the slots written so
+  far through a mask (a ``[capacity]`` bool buffer, set slot by slot; on CUDA the rotary and the
+  writes are one kernel, ``blocks.kernels.rope_cache``); the position is a device scalar advanced inside the graph, so rotary embeddings follow.
 
 The step reproduces ``HybridLM.decode_step`` through the model's public modules: the embedding,
 each linear layer as it is (``HybridLayer``: norm, mixer, MLP), each softmax layer through its
@@ -46,6 +47,11 @@ def available() -> bool:
     return torch.cuda.is_available()
 
 
+# Softmax layers' rotary + KV-cache write as one Triton kernel on CUDA (``blocks.kernels.rope_cache``);
+# off: PyTorch's ~40 small kernels per layer and step.
+ROPE_CACHE_KERNEL = True
+
+
 class _SoftmaxCache:
     """Static KV cache of one softmax layer: ``k, v: [B, cap, Hkv, D]`` in the activation dtype."""
 
@@ -57,6 +63,9 @@ class _SoftmaxCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.slots = torch.arange(self.cap, device=device)
+        self.valid = torch.zeros(self.cap, dtype=torch.bool, device=device)  # slots written: the attention mask
+        half = block.head_dim // 2  # blocks.common.rotary's frequencies, for the fused kernel
+        self.inv_freq = block.config.rope_theta ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
 
     def load(self, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> None:
         """Place an eager cache (the last ``n`` tokens, in order, positions ``pos-n .. pos-1``)."""
@@ -68,6 +77,12 @@ class _SoftmaxCache:
         slots = (torch.arange(pos - n, pos, device=self.k.device) % self.cap)
         self.k[:, slots] = k_cache.to(self.k.dtype)
         self.v[:, slots] = v_cache.to(self.v.dtype)
+        self.valid.zero_()
+        self.valid[slots] = True
+
+    def fill(self, pos: int) -> None:
+        """Mark the slots of positions ``< pos`` written (after ``randomize`` filled the caches)."""
+        self.valid.copy_(self.slots < min(pos, self.cap))
 
     def step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """``x: [B, 1, d_model]`` (normed) at position ``pos`` (0-d long tensor) -> ``[B, 1, d_model]``."""
@@ -77,18 +92,25 @@ class _SoftmaxCache:
         """The step between the projections: ``proj``, the input projection's columns
         (``[B, 1, width]`` views by name) -> ``o: [B, 1, H*D]`` before ``o_proj``; writes this
         position's key and value into the cache."""
+        from blocks.ops.utils import cuda_kernel
+
         blk = self.block
         B = proj["q"].shape[0]
         H, Hkv, D = blk.num_heads, blk.num_kv_heads, blk.head_dim
-        q, k, v, g = blk.heads_of(proj, pos)  # [B, 1, H, D], [B, 1, Hkv, D] x2, gate [B, 1, H*D] | None
-        slot = torch.remainder(pos, self.cap).view(1)
-        self.k.index_copy_(1, slot, k)
-        self.v.index_copy_(1, slot, v)
-        # valid slots: all written ones (a ring: keys are already rotated, so slot order is irrelevant)
-        valid = self.slots < torch.clamp(pos + 1, max=self.cap)  # [cap]
+        fused = cuda_kernel("rope_cache", "decode", proj["q"]) if ROPE_CACHE_KERNEL else None
+        if fused is not None:  # rotary, the cache writes and the slot's flag in one kernel
+            q = fused(proj["q"], proj["k"], proj["v"], self.inv_freq, pos, self.k, self.v, self.valid)
+            g = proj.get("gate")
+        else:
+            q, k, v, g = blk.heads_of(proj, pos)  # [B, 1, H, D], [B, 1, Hkv, D] x2, gate [B, 1, H*D] | None
+            slot = torch.remainder(pos, self.cap).view(1)
+            self.k.index_copy_(1, slot, k)
+            self.v.index_copy_(1, slot, v)
+            self.valid.index_fill_(0, slot, True)
+        # the written slots (a ring: keys are already rotated, so slot order is irrelevant)
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2), self.k.transpose(1, 2), self.v.transpose(1, 2),
-            attn_mask=valid[None, None, None, :], enable_gqa=H != Hkv,
+            attn_mask=self.valid[None, None, None, :], enable_gqa=H != Hkv,
         ).transpose(1, 2).reshape(B, 1, H * D)
         if blk.gate is not None:
             o = blk.gate(o, g)
@@ -222,6 +244,7 @@ class GraphDecoder:
                 c = self.caches[i]
                 for buf in (c.k, c.v):
                     buf.copy_(torch.randn(buf.shape, generator=generator, device=self.device, dtype=torch.float32))
+                c.fill(position)
             else:
                 for buf in state.values():
                     buf.copy_(0.1 * torch.randn(buf.shape, generator=generator, device=self.device, dtype=torch.float32))
@@ -313,7 +336,7 @@ class GraphDecoder:
         bufs = [self.pos]
         for i, state in enumerate(self.states):
             if i in self.caches:
-                bufs += [self.caches[i].k, self.caches[i].v]
+                bufs += [self.caches[i].k, self.caches[i].v, self.caches[i].valid]
             else:
                 bufs += list(state.values())
         return bufs

@@ -163,6 +163,31 @@ def test_skinny_gemms_refuse_shapes_they_do_not_serve():
         skinny.embed_norm(torch.zeros(9, 4), torch.zeros(3, 2, dtype=torch.long)[:, 0], torch.ones(4))
 
 
+def test_rope_cache_refuses_what_it_does_not_serve():
+    """``rope_into_cache``'s one-line errors, before any launch: caches of odd head dim or
+    different shapes, frequencies of the wrong length or dtype, a non-bool mask, a batched
+    position, a projection column block of the wrong width."""
+    pytest.importorskip("triton")
+    from blocks.kernels import rope_cache
+
+    B, cap, Hkv, D = 2, 5, 1, 8
+    proj = torch.zeros(B, 1, 4 * D)
+    q, k, v = proj[..., :2 * D], proj[..., 2 * D:3 * D], proj[..., 3 * D:]
+    cache = torch.zeros(B, cap, Hkv, D)
+    good = dict(inv_freq=torch.ones(D // 2), pos=torch.tensor(3), k_cache=cache, v_cache=cache.clone(),
+                valid=torch.zeros(cap, dtype=torch.bool))
+    for change, match in ((dict(k_cache=torch.zeros(B, cap, Hkv, 7)), "k_cache, v_cache"),
+                          (dict(v_cache=torch.zeros(B, cap + 1, Hkv, D)), "k_cache, v_cache"),
+                          (dict(inv_freq=torch.ones(D)), "inv_freq"),
+                          (dict(inv_freq=torch.ones(D // 2, dtype=torch.float64)), "inv_freq"),
+                          (dict(valid=torch.zeros(cap)), "valid"),
+                          (dict(pos=torch.tensor([3])), "pos")):
+        with pytest.raises(ValueError, match=match):
+            rope_cache.rope_into_cache(q, k, v, **{**good, **change})
+    with pytest.raises(ValueError, match="k: must be"):
+        rope_cache.rope_into_cache(q, proj[..., :D + 2], v, **good)
+
+
 # --- the layer step in the interpreter -----------------------------------------------------------
 LAYER_CONFIGS = [("gated_deltanet", {"num_heads": 2}), ("deltanet", {"num_heads": 2, "conv_size": 0}),
                  ("simple_gla", {"num_heads": 2, "output_gate": True})]
@@ -221,16 +246,25 @@ ATTENTION_CONFIGS = [{"num_heads": 2}, {"num_heads": 4, "num_kv_heads": 2, "wind
 @pytest.mark.parametrize("config", ATTENTION_CONFIGS, ids=["mha", "gqa_window_gate"])
 @pytest.mark.parametrize("given_norm", [False, True], ids=["norm1_here", "norm1_given"])
 @pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
-def test_decode_attention_step_in_interpreter(config, given_norm, epilogue, monkeypatch):
+@pytest.mark.parametrize("rope_kernel", [False, True], ids=["rope_torch", "rope_kernel"])
+def test_decode_attention_step_in_interpreter(config, given_norm, epilogue, rope_kernel, monkeypatch):
     """``decode_layer.attention_step`` (a softmax layer's GEMMs as skinny kernels around the
     decoder's static-cache attention, ``_SoftmaxCache.attend``) against ``HybridLayer.forward`` for
     one token after a 5-token prompt: the residual stream, the next norm (a tensor, or handed on as
-    ``NormedRows`` to a next layer's in_proj), the key and value the cache gained; grouped-query
-    heads with a 3-token window (the ring wraps) and the output gate, or plain heads."""
+    ``NormedRows`` to a next layer's in_proj), the key and value the cache gained and the slot's
+    flag; grouped-query heads with a 3-token window (the ring wraps) and the output gate, or plain
+    heads; the rotary and cache writes as PyTorch ops or as ``blocks.kernels.rope_cache``'s kernel
+    (which ``attend`` takes on CUDA)."""
+    import blocks.ops.utils
     from archsearch.decode_graph import _SoftmaxCache
-    from blocks.kernels import skinny
+    from blocks.kernels import rope_cache, skinny
 
     monkeypatch.setattr(skinny, "RESIDUAL_EPILOGUE", epilogue)
+    calls = []
+    if rope_kernel:  # on CPU cuda_kernel offers nothing: hand attend the kernel as CUDA would
+        real = blocks.ops.utils.cuda_kernel
+        monkeypatch.setattr(blocks.ops.utils, "cuda_kernel", lambda family, form, x, *a: (
+            calls.append(family) or rope_cache.rope_into_cache) if family == "rope_cache" else real(family, form, x, *a))
     layer = _layer("softmax", config)
     next_norm = torch.nn.RMSNorm(32, eps=1e-6)
     B, P = 3, 5
@@ -254,6 +288,8 @@ def test_decode_attention_step_in_interpreter(config, given_norm, epilogue, monk
     slot = P % caches[0].cap
     for name, buf in (("k_cache", caches[0].k), ("v_cache", caches[0].v)):
         assert rel(buf[:, slot], ref_state[name][:, -1]) < 1e-5, name
+    assert caches[0].valid.tolist() == [True] * min(P + 1, caches[0].cap) + [False] * (caches[0].cap - P - 1)
+    assert calls == (["rope_cache"] * 2 if rope_kernel else [])
     # the rows handed on, as the next fused layer takes them (a linear layer whose norm1 they are)
     linear = _layer("simple_gla", {"num_heads": 2})
     linear.norm1.load_state_dict(next_norm.state_dict())
@@ -467,5 +503,5 @@ def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chu
     prompt = torch.randint(0, 97, (B, P), device="cuda")
     with _fused_paths_on():
         dec = GraphDecoder(model, B, capacity=P + steps)
-    assert dec.fused_layers == {1, 2, 3, 4} and not dec.fused_embed and dec.next_norms[0] is None
+    assert dec.fused_layers == {1, 2, 3, 4} and not dec.fused_embed
     _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)

@@ -1,0 +1,101 @@
+"""One Triton kernel for a softmax layer's decode step between its input projection and SDPA:
+rotary embeddings of the new query and key, and the key and value written into the static KV
+cache at the current position.
+
+Inside the captured decode graph (``archsearch.decode_graph``) the PyTorch path of this step is
+~40 small kernels per softmax layer (the rotary angles from the position, cos, sin, the rotation
+as slices, multiplies and a concatenation, two ``index_copy_``, the attention mask), 1-3 us each:
+on the H200 (2026-12-01 14:40, 3:1 hybrid with softmax, 24 layers, batch 16) 418 kernels per step
+of which ~290 were these, against 124 for the 24-layer linear model. Here it is one launch,
+grid ``(B, H + Hkv)``; the attention mask becomes a persistent ``[cap]`` bool buffer of written
+slots, this position's set here.
+
+    q_rot         = rotary(q, pos)                      [B, 1, H, D]   (returned)
+    k_cache[:, s] = rotary(k, pos),  v_cache[:, s] = v  s = pos % cap
+    valid[s]      = True
+
+Rotary as ``blocks.common.rotary`` (half-split layout, float32 angles ``pos * inv_freq`` with the
+caller's ``inv_freq``, the same formula), rounded to the activations' dtype.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import register_kernel
+from .tiles import pow2
+
+
+@triton.jit
+def _rotate_store(src, dst, cos, sin, o, m, HALF: tl.constexpr):
+    """``dst[:D] = rotary(src[:D])`` for one head (``o``: ``[BH]`` offsets in a half, ``m`` their mask)."""
+    x1 = tl.load(src + o, mask=m, other=0.).to(tl.float32)
+    x2 = tl.load(src + HALF + o, mask=m, other=0.).to(tl.float32)
+    tl.store(dst + o, (x1 * cos - x2 * sin).to(dst.dtype.element_ty), mask=m)
+    tl.store(dst + HALF + o, (x2 * cos + x1 * sin).to(dst.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _rope_cache_kernel(q, k, v, sq_b, sk_b, sv_b, inv_freq, pos_ptr, q_out, k_cache, v_cache, valid, cap,
+                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                       BH: tl.constexpr):
+    """Grid (B, H + HKV): program ``(b, j)`` rotates query head ``j < H`` into ``q_out: [B, H, D]``,
+    or key/value head ``j - H`` into the caches ``[B, cap, HKV, D]`` at slot ``pos % cap``; ``q, k,
+    v``: the projection's columns ``[B, heads * D]`` (row strides ``sq_b``, ...)."""
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)
+    pos = tl.load(pos_ptr)
+    o = tl.arange(0, BH)
+    m = o < HALF
+    ang = pos.to(tl.float32) * tl.load(inv_freq + o, mask=m, other=0.)
+    cos = tl.cos(ang)
+    sin = tl.sin(ang)
+    if j < H:
+        _rotate_store(q + b * sq_b + j * D, q_out + (b * H + j) * D, cos, sin, o, m, HALF)
+    else:
+        i = j - H
+        slot = (pos % cap).to(tl.int64)
+        dst = ((b * cap + slot) * HKV + i) * D
+        _rotate_store(k + b * sk_b + i * D, k_cache + dst, cos, sin, o, m, HALF)
+        src = v + b * sv_b + i * D
+        tl.store(v_cache + dst + o, tl.load(src + o, mask=m), mask=m)
+        tl.store(v_cache + dst + HALF + o, tl.load(src + HALF + o, mask=m), mask=m)
+        if b == 0 and i == 0:
+            tl.store(valid + slot, 1)
+
+
+def _rows(x: torch.Tensor, B: int, width: int, name: str) -> torch.Tensor:
+    """``x: [B, 1, width]`` (a view of the projection) as ``[B, width]`` with unit column stride."""
+    if tuple(x.shape) != (B, 1, width) or x.stride(-1) != 1:
+        raise ValueError(f"{name}: must be [{B}, 1, {width}] with unit last stride, got {tuple(x.shape)} "
+                         f"strides {x.stride()}")
+    return x[:, 0]
+
+
+@register_kernel("rope_cache", "decode")
+@torch.compiler.disable  # compiled callers break here, as at the other decode kernels
+def rope_into_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor, pos: torch.Tensor,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``q: [B, 1, H*D]``, ``k, v: [B, 1, Hkv*D]`` (the input projection's columns), ``inv_freq: [D/2]``
+    float32, ``pos``: 0-d int64 (the new token's position), ``k_cache, v_cache: [B, cap, Hkv, D]``,
+    ``valid: [cap]`` bool -> ``q`` rotated, ``[B, 1, H, D]``; the rotated key, the value and the
+    slot's flag written at slot ``pos % cap``."""
+    B, cap, Hkv, D = k_cache.shape
+    H = q.shape[-1] // D
+    half = D // 2
+    if D % 2 or tuple(v_cache.shape) != (B, cap, Hkv, D) or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(f"k_cache, v_cache: must be contiguous [B, cap, Hkv, D] of even D, got "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if tuple(inv_freq.shape) != (half,) or inv_freq.dtype != torch.float32:
+        raise ValueError(f"inv_freq: must be float32 [{half}], got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+    if tuple(valid.shape) != (cap,) or valid.dtype != torch.bool or pos.dim() != 0:
+        raise ValueError(f"valid: must be bool [{cap}] and pos 0-d, got {valid.dtype} {tuple(valid.shape)}, "
+                         f"pos {tuple(pos.shape)}")
+    q2, k2, v2 = _rows(q, B, H * D, "q"), _rows(k, B, Hkv * D, "k"), _rows(v, B, Hkv * D, "v")
+    q_out = q.new_empty(B, 1, H, D)
+    _rope_cache_kernel[(B, H + Hkv)](
+        q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0), inv_freq, pos, q_out, k_cache, v_cache,
+        valid.view(torch.uint8), cap, H=H, HKV=Hkv, D=D, HALF=half, BH=pow2(half),
+        num_warps=1)  # 64-element halves: one warp
+    return q_out
