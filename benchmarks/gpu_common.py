@@ -239,8 +239,8 @@ def kernel_settings() -> dict:
     """``{module: {"switches": {NAME: value}, "launch": LAUNCH, "walk_min_per_sm": N}}`` of the
     chunk-kernel modules as they stand: what a benchmark or sweep ran with (the switches change
     which kernels run; ``walk_min_per_sm`` is the walks' V-block rule, ``tiles.walk_bv``), and
-    ``decode_mixer``'s and ``decode_layer``'s ``{"switches": {"ENABLED": ...}}`` (which kernels a
-    decode step runs)."""
+    ``decode_mixer``'s and ``decode_layer``'s ``{"switches": {"ENABLED": ...}}`` and
+    ``decode_graph``'s ``ROPE_CACHE_KERNEL`` (which kernels a decode step runs)."""
     import importlib
 
     from blocks.kernels import KERNEL_MODULES, decode_mixer, tiles
@@ -259,7 +259,10 @@ def kernel_settings() -> dict:
                                         **{k: getattr(decode_mixer, k) for k in decode_mixer.SWITCHES}}}
     out["skinny"] = {"switches": {k: getattr(skinny, k) for k in skinny.SWITCHES},
                      "configs": {k: list(v) for k, v in skinny.CONFIGS.items()}}
+    from archsearch import decode_graph
+
     out["decode_layer"] = {"switches": {"ENABLED": decode_layer.ENABLED}}
+    out["decode_graph"] = {"switches": {"ROPE_CACHE_KERNEL": decode_graph.ROPE_CACHE_KERNEL}}
     return out
 
 
