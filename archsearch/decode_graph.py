@@ -22,7 +22,9 @@ norms, projections and MLP around the static cache, the final norm and the head;
 the benchmark check it against the eager model. Linear layers that ``archsearch.decode_layer``
 serves (deltanet, gated_deltanet, simple_gla with RMSNorm and SwiGLU, batch <= 16) run as its
 five kernels instead, each handing the next fused layer its first norm (as ``skinny.NormedRows``;
-a fused first layer's comes with the embedding lookup, one kernel). ``compile=True`` additionally runs
+a fused first layer's comes with the embedding lookup, one kernel); softmax layers with the same
+norms and MLP run those GEMMs around the cache's attention (``decode_layer.attention_step``,
+``_SoftmaxCache.attend``). ``compile=True`` additionally runs
 the other linear layers through ``torch.compile`` (fewer, fused kernels per layer).
 
     dec = GraphDecoder(model, batch=16, capacity=4096)      # model on CUDA, in eval mode
