@@ -161,8 +161,9 @@ class GraphDecoder:
         for i, layer in enumerate(model.layers):
             if layer.mixer.name == "softmax":
                 self.caches[i] = _SoftmaxCache(layer.mixer, batch, capacity, self.dtype, self.device)
-        # Linear layers that run as archsearch.decode_layer's kernels (where it applies and is switched
-        # on), each handing the next fused layer its first RMSNorm (the last: the final norm's).
+        # Layers that run as archsearch.decode_layer's kernels (linear ones as its step, softmax ones as
+        # its attention_step, where they apply and it is switched on), each handing the next fused
+        # layer its first RMSNorm (the last: the final norm's).
         self.fused_layers, self.next_norms = self._plan_fused_layers()
         # ... and, before a fused first layer, the embedding lookup and its norm1 as one kernel
         self.fused_embed = 0 in self.fused_layers and self._embed_fuses()
@@ -180,7 +181,8 @@ class GraphDecoder:
 
     @torch.no_grad()
     def _plan_fused_layers(self) -> tuple[set[int], dict[int, torch.nn.Module | None]]:
-        """``({layer index: runs decode_layer.step}, {index: the RMSNorm its step applies last})``."""
+        """``({layer index: runs decode_layer.step, or attention_step for a softmax layer}, {index: the
+        RMSNorm its step applies last})``."""
         from archsearch import decode_layer
 
         layers = self.model.layers

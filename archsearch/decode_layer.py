@@ -14,7 +14,8 @@ deltanet, gated_deltanet, simple_gla), RMSNorm norms and a SwiGLU MLP, one decod
 
 so the next fused layer starts from ``hn1'`` without a norm kernel of its own. A softmax layer
 (``attention_step``) runs the same four GEMMs with the decoder's own attention step in the mixer's
-place (rotary, the KV-cache write, SDPA, the output gate: a few PyTorch kernels). A norm handed to a
+place (on CUDA one Triton kernel for rotary and the KV-cache write, ``blocks.kernels.rope_cache``;
+then SDPA and the output gate). A norm handed to a
 GEMM is ``skinny.NormedRows`` (``h * gamma`` and the sums of ``h^2`` per column tile): the GEMM
 multiplies its rows by ``1 / rms``. (``skinny.RESIDUAL_EPILOGUE`` off: o_proj and w2 as
 ``skinny.partials`` + ``skinny.add_norm``, two kernels each, the norms as tensors; the last layer's
@@ -24,7 +25,8 @@ cuBLAS's four GEMMs and split-K reduce, the mixer, two RMSNorms, a residual add,
 
 The layer's results match ``HybridLayer.forward`` up to rounding: the residual adds and SiLU-mul
 happen in float32 and are rounded once (the eager layer rounds each GEMM's output first).
-``ENABLED`` switches it; ``archsearch.decode_graph.GraphDecoder`` asks ``applies`` per layer.
+``ENABLED`` switches it; ``archsearch.decode_graph.GraphDecoder`` asks ``applies`` (linear layers)
+or ``attention_applies`` (softmax layers) per layer.
 """
 from __future__ import annotations
 
@@ -86,8 +88,8 @@ def attention_applies(layer, x: torch.Tensor) -> bool:
 
 
 def embed_applies(embed, first_layer, x: torch.Tensor) -> bool:
-    """Whether ``embed`` runs as ``skinny.embed_norm`` before a fused first layer (``applies`` said
-    yes for it): exactly an ``nn.Embedding`` (a subclass may change ``forward``) without
+    """Whether ``embed`` runs as ``skinny.embed_norm`` before a fused first layer (``applies`` or
+    ``attention_applies`` said yes for it): exactly an ``nn.Embedding`` (a subclass may change ``forward``) without
     ``max_norm`` (which renormalises rows in place), its weight rows of unit stride."""
     return (ENABLED and type(embed) is nn.Embedding and embed.max_norm is None
             and embed.weight.stride(1) == 1 and (applies(first_layer, x) or attention_applies(first_layer, x)))

@@ -182,7 +182,10 @@ SOLVE_TRIL_TF32_MERGES = True
 # ``G_x - G_x`` terms still stay out): no [BT, BT] ``q k^T`` dot, no row and column sums of ``M``
 # (sm_90 AOT: 2320 instead of 2576 instructions, 30 instead of 106 shuffles). Sweep 2026-12-01
 # 14:27 (H200, docs/benchmarks/kernel_launch_sweep_1201_dg_from_rows.md): off +1.8 / +0.4% per
-# fwd+bwd step at 2k / 32k (gated; delta_rule, which it does not touch, moved 0.2 / 0.1%).
+# fwd+bwd step at 2k / 32k (gated; delta_rule, which it does not touch, moved 0.2 / 0.1%). Its gate
+# terms come from ``ds`` as a dot operand in the activations' dtype (bf16), as dq / dk do, where the
+# old form multiplied float32 ``ds`` by a TF32 ``q k^T``; the benchmark's bf16 gate-gradient errors
+# against the float64 reference stayed put (2.5e-3 / 2.0e-3 at 14:33 against 2.6e-3 / 2.3e-3 at 13:30).
 DQKWG_DG_FROM_ROWS = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),

@@ -89,9 +89,11 @@ def rope_into_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq:
                          f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
     if tuple(inv_freq.shape) != (half,) or inv_freq.dtype != torch.float32:
         raise ValueError(f"inv_freq: must be float32 [{half}], got {inv_freq.dtype} {tuple(inv_freq.shape)}")
-    if tuple(valid.shape) != (cap,) or valid.dtype != torch.bool or pos.dim() != 0:
-        raise ValueError(f"valid: must be bool [{cap}] and pos 0-d, got {valid.dtype} {tuple(valid.shape)}, "
-                         f"pos {tuple(pos.shape)}")
+    if tuple(valid.shape) != (cap,) or valid.dtype != torch.bool:
+        raise ValueError(f"valid: must be bool [{cap}], got {valid.dtype} {tuple(valid.shape)}")
+    if pos.dim() != 0 or pos.dtype != torch.int64 or pos.device != k_cache.device:
+        raise ValueError(f"pos: must be a 0-d int64 tensor on {k_cache.device}, got {pos.dtype} "
+                         f"{tuple(pos.shape)} on {pos.device}")
     q2, k2, v2 = _rows(q, B, H * D, "q"), _rows(k, B, Hkv * D, "k"), _rows(v, B, Hkv * D, "v")
     q_out = q.new_empty(B, 1, H, D)
     _rope_cache_kernel[(B, H + Hkv)](

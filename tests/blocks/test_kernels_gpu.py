@@ -545,6 +545,25 @@ def test_static_decode_path_matches_eager_model_on_cpu():
         dec.step(token)
 
 
+def test_randomized_decoder_masks_the_slots_of_earlier_positions_on_cpu():
+    """``randomize(position)`` (the benchmark's states) marks the KV-cache slots of positions
+    ``< position`` written (``_SoftmaxCache.valid``, the attention mask), the whole ring once the
+    window has wrapped; a step then sets the new position's slot, and ``load`` puts the prompt's."""
+    from archsearch.decode_graph import GraphDecoder
+
+    model = _cpu_model([("softmax", {"num_heads": 2}), ("softmax", {"num_heads": 2, "window": 4})])
+    dec = GraphDecoder(model, 2, capacity=8, use_graph=False)
+    full, ring = dec.caches[0], dec.caches[1]
+    dec.randomize(3)
+    assert full.valid.tolist() == [True] * 3 + [False] * 5 and ring.valid.tolist() == [True] * 3 + [False]
+    dec.step(torch.zeros(2, dtype=torch.long))
+    assert full.valid.tolist() == [True] * 4 + [False] * 4 and all(ring.valid.tolist())
+    dec.randomize(6)
+    assert full.valid.tolist() == [True] * 6 + [False] * 2 and all(ring.valid.tolist())
+    dec.prefill(torch.zeros(2, 2, dtype=torch.long))
+    assert full.valid.tolist() == [True] * 2 + [False] * 6 and ring.valid.tolist() == [True] * 2 + [False] * 2
+
+
 def test_compiled_static_decode_path_matches_eager_model_on_cpu():
     """``GraphDecoder(compile=True)`` without the graph: each linear layer through ``torch.compile``
     (Inductor's CPU backend here; ~30 s, the layers of one family share one compile), against the

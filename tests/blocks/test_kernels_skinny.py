@@ -181,7 +181,8 @@ def test_rope_cache_refuses_what_it_does_not_serve():
                           (dict(inv_freq=torch.ones(D)), "inv_freq"),
                           (dict(inv_freq=torch.ones(D // 2, dtype=torch.float64)), "inv_freq"),
                           (dict(valid=torch.zeros(cap)), "valid"),
-                          (dict(pos=torch.tensor([3])), "pos")):
+                          (dict(pos=torch.tensor([3])), "pos"),
+                          (dict(pos=torch.tensor(3.0)), "pos")):
         with pytest.raises(ValueError, match=match):
             rope_cache.rope_into_cache(q, k, v, **{**good, **change})
     with pytest.raises(ValueError, match="k: must be"):
@@ -278,6 +279,9 @@ def test_decode_attention_step_in_interpreter(config, given_norm, epilogue, rope
         for _ in range(2):
             caches.append(_SoftmaxCache(layer.mixer, B, capacity=8, dtype=torch.float32, device="cpu"))
             caches[-1].load(state["k_cache"], state["v_cache"], P)
+        slot = P % caches[0].cap
+        caches[0].valid[slot] = False  # the ring's slot was the prompt's: the step must set it again
+        before = [t.clone() for t in (caches[0].k, caches[0].v, caches[0].valid)]
         pos = torch.tensor(P)
         with checked_memory():
             out, hn_next = decode_layer.attention_step(layer, x, hn, caches[0].attend, pos, next_norm)
@@ -285,10 +289,12 @@ def test_decode_attention_step_in_interpreter(config, given_norm, epilogue, rope
     assert rel(out, ref_x) < 1e-5 and rel(hn_next, next_norm(ref_x)) < 1e-5
     assert isinstance(rows, skinny.NormedRows) == epilogue and rel(out2, out) < 1e-6
     assert rel(rows.materialize()[:, None] if epilogue else rows, next_norm(ref_x)) < 1e-5
-    slot = P % caches[0].cap
     for name, buf in (("k_cache", caches[0].k), ("v_cache", caches[0].v)):
         assert rel(buf[:, slot], ref_state[name][:, -1]) < 1e-5, name
     assert caches[0].valid.tolist() == [True] * min(P + 1, caches[0].cap) + [False] * (caches[0].cap - P - 1)
+    others = torch.arange(caches[0].cap) != slot  # nothing else written
+    assert all(torch.equal(now[:, others] if now.dim() > 1 else now[others], old[:, others] if old.dim() > 1 else old[others])
+               for now, old in zip((caches[0].k, caches[0].v, caches[0].valid), before))
     assert calls == (["rope_cache"] * 2 if rope_kernel else [])
     # the rows handed on, as the next fused layer takes them (a linear layer whose norm1 they are)
     linear = _layer("simple_gla", {"num_heads": 2})
@@ -478,17 +484,20 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("chunks", [1, 4])
 @pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
-def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chunks, epilogue, monkeypatch):
+@pytest.mark.parametrize("first", ["gla", "softmax"])
+def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chunks, epilogue, first, monkeypatch):
     """The fused layers with PDL in a model whose first layer is not fused (gla: no fused
     embedding; the first fused layer, softmax with grouped-query heads, a 4-token window whose ring
     wraps in the 12 steps and the output gate, computes its own norm1) and whose linear heads are
     small (64 value columns), the mixer's state in one or four slices (``decode_mixer.CHUNKS``,
     ``PLAIN_CHUNKS``), o_proj / w2 as ``residual_linear`` or ``partials`` + ``add_norm``
-    (``skinny.RESIDUAL_EPILOGUE``), against the eager model with the fused paths off, 12 steps."""
+    (``skinny.RESIDUAL_EPILOGUE``), against the eager model with the fused paths off, 12 steps.
+    With ``first`` = softmax instead, that layer is fused too and takes its norm1 from the fused
+    embedding lookup."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer, skinny
 
-    model = _tiny_model([("gla", {"num_heads": 2}),
+    model = _tiny_model([(first, {"num_heads": 2}),
                          ("softmax", {"num_heads": 2, "num_kv_heads": 1, "window": 4, "output_gate": True}),
                          ("gated_deltanet", {"num_heads": 1}), ("simple_gla", {"num_heads": 1}),
                          ("deltanet", {"num_heads": 1})]).to(dtype)
@@ -503,5 +512,8 @@ def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chu
     prompt = torch.randint(0, 97, (B, P), device="cuda")
     with _fused_paths_on():
         dec = GraphDecoder(model, B, capacity=P + steps)
-    assert dec.fused_layers == {1, 2, 3, 4} and not dec.fused_embed
+    if first == "gla":
+        assert dec.fused_layers == {1, 2, 3, 4} and not dec.fused_embed
+    else:
+        assert dec.fused_layers == {0, 1, 2, 3, 4} and dec.fused_embed
     _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)
