@@ -14,7 +14,8 @@ never moves:
 * softmax layers: a preallocated KV cache ``[B, capacity, Hkv, D]`` (a ring of ``window`` slots for
   windowed layers) is written at the current position, and attention reads the slots written so
   far through a mask (a ``[capacity]`` bool buffer, set slot by slot; on CUDA the rotary and the
-  writes are one kernel, ``blocks.kernels.rope_cache``); the position is a device scalar advanced inside the graph, so rotary embeddings follow.
+  writes are one kernel, ``blocks.kernels.rope_cache``); the position is a device scalar advanced
+  inside the graph, so rotary embeddings follow.
 
 The step reproduces ``HybridLM.decode_step`` through the model's public modules: the embedding,
 each linear layer as it is (``HybridLayer``: norm, mixer, MLP), each softmax layer through its
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from archsearch.errors import UserError
+from blocks.common import rotary_frequencies
 
 State = dict[str, torch.Tensor]
 
@@ -66,8 +68,7 @@ class _SoftmaxCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.slots = torch.arange(self.cap, device=device)
         self.valid = torch.zeros(self.cap, dtype=torch.bool, device=device)  # slots written: the attention mask
-        half = block.head_dim // 2  # blocks.common.rotary's frequencies, for the fused kernel
-        self.inv_freq = block.config.rope_theta ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
+        self.inv_freq = rotary_frequencies(block.head_dim, block.config.rope_theta, device)  # for the fused kernel
 
     def load(self, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> None:
         """Place an eager cache (the last ``n`` tokens, in order, positions ``pos-n .. pos-1``)."""

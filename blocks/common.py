@@ -161,13 +161,20 @@ def mamba2_decay(A_log: torch.Tensor, dt_bias: torch.Tensor, a: torch.Tensor) ->
     return -A_log.float().exp() * F.softplus(a.float() + dt_bias)
 
 
+def rotary_frequencies(D: int, theta: float, device: torch.device) -> torch.Tensor:
+    """``rotary``'s float32 frequencies ``theta ** (-i / (D/2))``, ``[D/2]`` (the decode graph's
+    fused rotary kernel takes them precomputed)."""
+    half = D // 2
+    return theta ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
+
+
 def rotary(x: torch.Tensor, start: torch.Tensor | int, theta: float) -> torch.Tensor:
     """Rotary position embedding (half-split layout, as in GPT-NeoX/Llama) of ``x: [B, T, H, D]``
     at absolute positions ``start + [0, T)``; ``start`` is an int or a 0-d tensor. D must be even.
     Computed in float32, returned in ``x``'s dtype."""
     B, T, H, D = x.shape
     half = D // 2
-    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)  # [D/2]
+    inv_freq = rotary_frequencies(D, theta, x.device)  # [D/2]
     pos = torch.arange(T, device=x.device, dtype=torch.float32) + (
         start.to(device=x.device, dtype=torch.float32) if torch.is_tensor(start) else float(start)
     )
