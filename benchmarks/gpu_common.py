@@ -162,11 +162,12 @@ def step_inputs(family: str, B: int = 16, H: int = HEADS, D: int = HEAD_DIM, dev
 
 
 def switch_modules() -> list:
-    """The kernel modules with ``SWITCHES``: each family's chunk kernels, the decode mixer and the
-    decode layers' skinny kernels."""
+    """The modules with ``SWITCHES``: each family's chunk kernels, the decode mixer, the decode
+    layers' skinny kernels and the decode graph (``ROPE_CACHE_KERNEL``)."""
+    from archsearch import decode_graph
     from blocks.kernels import KERNEL_MODULES, decode_mixer, kernel_module, skinny
 
-    mods = list(dict.fromkeys([kernel_module(f) for f in KERNEL_MODULES] + [decode_mixer, skinny]))
+    mods = list(dict.fromkeys([kernel_module(f) for f in KERNEL_MODULES] + [decode_mixer, skinny, decode_graph]))
     return [m for m in mods if getattr(m, "SWITCHES", None)]
 
 
@@ -262,7 +263,7 @@ def kernel_settings() -> dict:
     from archsearch import decode_graph
 
     out["decode_layer"] = {"switches": {"ENABLED": decode_layer.ENABLED}}
-    out["decode_graph"] = {"switches": {"ROPE_CACHE_KERNEL": decode_graph.ROPE_CACHE_KERNEL}}
+    out["decode_graph"] = {"switches": {k: getattr(decode_graph, k) for k in decode_graph.SWITCHES}}
     return out
 
 

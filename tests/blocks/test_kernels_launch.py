@@ -619,6 +619,14 @@ def test_switched_restores_every_switch():
             raise RuntimeError
     assert (skinny.PDL, decode_mixer.CHUNKS) == before
     assert "skinny: PDL=" in gpu_common.switches_line(gpu_common.kernel_settings())
+    # the decode graph's own switch (softmax layers' rotary + cache-write kernel) too
+    from archsearch import decode_graph
+
+    with gpu_common.switched(f"ROPE_CACHE_KERNEL={not decode_graph.ROPE_CACHE_KERNEL}"):
+        assert decode_graph.ROPE_CACHE_KERNEL is not True
+        assert gpu_common.kernel_settings()["decode_graph"]["switches"]["ROPE_CACHE_KERNEL"] is False
+    assert decode_graph.ROPE_CACHE_KERNEL is True
+    assert "decode_graph: ROPE_CACHE_KERNEL=True" in gpu_common.switches_line(gpu_common.kernel_settings())
 
 
 def test_sets_give_skinny_launch_configurations_and_restore_them():
