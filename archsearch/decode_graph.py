@@ -52,7 +52,7 @@ def available() -> bool:
 
 
 # Softmax layers' rotary + KV-cache write as one Triton kernel on CUDA (``blocks.kernels.rope_cache``);
-# off: PyTorch's ~40 small kernels per layer and step. (H200, 2026-12-01, the 3:1 hybrid's step at 1k
+# off: PyTorch's ~45 small kernels per layer and step (blocks/kernels/rope_cache.py says how counted). (H200, 2026-12-01, the 3:1 hybrid's step at 1k
 # context: 2.078 ms without it at 14:40, 1.568 with it at 14:45; docs/benchmarks/decode_softmax_layers.md.)
 ROPE_CACHE_KERNEL = True
 # what the benchmarks' ``--set`` / ``--compiled-sets`` may flip (benchmarks/gpu_common.py)

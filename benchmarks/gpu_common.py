@@ -244,7 +244,8 @@ def kernel_settings() -> dict:
     ``decode_graph``'s ``ROPE_CACHE_KERNEL`` (which kernels a decode step runs)."""
     import importlib
 
-    from blocks.kernels import KERNEL_MODULES, decode_mixer, tiles
+    from archsearch import decode_graph, decode_layer
+    from blocks.kernels import KERNEL_MODULES, decode_mixer, skinny, tiles
 
     out = {}
     for name in dict.fromkeys(KERNEL_MODULES.values()):
@@ -252,16 +253,10 @@ def kernel_settings() -> dict:
         out[name] = {"switches": {k: getattr(mod, k) for k in getattr(mod, "SWITCHES", {})},
                      "launch": {k: dict(v) for k, v in mod.LAUNCH.items()},
                      "walk_min_per_sm": getattr(mod, "WALK_MIN_PER_SM", tiles.WALK_MIN_PER_SM)}
-    from archsearch import decode_layer
-
-    from blocks.kernels import skinny
-
     out["decode_mixer"] = {"switches": {"ENABLED": decode_mixer.ENABLED,
                                         **{k: getattr(decode_mixer, k) for k in decode_mixer.SWITCHES}}}
     out["skinny"] = {"switches": {k: getattr(skinny, k) for k in skinny.SWITCHES},
                      "configs": {k: list(v) for k, v in skinny.CONFIGS.items()}}
-    from archsearch import decode_graph
-
     out["decode_layer"] = {"switches": {"ENABLED": decode_layer.ENABLED}}
     out["decode_graph"] = {"switches": {k: getattr(decode_graph, k) for k in decode_graph.SWITCHES}}
     return out
