@@ -55,8 +55,12 @@ def available() -> bool:
 # off: PyTorch's ~45 small kernels per layer and step (blocks/kernels/rope_cache.py says how counted). (H200, 2026-12-01, the 3:1 hybrid's step at 1k
 # context: 2.078 ms without it at 14:40, 1.568 with it at 14:45; docs/benchmarks/decode_softmax_layers.md.)
 ROPE_CACHE_KERNEL = True
+# The softmax layers' whole attention step (rotary, cache write, attention over the written slots,
+# output gate) as one Triton kernel on CUDA (``blocks.kernels.decode_attention``); off: the rotary +
+# cache kernel above, then SDPA with the cache's bool mask and the gate's PyTorch ops.
+ATTEND_KERNEL = True
 # what the benchmarks' ``--set`` / ``--compiled-sets`` may flip (benchmarks/gpu_common.py)
-SWITCHES = {"ROPE_CACHE_KERNEL": (False, True)}
+SWITCHES = {"ROPE_CACHE_KERNEL": (False, True), "ATTEND_KERNEL": (False, True)}
 
 
 class _SoftmaxCache:
@@ -103,6 +107,10 @@ class _SoftmaxCache:
         blk = self.block
         B = proj["q"].shape[0]
         H, Hkv, D = blk.num_heads, blk.num_kv_heads, blk.head_dim
+        whole = cuda_kernel("attend_cache", "decode", proj["q"]) if ATTEND_KERNEL else None
+        if whole is not None and (blk.gate is None or blk.gate.act_name == "sigmoid"):
+            return whole(proj["q"], proj["k"], proj["v"], proj.get("gate") if blk.gate is not None else None,
+                         self.inv_freq, pos, self.k, self.v, self.valid)
         fused = cuda_kernel("rope_cache", "decode", proj["q"]) if ROPE_CACHE_KERNEL else None
         if fused is not None:  # rotary, the cache writes and the slot's flag in one kernel
             q = fused(proj["q"], proj["k"], proj["v"], self.inv_freq, pos, self.k, self.v, self.valid)

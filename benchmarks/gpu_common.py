@@ -163,11 +163,13 @@ def step_inputs(family: str, B: int = 16, H: int = HEADS, D: int = HEAD_DIM, dev
 
 def switch_modules() -> list:
     """The modules with ``SWITCHES``: each family's chunk kernels, the decode mixer, the decode
-    layers' skinny kernels and the decode graph (``ROPE_CACHE_KERNEL``)."""
+    layers' skinny kernels, the softmax layers' decode attention kernel and the decode graph
+    (``ROPE_CACHE_KERNEL``, ``ATTEND_KERNEL``)."""
     from archsearch import decode_graph
-    from blocks.kernels import KERNEL_MODULES, decode_mixer, kernel_module, skinny
+    from blocks.kernels import KERNEL_MODULES, decode_attention, decode_mixer, kernel_module, skinny
 
-    mods = list(dict.fromkeys([kernel_module(f) for f in KERNEL_MODULES] + [decode_mixer, skinny, decode_graph]))
+    mods = list(dict.fromkeys([kernel_module(f) for f in KERNEL_MODULES]
+                              + [decode_mixer, skinny, decode_attention, decode_graph]))
     return [m for m in mods if getattr(m, "SWITCHES", None)]
 
 
@@ -241,11 +243,12 @@ def kernel_settings() -> dict:
     chunk-kernel modules as they stand: what a benchmark or sweep ran with (the switches change
     which kernels run; ``walk_min_per_sm`` is the walks' V-block rule, ``tiles.walk_bv``), and
     ``decode_mixer``'s and ``decode_layer``'s ``{"switches": {"ENABLED": ...}}`` and
-    ``decode_graph``'s ``ROPE_CACHE_KERNEL`` (which kernels a decode step runs)."""
+    ``decode_graph``'s ``ROPE_CACHE_KERNEL`` and ``ATTEND_KERNEL`` (which kernels a decode step
+    runs) and ``decode_attention``'s launch switches."""
     import importlib
 
     from archsearch import decode_graph, decode_layer
-    from blocks.kernels import KERNEL_MODULES, decode_mixer, skinny, tiles
+    from blocks.kernels import KERNEL_MODULES, decode_attention, decode_mixer, skinny, tiles
 
     out = {}
     for name in dict.fromkeys(KERNEL_MODULES.values()):
@@ -259,6 +262,7 @@ def kernel_settings() -> dict:
                      "configs": {k: list(v) for k, v in skinny.CONFIGS.items()}}
     out["decode_layer"] = {"switches": {"ENABLED": decode_layer.ENABLED}}
     out["decode_graph"] = {"switches": {k: getattr(decode_graph, k) for k in decode_graph.SWITCHES}}
+    out["decode_attention"] = {"switches": {k: getattr(decode_attention, k) for k in decode_attention.SWITCHES}}
     return out
 
 

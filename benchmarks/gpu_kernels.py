@@ -290,7 +290,7 @@ def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
 
 def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes: str = "default",
                          mixers: str = "on", layers: str = "off", sets: str = "", rounds: int = 3,
-                         iters: int = 10) -> dict:
+                         iters: int = 10, contexts: str = "4096") -> dict:
     """The same models with their linear layers through torch.compile inside the captured graph,
     once per compile mode in ``modes`` (``archsearch.decode_graph.COMPILE_MODES``), per setting
     of ``blocks.kernels.decode_mixer.ENABLED`` in ``mixers`` (``off``, ``on``: the deltanet,
@@ -298,6 +298,8 @@ def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes
     and of ``archsearch.decode_layer.ENABLED`` in ``layers`` (``on``: those layers' whole decode
     step as the skinny GEMMs, the mixer and the residual + RMSNorm kernels, not compiled), and per
     entry of ``sets`` (``;``-separated ``--set`` strings, ``-`` for none: kernel switches for the row).
+    The hybrid model (with softmax layers, whose KV cache grows with the context) runs at each of
+    ``contexts`` (comma list), the linear models at 4096 (their state does not depend on it).
 
     Every row is built and captured first (its switches apply while it compiles and captures; a
     captured graph keeps them), then all are timed in ``rounds`` round-robin passes of ``iters``
@@ -311,9 +313,10 @@ def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes
     runs = [(name, block, every, ctx, mode, mixer, fused, switch) for switch in (sets.split(";") if sets else ["-"])
             for mode in filter(None, modes.split(","))
             for mixer in filter(None, mixers.split(",")) for fused in filter(None, layers.split(","))
-            for name, block, every, ctx in (("gated_deltanet x24", "gated_deltanet", 0, 4096),
-                                            ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, 4096),
-                                            ("simple_gla x24", "simple_gla", 0, 4096))
+            for name, block, every in (("gated_deltanet x24", "gated_deltanet", 0),
+                                       ("gated_deltanet 3:1 softmax", "gated_deltanet", 4),
+                                       ("simple_gla x24", "simple_gla", 0))
+            for ctx in ([int(c) for c in contexts.split(",")] if every else [4096])
             if not cases or name in cases.split(",")]
     enabled = decode_mixer.ENABLED, decode_layer.ENABLED
     built = []
@@ -754,6 +757,8 @@ def main(argv=None) -> int:
                     "width that sends its GEMMs to cuBLAS's unaligned path (2 of ~5 ms in the 2nd run); "
                     "2.75 gives 5632")
     ap.add_argument("--compiled-cases", default="gated_deltanet x24,gated_deltanet 3:1 softmax,simple_gla x24")
+    ap.add_argument("--compiled-contexts", default="4096", help="comma list: the contexts of the compiled "
+                    "decode rows of the hybrid model (its softmax layers' KV caches)")
     ap.add_argument("--compile-modes", default="default",
                     help="comma list for the compiled decode rows: default, max-autotune (Inductor times "
                     "Triton GEMM templates against cuBLAS; minutes of compiling per model)")
@@ -795,6 +800,8 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     if a.rounds < 1:
         ap.error(f"--rounds: must be >= 1, got {a.rounds}")
+    if not all(c.strip().isdigit() and int(c) > 0 for c in a.compiled_contexts.split(",")):
+        ap.error(f"--compiled-contexts: a comma list of positive integers, got {a.compiled_contexts!r}")
     for flag, value in (("--decode-mixers", a.decode_mixers), ("--decode-layers", a.decode_layers)):
         if set(filter(None, value.split(","))) - {"off", "on"}:
             ap.error(f"{flag}: a comma list of off, on; got {value!r}")
@@ -836,7 +843,8 @@ def main(argv=None) -> int:
                 ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"],
                                                                 cases=a.compiled_cases, modes=a.compile_modes,
                                                                 mixers=a.decode_mixers, layers=a.decode_layers,
-                                                                sets=a.compiled_sets, rounds=a.rounds))]
+                                                                sets=a.compiled_sets, rounds=a.rounds,
+                                                                contexts=a.compiled_contexts))]
     for name, fn in sections:
         if name in skip or (name == "softmax_decode" and "softmax" in skip) or (name == "model_decode" and "model" in skip):
             continue

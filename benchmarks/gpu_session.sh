@@ -76,7 +76,8 @@ if [[ ,$STEPS, == *,tests,* ]]; then
   select=()
   [ -n "$TESTS_K" ] && select=(-k "$TESTS_K")
   step tests "$TESTS_S" $PY -m pytest -p no:cacheprovider -q "${workers[@]}" "${select[@]}" tests/blocks/test_kernels_gpu.py \
-    tests/blocks/test_kernels_gpu_gla_delta.py tests/blocks/test_kernels_skinny.py tests/archsearch/test_measure.py || failed=1
+    tests/blocks/test_kernels_gpu_gla_delta.py tests/blocks/test_kernels_skinny.py tests/blocks/test_kernels_decode_attention.py \
+    tests/archsearch/test_measure.py || failed=1
 fi
 if [[ ,$STEPS, == *,sweep,* ]]; then
   step sweep "$SWEEP_S" $PY benchmarks/kernel_launch_sweep.py --families "$FAMILIES" --lengths 2048,32768 \

@@ -31,6 +31,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from blocks.kernels import decode_attention as da  # noqa: E402
 from blocks.kernels import decode_mixer as dm  # noqa: E402
 from blocks.kernels import delta as d  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
@@ -42,7 +43,9 @@ from gpu_common import apply_sets, comma_ints  # noqa: E402 - benchmarks/ is thi
 # and so is the WY inverse Ai with delta.WY_INPUT_DTYPE_DOTS
 ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv", "dv2", "dw", "dk_in", "du",
                # the decode mixer's projection columns, conv cache and weights, block parameters
-               "proj", "cache", "new_cache", "conv_w", "a", "bl", "gate", "norm_w", "A_log", "dt_bias")
+               "proj", "cache", "new_cache", "conv_w", "a", "bl", "gate", "norm_w", "A_log", "dt_bias",
+               # the softmax layers' KV caches (decode_attention)
+               "k_cache", "v_cache")
 
 
 def arg_types(act: str) -> dict[str, str]:
@@ -54,6 +57,8 @@ def arg_types(act: str) -> dict[str, str]:
         types[n] = "*fp32"
     if d.WY_INPUT_DTYPE_DOTS:
         types["Ai"] = f"*{act}"
+    types.update(inv_freq="*fp32", pos_ptr="*i64", valid="*u8", part="*fp32", part_ml="*fp32", cap="i32",
+                 scale_log2="fp32")
     types.update(T="i32", NT="i32", B="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
                  **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "sg_h", "H", "C")},
                  **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
@@ -143,6 +148,12 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
             yield (f"decode_mixer{'' if nc == 1 else f'_chunks{nc}'}.{tag}", dm._mixer_kernel,
                    dict(K=K, V=V, BK=BK, BV=BV, NC=nc, W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True,
                         WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1)
+    # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)
+    for tag, G in (("mha", 1), ("gqa4", 4)):
+        for splits in (1, 4):
+            yield (f"decode_attention.{tag}{'' if splits == 1 else f'_split{splits}'}", da._attend_kernel,
+                   dict(H=H, HKV=H // G, G=G, D=K, HALF=K // 2, GP=16, BH=p2(K // 2), BD=BK, BN=da.ATTEND_BLOCK_N,
+                        SPLITS=splits, OUT_GATE=G > 1, DOT_PREC=prec), da.ATTEND_WARPS, da.ATTEND_STAGES)
 
 
 def divisibility_hints(fn, sig: dict[str, str]) -> set[str]:

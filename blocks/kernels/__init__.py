@@ -122,7 +122,7 @@ def _load() -> None:
     # Importing the kernel modules registers them. A Triton too old or too new for them must not
     # break the ops: they keep their PyTorch forms, and the warning says why.
     try:
-        from . import decode_mixer, delta, gla, rope_cache, scalar_decay, skinny, step  # noqa: F401
+        from . import decode_attention, decode_mixer, delta, gla, rope_cache, scalar_decay, skinny, step  # noqa: F401
     except (ImportError, AttributeError, TypeError) as exc:  # pragma: no cover - depends on the install
         import warnings
 

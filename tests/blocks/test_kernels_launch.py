@@ -602,6 +602,9 @@ def test_gpu_benchmark_sets_the_decode_mixer_switches(monkeypatch, capsys, tmp_p
     with pytest.raises(SystemExit):
         gpu_kernels.main(["--out", str(tmp_path), "--compiled-sets=-;PDL=maybe"])
     assert "PDL takes (False, True), got 'maybe'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_kernels.main(["--out", str(tmp_path), "--compiled-contexts", "1024,4k"])
+    assert "--compiled-contexts: a comma list of positive integers, got '1024,4k'" in capsys.readouterr().err
 
 
 def test_switched_restores_every_switch():
@@ -627,6 +630,16 @@ def test_switched_restores_every_switch():
         assert gpu_common.kernel_settings()["decode_graph"]["switches"]["ROPE_CACHE_KERNEL"] is False
     assert decode_graph.ROPE_CACHE_KERNEL is True
     assert "decode_graph: ROPE_CACHE_KERNEL=True" in gpu_common.switches_line(gpu_common.kernel_settings())
+    # and the softmax layers' whole-step attention kernel and its launch switches
+    from blocks.kernels import decode_attention
+
+    with gpu_common.switched("ATTEND_KERNEL=False,ATTEND_BLOCK_N=128,ATTEND_PROGRAMS_PER_SM=2"):
+        assert (decode_graph.ATTEND_KERNEL, decode_attention.ATTEND_BLOCK_N) == (False, 128)
+        settings = gpu_common.kernel_settings()
+        assert settings["decode_attention"]["switches"]["ATTEND_PROGRAMS_PER_SM"] == 2
+        assert settings["decode_graph"]["switches"]["ATTEND_KERNEL"] is False
+    assert (decode_graph.ATTEND_KERNEL, decode_attention.ATTEND_BLOCK_N, decode_attention.ATTEND_PROGRAMS_PER_SM) == (
+        True, 64, 1)
 
 
 def test_sets_give_skinny_launch_configurations_and_restore_them():

@@ -247,25 +247,27 @@ ATTENTION_CONFIGS = [{"num_heads": 2}, {"num_heads": 4, "num_kv_heads": 2, "wind
 @pytest.mark.parametrize("config", ATTENTION_CONFIGS, ids=["mha", "gqa_window_gate"])
 @pytest.mark.parametrize("given_norm", [False, True], ids=["norm1_here", "norm1_given"])
 @pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
-@pytest.mark.parametrize("rope_kernel", [False, True], ids=["rope_torch", "rope_kernel"])
-def test_decode_attention_step_in_interpreter(config, given_norm, epilogue, rope_kernel, monkeypatch):
+@pytest.mark.parametrize("kernel", [None, "rope_cache", "attend_cache"], ids=["torch", "rope_kernel", "attend_kernel"])
+def test_decode_attention_step_in_interpreter(config, given_norm, epilogue, kernel, monkeypatch):
     """``decode_layer.attention_step`` (a softmax layer's GEMMs as skinny kernels around the
     decoder's static-cache attention, ``_SoftmaxCache.attend``) against ``HybridLayer.forward`` for
     one token after a 5-token prompt: the residual stream, the next norm (a tensor, or handed on as
     ``NormedRows`` to a next layer's in_proj), the key and value the cache gained and the slot's
     flag; grouped-query heads with a 3-token window (the ring wraps) and the output gate, or plain
-    heads; the rotary and cache writes as PyTorch ops or as ``blocks.kernels.rope_cache``'s kernel
-    (which ``attend`` takes on CUDA)."""
+    heads; the attention step as PyTorch ops, with ``blocks.kernels.rope_cache``'s kernel for the
+    rotary and cache writes, or as ``blocks.kernels.decode_attention``'s whole-step kernel (which
+    ``attend`` takes on CUDA)."""
     import blocks.ops.utils
     from archsearch.decode_graph import _SoftmaxCache
-    from blocks.kernels import rope_cache, skinny
+    from blocks.kernels import decode_attention, rope_cache, skinny
 
     monkeypatch.setattr(skinny, "RESIDUAL_EPILOGUE", epilogue)
     calls = []
-    if rope_kernel:  # on CPU cuda_kernel offers nothing: hand attend the kernel as CUDA would
+    offered = {"rope_cache": rope_cache.rope_into_cache, "attend_cache": decode_attention.attend_cache}
+    if kernel:  # on CPU cuda_kernel offers nothing: hand attend the kernel as CUDA would
         real = blocks.ops.utils.cuda_kernel
         monkeypatch.setattr(blocks.ops.utils, "cuda_kernel", lambda family, form, x, *a: (
-            calls.append(family) or rope_cache.rope_into_cache) if family == "rope_cache" else real(family, form, x, *a))
+            calls.append(family) or offered[family]) if family == kernel else real(family, form, x, *a))
     layer = _layer("softmax", config)
     next_norm = torch.nn.RMSNorm(32, eps=1e-6)
     B, P = 3, 5
@@ -295,7 +297,7 @@ def test_decode_attention_step_in_interpreter(config, given_norm, epilogue, rope
     others = torch.arange(caches[0].cap) != slot  # nothing else written
     assert all(torch.equal(now[:, others] if now.dim() > 1 else now[others], old[:, others] if old.dim() > 1 else old[others])
                for now, old in zip((caches[0].k, caches[0].v, caches[0].valid), before))
-    assert calls == (["rope_cache"] * 2 if rope_kernel else [])
+    assert calls == ([kernel] * 2 if kernel else [])
     # the rows handed on, as the next fused layer takes them (a linear layer whose norm1 they are)
     linear = _layer("simple_gla", {"num_heads": 2})
     linear.norm1.load_state_dict(next_norm.state_dict())
