@@ -48,8 +48,12 @@ ATTEND_BLOCK_N = 64
 ATTEND_WARPS = 4
 ATTEND_STAGES = 3
 ATTEND_PROGRAMS_PER_SM = 1
+# Which slots below min(pos + 1, cap) are attended to: "flags", those ``valid`` marks (a load per
+# block of slots, not software-pipelined); "positions", all of them (the same slots: the decoder
+# writes them in order, and ``load`` / ``fill`` mark exactly the slots of positions < pos).
+ATTEND_MASK = "flags"
 SWITCHES = {"ATTEND_BLOCK_N": (32, 64, 128), "ATTEND_WARPS": (4, 8), "ATTEND_STAGES": (2, 3, 4),
-            "ATTEND_PROGRAMS_PER_SM": (1, 2, 4)}
+            "ATTEND_PROGRAMS_PER_SM": (1, 2, 4), "ATTEND_MASK": ("flags", "positions")}
 
 
 @triton.jit
@@ -78,7 +82,7 @@ def _attend_kernel(q, k, v, gate, sq_b, sk_b, sv_b, sg_b, inv_freq, pos_ptr, k_c
                    o, part, part_ml, scale_log2,
                    H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                    GP: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
-                   SPLITS: tl.constexpr, OUT_GATE: tl.constexpr, DOT_PREC: tl.constexpr):
+                   SPLITS: tl.constexpr, OUT_GATE: tl.constexpr, DOT_PREC: tl.constexpr, FLAGS: tl.constexpr):
     """Grid (B * HKV, SPLITS). ``q, k, v``: the projection's columns ``[B, heads * D]`` (row strides
     ``sq_b``, ...); caches ``[B, cap, HKV, D]``; ``valid: [cap]`` uint8; ``o: [B, H*D]``; with
     SPLITS > 1 ``part: [B*HKV*SPLITS*GP, BD]`` and ``part_ml: [B*HKV*SPLITS*GP, 2]`` float32."""
@@ -130,7 +134,9 @@ def _attend_kernel(q, k, v, gate, sq_b, sk_b, sv_b, sg_b, inv_freq, pos_ptr, k_c
         kt1 = tl.load(k_cache + rows + o_h[None, :], mask=inb[:, None] & m_h[None, :], other=0.)
         kt2 = tl.load(k_cache + rows + HALF + o_h[None, :], mask=inb[:, None] & m_h[None, :], other=0.)
         vt = tl.load(v_cache + rows + o_d[None, :], mask=inb[:, None] & m_d[None, :], other=0.)
-        live = inb & (slots != cur) & (tl.load(valid + slots, mask=inb, other=0) != 0)
+        live = inb & (slots != cur)
+        if FLAGS:
+            live = live & (tl.load(valid + slots, mask=inb, other=0) != 0)
         s = (tl.dot(q1, tl.trans(kt1), input_precision=DOT_PREC)
              + tl.dot(q2, tl.trans(kt2), input_precision=DOT_PREC))  # [GP, BN]
         s = tl.where(live[None, :], s * scale_log2, float("-inf"))
@@ -234,7 +240,7 @@ def attend_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.
         q2, k2, v2, g2, q2.stride(0), k2.stride(0), v2.stride(0), g2.stride(0), inv_freq, pos, k_cache, v_cache,
         valid.view(torch.uint8), cap, o, part, part_ml, math.log2(math.e) / math.sqrt(D),
         H=H, HKV=Hkv, G=G, D=D, HALF=D // 2, GP=GP, BH=pow2(D // 2), BD=BD, BN=ATTEND_BLOCK_N,
-        SPLITS=S, OUT_GATE=gate is not None, DOT_PREC=dot_prec(k_cache), **launch)
+        SPLITS=S, OUT_GATE=gate is not None, DOT_PREC=dot_prec(k_cache), FLAGS=ATTEND_MASK == "flags", **launch)
     if S > 1:
         _combine_kernel[(B * Hkv,)](part, part_ml, g2, g2.stride(0), o, H=H, HKV=Hkv, G=G, D=D, GP=GP, BD=BD,
                                     SPLITS=S, OUT_GATE=gate is not None, num_warps=1 if INTERPRET else 4)

@@ -56,16 +56,19 @@ def _both_paths(layer, B: int, capacity: int, pos: int, splits: int | None, devi
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("pos", [0, 21, 45, 130])
-def test_attend_cache_matches_the_pytorch_path_in_interpreter(case, splits, pos, monkeypatch):
+@pytest.mark.parametrize("mask", ["flags", "positions"])
+def test_attend_cache_matches_the_pytorch_path_in_interpreter(case, splits, pos, mask, monkeypatch):
     """Output, cache and flags against the PyTorch path, float32: 16-slot blocks (so 40-50 slots
     are 3-4 blocks, the last short), one program or three per key/value head (split 2 empty at
     ``pos`` 21), the first token (only itself to attend to), a partly filled cache, and positions
-    past the capacity (the ring has wrapped: the slot overwritten is the oldest)."""
+    past the capacity (the ring has wrapped: the slot overwritten is the oldest); the written slots
+    read from ``valid`` or from the position (``ATTEND_MASK``)."""
     from interpreter_bounds import checked_memory
 
     from blocks.kernels import decode_attention
 
     monkeypatch.setattr(decode_attention, "ATTEND_BLOCK_N", 16)
+    monkeypatch.setattr(decode_attention, "ATTEND_MASK", mask)
     config, d_model, capacity = CASES[case]
     layer = _layer("softmax", config, d_model=d_model)
     with torch.no_grad(), checked_memory():
