@@ -43,15 +43,25 @@ from . import register_kernel
 from .tiles import INTERPRET, cdiv, dot_prec, pow2
 
 # Slots per loop step, launch settings and how many programs to aim for per SM (the cache is split
-# over SPLITS programs per key/value head while B * Hkv programs would fill fewer).
+# over SPLITS programs per key/value head while B * Hkv programs would fill fewer). Timed in the
+# 3:1 hybrid's decode graph (H200, 2026-12-01 15:36-15:41, 24 layers, batch 16, B * Hkv = 256
+# programs; docs/benchmarks/decode_attention.md): 8 warps against 4 1.545 / 2.083 / 4.193 ms
+# against 1.547 / 2.090 / 4.205 at 1k / 4k / 16k context; lost: 2 programs per SM (one split
+# more and the combine kernel: 1.691 against 1.594 ms at 1k), 128 slots per step (1.641), 2 or 4
+# stages (1.571 / 1.554 against 1.547); and launching the kernel early with programmatic
+# dependent launch, its first 0-4 blocks of keys and values pulled into L2 before waiting for the
+# input projection: 1.559-1.594 against 1.553 ms at 1k, 4.817-4.915 against 4.177 at 16k (its
+# programs hold the SMs the GEMM needs, as the decode mixer's did).
 ATTEND_BLOCK_N = 64
-ATTEND_WARPS = 4
+ATTEND_WARPS = 8
 ATTEND_STAGES = 3
 ATTEND_PROGRAMS_PER_SM = 1
 # Which slots below min(pos + 1, cap) are attended to: "flags", those ``valid`` marks (a load per
 # block of slots, not software-pipelined); "positions", all of them (the same slots: the decoder
 # writes them in order, and ``load`` / ``fill`` mark exactly the slots of positions < pos).
-ATTEND_MASK = "flags"
+# "positions" won (15:39): 1.547 / 2.090 / 4.205 ms against 1.570 / 2.177 / 4.583 at 1k / 4k / 16k;
+# the attention kernel 38.8 against 43.2 us a layer at 1k, 483 against 544 at 16k (4.44 TB/s read).
+ATTEND_MASK = "positions"
 SWITCHES = {"ATTEND_BLOCK_N": (32, 64, 128), "ATTEND_WARPS": (4, 8), "ATTEND_STAGES": (2, 3, 4),
             "ATTEND_PROGRAMS_PER_SM": (1, 2, 4), "ATTEND_MASK": ("flags", "positions")}
 
