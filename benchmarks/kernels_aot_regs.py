@@ -153,8 +153,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         for splits in (1, 4):
             yield (f"decode_attention.{tag}{'' if splits == 1 else f'_split{splits}'}", da._attend_kernel,
                    dict(H=H, HKV=H // G, G=G, D=K, HALF=K // 2, GP=16, BH=p2(K // 2), BD=BK, BN=da.ATTEND_BLOCK_N,
-                        SPLITS=splits, OUT_GATE=G > 1, DOT_PREC=prec, FLAGS=da.ATTEND_MASK == "flags",
-                        PREFETCH=da.ATTEND_PREFETCH, LINE=128 // dtype.itemsize, LINES=max(1, K * dtype.itemsize // 128)),
+                        SPLITS=splits, OUT_GATE=G > 1, DOT_PREC=prec, FLAGS=da.ATTEND_MASK == "flags"),
                    da.ATTEND_WARPS, da.ATTEND_STAGES)
 
 

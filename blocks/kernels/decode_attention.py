@@ -64,12 +64,8 @@ ATTEND_PROGRAMS_PER_SM = 1
 # "positions" won (15:39): 1.547 / 2.090 / 4.205 ms against 1.570 / 2.177 / 4.583 at 1k / 4k / 16k;
 # the attention kernel 38.8 against 43.2 us a layer at 1k, 483 against 544 at 16k (4.44 TB/s read).
 ATTEND_MASK = "positions"
-# Blocks of cached keys and values each program pulls into L2 first thing, before its query and key
-# loads and rotary (which the software pipeline's first loads wait behind).
-ATTEND_PREFETCH = 0
 SWITCHES = {"ATTEND_BLOCK_N": (32, 64, 128), "ATTEND_WARPS": (4, 8), "ATTEND_STAGES": (2, 3, 4),
-            "ATTEND_PROGRAMS_PER_SM": (1, 2, 4), "ATTEND_MASK": ("flags", "positions"),
-            "ATTEND_PREFETCH": (0, 1, 2, 4)}
+            "ATTEND_PROGRAMS_PER_SM": (1, 2, 4), "ATTEND_MASK": ("flags", "positions")}
 
 
 @triton.jit
@@ -79,19 +75,6 @@ def _rotated(ptr, mask, cos, sin, HALF: tl.constexpr, DTYPE: tl.constexpr):
     x1 = tl.load(ptr, mask=mask, other=0.).to(tl.float32)
     x2 = tl.load(ptr + HALF, mask=mask, other=0.).to(tl.float32)
     return (x1 * cos - x2 * sin).to(DTYPE), (x2 * cos + x1 * sin).to(DTYPE)
-
-
-@triton.jit
-def _prefetch_slots(cache, base, lo, hi, RS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                    LINE: tl.constexpr, LINES: tl.constexpr):
-    """Pull the cache rows of slots ``lo .. lo + ROWS`` (before ``hi``; ``D`` elements at ``cache +
-    base + slot * RS``) into L2: one ``prefetch.global.L2`` per ``LINE``-element cache line."""
-    o_r = lo + tl.arange(0, ROWS)
-    o_l = tl.arange(0, LINES) * LINE
-    m = (o_r < hi)[:, None] & (o_l < D)[None, :]
-    p = cache + base + o_r.to(tl.int64)[:, None] * RS + o_l[None, :]
-    tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l,b", [p, m],
-                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -111,8 +94,7 @@ def _attend_kernel(q, k, v, gate, sq_b, sk_b, sv_b, sg_b, inv_freq, pos_ptr, k_c
                    o, part, part_ml, scale_log2,
                    H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                    GP: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
-                   SPLITS: tl.constexpr, OUT_GATE: tl.constexpr, DOT_PREC: tl.constexpr, FLAGS: tl.constexpr,
-                   PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr):
+                   SPLITS: tl.constexpr, OUT_GATE: tl.constexpr, DOT_PREC: tl.constexpr, FLAGS: tl.constexpr):
     """Grid (B * HKV, SPLITS). ``q, k, v``: the projection's columns ``[B, heads * D]`` (row strides
     ``sq_b``, ...); caches ``[B, cap, HKV, D]``; ``valid: [cap]`` uint8; ``o: [B, H*D]``; with
     SPLITS > 1 ``part: [B*HKV*SPLITS*GP, BD]`` and ``part_ml: [B*HKV*SPLITS*GP, 2]`` float32."""
@@ -123,13 +105,6 @@ def _attend_kernel(q, k, v, gate, sq_b, sk_b, sv_b, sg_b, inv_freq, pos_ptr, k_c
     pos = tl.load(pos_ptr)
     cur = pos % cap
     n = tl.minimum(pos + 1, cap)
-    per = tl.cdiv(tl.cdiv(n, BN), SPLITS) * BN
-    lo = i_s * per
-    hi = tl.minimum(lo + per, n)
-    base = (b * cap * HKV + j) * D
-    if PREFETCH > 0:
-        _prefetch_slots(k_cache, base, lo, hi, HKV * D, PREFETCH * BN, D, LINE, LINES)
-        _prefetch_slots(v_cache, base, lo, hi, HKV * D, PREFETCH * BN, D, LINE, LINES)
     DT: tl.constexpr = k_cache.dtype.element_ty
     o_h = tl.arange(0, BH)
     m_h = o_h < HALF
@@ -159,7 +134,11 @@ def _attend_kernel(q, k, v, gate, sq_b, sk_b, sv_b, sg_b, inv_freq, pos_ptr, k_c
     m_i = tl.where(first, s_new, -1e30)
     l_i = tl.where(first, 1., 0.) + tl.zeros([GP], tl.float32)
     acc = tl.where(first, 1., 0.) * v_new.to(DT).to(tl.float32)[None, :] + tl.zeros([GP, BD], tl.float32)
+    per = tl.cdiv(tl.cdiv(n, BN), SPLITS) * BN
+    lo = i_s * per
+    hi = tl.minimum(lo + per, n)
     o_n = tl.arange(0, BN)
+    base = (b * cap * HKV + j) * D
     for start in range(lo, hi, BN):
         slots = start + o_n
         inb = slots < hi
@@ -269,15 +248,11 @@ def attend_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.
         part = torch.empty(B * Hkv * S * GP, BD, device=q.device, dtype=torch.float32)
         part_ml = torch.empty(B * Hkv * S * GP, 2, device=q.device, dtype=torch.float32)
     launch = dict(num_warps=1, num_stages=1) if INTERPRET else dict(num_warps=ATTEND_WARPS, num_stages=ATTEND_STAGES)
-    if ATTEND_PREFETCH < 0 or ATTEND_PREFETCH & (ATTEND_PREFETCH - 1):
-        raise ValueError(f"decode_attention.ATTEND_PREFETCH: 0 or a power of two (blocks), got {ATTEND_PREFETCH}")
-    line = 128 // k_cache.element_size()  # elements per cache line
     _attend_kernel[(B * Hkv, S)](
         q2, k2, v2, g2, q2.stride(0), k2.stride(0), v2.stride(0), g2.stride(0), inv_freq, pos, k_cache, v_cache,
         valid.view(torch.uint8), cap, o, part, part_ml, math.log2(math.e) / math.sqrt(D),
         H=H, HKV=Hkv, G=G, D=D, HALF=D // 2, GP=GP, BH=pow2(D // 2), BD=BD, BN=ATTEND_BLOCK_N,
-        SPLITS=S, OUT_GATE=gate is not None, DOT_PREC=dot_prec(k_cache), FLAGS=ATTEND_MASK == "flags",
-        PREFETCH=0 if INTERPRET else ATTEND_PREFETCH, LINE=line, LINES=pow2(cdiv(D, line), 1), **launch)
+        SPLITS=S, OUT_GATE=gate is not None, DOT_PREC=dot_prec(k_cache), FLAGS=ATTEND_MASK == "flags", **launch)
     if S > 1:
         _combine_kernel[(B * Hkv,)](part, part_ml, g2, g2.stride(0), o, H=H, HKV=Hkv, G=G, D=D, GP=GP, BD=BD,
                                     SPLITS=S, OUT_GATE=gate is not None, num_warps=1 if INTERPRET else 4)
