@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from . import register_kernel
+from .rope_cache import check_cache_args, projection_rows
 from .tiles import INTERPRET, cdiv, dot_prec, pow2
 
 # Slots per loop step, launch settings and how many programs to aim for per SM (the cache is split
@@ -191,36 +192,11 @@ def _combine_kernel(part, part_ml, gate, sg_b, o, H: tl.constexpr, HKV: tl.const
                H, D, OUT_GATE)
 
 
-def _rows(x: torch.Tensor, B: int, width: int, name: str) -> torch.Tensor:
-    """``x: [B, 1, width]`` (a view of the projection) as ``[B, width]`` with unit column stride."""
-    if tuple(x.shape) != (B, 1, width) or x.stride(-1) != 1:
-        raise ValueError(f"{name}: must be [{B}, 1, {width}] with unit last stride, got {tuple(x.shape)} "
-                         f"strides {x.stride()}")
-    return x[:, 0]
-
-
 def splits_for(programs: int, cap: int, device: torch.device) -> int:
     """How many programs share one key/value head's cache: enough for ``ATTEND_PROGRAMS_PER_SM``
     programs per SM over the ``programs = B * Hkv`` heads, at most one per ``ATTEND_BLOCK_N`` slots."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     return max(1, min(cdiv(int(sms * ATTEND_PROGRAMS_PER_SM), programs), cdiv(cap, ATTEND_BLOCK_N)))
-
-
-def _check(q, gate, inv_freq, pos, k_cache, v_cache, valid) -> None:
-    """The one-line errors of ``attend_cache``'s arguments (shapes, dtypes, devices)."""
-    B, cap, Hkv, D = k_cache.shape
-    if D % 2 or tuple(v_cache.shape) != (B, cap, Hkv, D) or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError(f"k_cache, v_cache: must be contiguous [B, cap, Hkv, D] of even D, got "
-                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
-    if q.shape[-1] % (Hkv * D):
-        raise ValueError(f"q: its width {q.shape[-1]} must be a multiple of Hkv * D = {Hkv * D}")
-    if tuple(inv_freq.shape) != (D // 2,) or inv_freq.dtype != torch.float32:
-        raise ValueError(f"inv_freq: must be float32 [{D // 2}], got {inv_freq.dtype} {tuple(inv_freq.shape)}")
-    if tuple(valid.shape) != (cap,) or valid.dtype != torch.bool:
-        raise ValueError(f"valid: must be bool [{cap}], got {valid.dtype} {tuple(valid.shape)}")
-    if pos.dim() != 0 or pos.dtype != torch.int64 or pos.device != k_cache.device:
-        raise ValueError(f"pos: must be a 0-d int64 tensor on {k_cache.device}, got {pos.dtype} "
-                         f"{tuple(pos.shape)} on {pos.device}")
 
 
 @register_kernel("attend_cache", "decode")
@@ -234,12 +210,15 @@ def attend_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.
     bool (the slots written) -> ``o: [B, 1, H*D]``, the layer's attention output before ``o_proj``;
     the rotated key, the value and the slot's flag written at slot ``pos % cap``. ``splits``: the
     programs per key/value head (default ``splits_for``)."""
-    _check(q, gate, inv_freq, pos, k_cache, v_cache, valid)
+    check_cache_args(inv_freq, pos, k_cache, v_cache, valid)
     B, cap, Hkv, D = k_cache.shape
+    if q.shape[-1] % (Hkv * D):
+        raise ValueError(f"q: its width {q.shape[-1]} must be a multiple of Hkv * D = {Hkv * D}")
     H = q.shape[-1] // D
     G = H // Hkv
-    q2, k2, v2 = _rows(q, B, H * D, "q"), _rows(k, B, Hkv * D, "k"), _rows(v, B, Hkv * D, "v")
-    g2 = _rows(gate, B, H * D, "gate") if gate is not None else q2
+    q2, k2, v2 = (projection_rows(q, B, H * D, "q"), projection_rows(k, B, Hkv * D, "k"),
+                  projection_rows(v, B, Hkv * D, "v"))
+    g2 = projection_rows(gate, B, H * D, "gate") if gate is not None else q2
     S = splits or splits_for(B * Hkv, cap, k_cache.device)
     GP, BD = pow2(G), pow2(D)
     o = q.new_empty(B, 1, H * D)

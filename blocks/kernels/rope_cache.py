@@ -65,12 +65,30 @@ def _rope_cache_kernel(q, k, v, sq_b, sk_b, sv_b, inv_freq, pos_ptr, q_out, k_ca
             tl.store(valid + slot, 1)
 
 
-def _rows(x: torch.Tensor, B: int, width: int, name: str) -> torch.Tensor:
+def projection_rows(x: torch.Tensor, B: int, width: int, name: str) -> torch.Tensor:
     """``x: [B, 1, width]`` (a view of the projection) as ``[B, width]`` with unit column stride."""
     if tuple(x.shape) != (B, 1, width) or x.stride(-1) != 1:
         raise ValueError(f"{name}: must be [{B}, 1, {width}] with unit last stride, got {tuple(x.shape)} "
                          f"strides {x.stride()}")
     return x[:, 0]
+
+
+def check_cache_args(inv_freq: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     valid: torch.Tensor) -> None:
+    """The one-line errors of the cache arguments this kernel and ``decode_attention.attend_cache``
+    share: contiguous ``[B, cap, Hkv, D]`` caches of even D, float32 ``[D/2]`` frequencies, a bool
+    ``[cap]`` mask, a 0-d int64 position on the caches' device."""
+    B, cap, Hkv, D = k_cache.shape
+    if D % 2 or tuple(v_cache.shape) != (B, cap, Hkv, D) or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(f"k_cache, v_cache: must be contiguous [B, cap, Hkv, D] of even D, got "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if tuple(inv_freq.shape) != (D // 2,) or inv_freq.dtype != torch.float32:
+        raise ValueError(f"inv_freq: must be float32 [{D // 2}], got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+    if tuple(valid.shape) != (cap,) or valid.dtype != torch.bool:
+        raise ValueError(f"valid: must be bool [{cap}], got {valid.dtype} {tuple(valid.shape)}")
+    if pos.dim() != 0 or pos.dtype != torch.int64 or pos.device != k_cache.device:
+        raise ValueError(f"pos: must be a 0-d int64 tensor on {k_cache.device}, got {pos.dtype} "
+                         f"{tuple(pos.shape)} on {pos.device}")
 
 
 @register_kernel("rope_cache", "decode")
@@ -81,20 +99,12 @@ def rope_into_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq:
     float32, ``pos``: 0-d int64 (the new token's position), ``k_cache, v_cache: [B, cap, Hkv, D]``,
     ``valid: [cap]`` bool -> ``q`` rotated, ``[B, 1, H, D]``; the rotated key, the value and the
     slot's flag written at slot ``pos % cap``."""
+    check_cache_args(inv_freq, pos, k_cache, v_cache, valid)
     B, cap, Hkv, D = k_cache.shape
     H = q.shape[-1] // D
     half = D // 2
-    if D % 2 or tuple(v_cache.shape) != (B, cap, Hkv, D) or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError(f"k_cache, v_cache: must be contiguous [B, cap, Hkv, D] of even D, got "
-                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
-    if tuple(inv_freq.shape) != (half,) or inv_freq.dtype != torch.float32:
-        raise ValueError(f"inv_freq: must be float32 [{half}], got {inv_freq.dtype} {tuple(inv_freq.shape)}")
-    if tuple(valid.shape) != (cap,) or valid.dtype != torch.bool:
-        raise ValueError(f"valid: must be bool [{cap}], got {valid.dtype} {tuple(valid.shape)}")
-    if pos.dim() != 0 or pos.dtype != torch.int64 or pos.device != k_cache.device:
-        raise ValueError(f"pos: must be a 0-d int64 tensor on {k_cache.device}, got {pos.dtype} "
-                         f"{tuple(pos.shape)} on {pos.device}")
-    q2, k2, v2 = _rows(q, B, H * D, "q"), _rows(k, B, Hkv * D, "k"), _rows(v, B, Hkv * D, "v")
+    q2, k2, v2 = (projection_rows(q, B, H * D, "q"), projection_rows(k, B, Hkv * D, "k"),
+                  projection_rows(v, B, Hkv * D, "v"))
     q_out = q.new_empty(B, 1, H, D)
     _rope_cache_kernel[(B, H + Hkv)](
         q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0), inv_freq, pos, q_out, k_cache, v_cache,

@@ -98,9 +98,10 @@ def test_attend_cache_matches_the_pytorch_path_on_gpu(config, splits, pos):
 
 
 def test_attend_cache_refuses_what_it_does_not_serve():
-    """``attend_cache``'s one-line errors, before any launch: caches of odd head dim or different
-    shapes, a query not a whole number of key/value head groups, frequencies of the wrong length or
-    dtype, a non-bool mask, a batched position, a projection column block of the wrong width."""
+    """``attend_cache``'s one-line errors, before any launch: the cache arguments it shares with
+    ``rope_into_cache`` (``rope_cache.check_cache_args``, whose every case the rope kernel's test
+    covers; a non-bool mask here), a query not a whole number of key/value head groups, a gate or a
+    key column block of the wrong width."""
     pytest.importorskip("triton")
     from blocks.kernels import decode_attention
 
@@ -110,17 +111,9 @@ def test_attend_cache_refuses_what_it_does_not_serve():
     cache = torch.zeros(B, cap, Hkv, D)
     good = dict(gate=None, inv_freq=torch.ones(D // 2), pos=torch.tensor(3), k_cache=cache, v_cache=cache.clone(),
                 valid=torch.zeros(cap, dtype=torch.bool))
-    for change, match in ((dict(k_cache=torch.zeros(B, cap, Hkv, 7)), "k_cache, v_cache"),
-                          (dict(v_cache=torch.zeros(B, cap + 1, Hkv, D)), "k_cache, v_cache"),
-                          (dict(inv_freq=torch.ones(D)), "inv_freq"),
-                          (dict(inv_freq=torch.ones(D // 2, dtype=torch.float64)), "inv_freq"),
-                          (dict(valid=torch.zeros(cap)), "valid"),
-                          (dict(pos=torch.tensor([3])), "pos"),
-                          (dict(pos=torch.tensor(3.0)), "pos"),
-                          (dict(gate=proj[..., :D]), "gate: must be")):
+    for args, change, match in (((q, k, v), dict(valid=torch.zeros(cap)), "valid: must be bool"),
+                                ((q, k, v), dict(gate=proj[..., :D]), "gate: must be"),
+                                ((q, proj[..., :D + 2], v), {}, "k: must be"),
+                                ((proj[..., :D + 4], k, v), {}, "q: its width")):
         with pytest.raises(ValueError, match=match):
-            decode_attention.attend_cache(q, k, v, **{**good, **change})
-    with pytest.raises(ValueError, match="k: must be"):
-        decode_attention.attend_cache(q, proj[..., :D + 2], v, **good)
-    with pytest.raises(ValueError, match="q: its width"):
-        decode_attention.attend_cache(proj[..., :D + 4], k, v, **good)
+            decode_attention.attend_cache(*args, **{**good, **change})
