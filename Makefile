@@ -33,7 +33,7 @@ test: setup
 # (< 2.3) go into their own folder, so the main environment stays as it is.
 KERNEL_DEPS := .triton-cpu
 KERNEL_TESTS := tests/blocks/test_kernels_gpu.py tests/blocks/test_kernels_gpu_gla_delta.py tests/blocks/test_kernels_launch.py \
-	tests/blocks/test_kernels_skinny.py
+	tests/blocks/test_kernels_skinny.py tests/blocks/test_kernels_decode_attention.py
 $(KERNEL_DEPS)/.installed: | setup
 	$(BIN)/pip install -q --target $(KERNEL_DEPS) "triton>=3.4" "numpy<2.3"
 	@touch $@

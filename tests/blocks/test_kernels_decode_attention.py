@@ -97,7 +97,7 @@ def test_attend_cache_matches_the_pytorch_path_on_gpu(config, splits, pos):
     assert torch.equal(k, k_ref) and torch.equal(v, v_ref) and torch.equal(valid, valid_ref)
 
 
-def test_attend_cache_refuses_what_it_does_not_serve():
+def test_attend_cache_refuses_what_it_does_not_serve_before_launch():
     """``attend_cache``'s one-line errors, before any launch: the cache arguments it shares with
     ``rope_into_cache`` (``rope_cache.check_cache_args``, whose every case the rope kernel's test
     covers; a non-bool mask here), a query not a whole number of key/value head groups, a gate or a

@@ -138,7 +138,7 @@ def test_embed_norm_in_interpreter():
     assert x[:2].isnan().all() and hn[:2].isnan().all() and torch.equal(x[2], weight[7])
 
 
-def test_skinny_gemms_refuse_shapes_they_do_not_serve():
+def test_skinny_gemms_refuse_shapes_they_do_not_serve_before_launch():
     pytest.importorskip("triton")
     from blocks.kernels import skinny
 
@@ -163,7 +163,7 @@ def test_skinny_gemms_refuse_shapes_they_do_not_serve():
         skinny.embed_norm(torch.zeros(9, 4), torch.zeros(3, 2, dtype=torch.long)[:, 0], torch.ones(4))
 
 
-def test_rope_cache_refuses_what_it_does_not_serve():
+def test_rope_cache_refuses_what_it_does_not_serve_before_launch():
     """``rope_into_cache``'s one-line errors, before any launch: caches of odd head dim or
     different shapes, frequencies of the wrong length or dtype, a non-bool mask, a batched
     position, a projection column block of the wrong width."""
