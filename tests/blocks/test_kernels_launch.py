@@ -220,6 +220,29 @@ def test_benchmark_reports_queued_training_beside_idle_start():
     assert gpu_kernels.fmt(rec["queued_mtok_s"]) in first_row
 
 
+def test_benchmark_reports_the_decode_attention_kernel_beside_sdpa():
+    """The per-layer decode table has a column for the decode graph's own attention kernel, which
+    counts for the best softmax figure; a run without it (before 2026-12-01 15:50, or one whose
+    kernel failed) shows '-' there and its ratio from SDPA alone."""
+    import json
+
+    gpu_kernels = _benchmark("gpu_kernels")
+    res = json.loads((ROOT / "docs/benchmarks/gpu_results.json").read_text())
+    lin = res["step"]["gated_delta_rule"]["triton_inplace_graph_s"]
+    row = res["softmax_decode"]["1024"]
+    row.pop("ours_graph_s", None)
+    cudnn = row["cudnn_graph_s"]
+
+    def table_row():
+        return next(line for line in gpu_kernels.markdown(res).splitlines() if line.startswith("| 1024 |"))
+
+    assert "ours (Triton, whole step)" in gpu_kernels.markdown(res)
+    best = min(row[k] for k in ("cudnn_graph_s", "flash_graph_s", "efficient_graph_s"))
+    assert table_row().endswith(f"| - | {lin * 1e6:.1f} | {best / lin:.1f}x |")
+    row["ours_graph_s"] = cudnn / 2  # faster than every SDPA backend: the ratio follows it
+    assert table_row().endswith(f"| {cudnn / 2 * 1e6:.1f} | {lin * 1e6:.1f} | {cudnn / 2 / lin:.1f}x |")
+
+
 def test_cuda_time_waits_for_each_step_only_when_not_queued(monkeypatch):
     """``cuda_time`` without ``queued`` waits for each call's end event before launching the next
     (every call starts on an idle GPU); with it, the calls go out back to back and one
