@@ -13,9 +13,11 @@ never moves:
   their buffers (a few KB).
 * softmax layers: a preallocated KV cache ``[B, capacity, Hkv, D]`` (a ring of ``window`` slots for
   windowed layers) is written at the current position, and attention reads the slots written so
-  far through a mask (a ``[capacity]`` bool buffer, set slot by slot; on CUDA the rotary and the
-  writes are one kernel, ``blocks.kernels.rope_cache``); the position is a device scalar advanced
-  inside the graph, so rotary embeddings follow.
+  far (a ``[capacity]`` bool buffer marks them, set slot by slot; on CUDA the rotary, the cache
+  writes, the attention over the slots below ``min(pos + 1, capacity)`` and the output gate are one
+  kernel, ``blocks.kernels.decode_attention``; without it, the rotary and the writes are
+  ``blocks.kernels.rope_cache``'s kernel and SDPA reads the whole cache through the mask); the
+  position is a device scalar advanced inside the graph, so rotary embeddings follow.
 
 The step reproduces ``HybridLM.decode_step`` through the model's public modules: the embedding,
 each linear layer as it is (``HybridLayer``: norm, mixer, MLP), each softmax layer through its
@@ -81,10 +83,16 @@ class _SoftmaxCache:
         self.inv_freq = rotary_frequencies(block.head_dim, block.config.rope_theta, device)  # for the fused kernel
 
     def load(self, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> None:
-        """Place an eager cache (the last ``n`` tokens, in order, positions ``pos-n .. pos-1``)."""
+        """Place an eager cache (the last ``n`` tokens, in order, positions ``pos-n .. pos-1``): every
+        token of a full-attention layer, a windowed layer's last ``min(pos, window)``. So the
+        written slots are those below ``min(pos, cap)``, which the attention kernel reads without
+        the mask (``decode_attention.ATTEND_MASK``)."""
         n = k_cache.shape[1]
         if n > self.cap:
             raise UserError(f"capacity: the prompt's {n} cached tokens exceed the cache capacity {self.cap}")
+        if n != min(pos, self.cap):
+            raise UserError(f"position: a cache of {n} tokens at position {pos} leaves earlier positions out; "
+                            f"expected {min(pos, self.cap)} (the layer's whole context, or its window)")
         self.k.zero_()
         self.v.zero_()
         slots = (torch.arange(pos - n, pos, device=self.k.device) % self.cap)

@@ -14,8 +14,8 @@ deltanet, gated_deltanet, simple_gla), RMSNorm norms and a SwiGLU MLP, one decod
 
 so the next fused layer starts from ``hn1'`` without a norm kernel of its own. A softmax layer
 (``attention_step``) runs the same four GEMMs with the decoder's own attention step in the mixer's
-place (on CUDA one Triton kernel for rotary and the KV-cache write, ``blocks.kernels.rope_cache``;
-then SDPA and the output gate). A norm handed to a
+place (on CUDA one Triton kernel for rotary, the KV-cache write, the attention and the output
+gate, ``blocks.kernels.decode_attention``). A norm handed to a
 GEMM is ``skinny.NormedRows`` (``h * gamma`` and the sums of ``h^2`` per column tile): the GEMM
 multiplies its rows by ``1 / rms``. (``skinny.RESIDUAL_EPILOGUE`` off: o_proj and w2 as
 ``skinny.partials`` + ``skinny.add_norm``, two kernels each, the norms as tensors; the last layer's

@@ -312,7 +312,8 @@ def throughput(model: torch.nn.Module, cfg: MeasureConfig, device: torch.device 
                 tried = True
                 try:
                     if step is None:  # capture once; later repetitions load their states into it
-                        # KV capacity exactly what the steps need: a graph step reads every slot.
+                        # KV capacity exactly what the steps need: SDPA's path reads every slot
+                        # (the attention kernel only those written so far).
                         capacity = cfg.prefill_len + cfg.decode_steps
                         if cfg.decode_compile:
                             try:

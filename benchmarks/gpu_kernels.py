@@ -414,7 +414,7 @@ def _model_compiled_row(out: dict, copy_bw: float, batch: int, name: str, block:
         log(f"{label} {name} ctx={ctx}: compile+capture {compile_s:.0f} s, logit diff {check:.3g}")
         return key, dec
     except Exception as exc:
-        out[f"{name} ({label})"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        out[f"{name} @ {ctx} ({label})"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         traceback.print_exc()
         torch.cuda.empty_cache()
         return None

@@ -18,9 +18,10 @@ SDPA read the whole capacity.
 Grid ``(B * Hkv, SPLITS)``: program ``(b, j, s)`` takes the ``G = H / Hkv`` query heads of key/value
 head ``j`` as the rows of ``[16, D]`` tiles (tensor-core dots; the rows past G are padding) over
 its share ``s`` of the slots below ``min(pos + 1, cap)``, with the online softmax of
-FlashAttention. Slots at or past ``min(pos + 1, cap)`` are never written (the decoder writes slot
-``pos % cap`` at position ``pos``; ``load`` and ``fill`` mark the slots of earlier positions), so
-reading below that bound and masking by ``valid`` is the attention SDPA computed. The new token
+FlashAttention. No slot at or past ``min(pos + 1, cap)`` is marked written (the decoder writes slot
+``pos % cap`` at position ``pos``; ``load`` and ``fill`` mark the slots of positions below ``pos``,
+``load`` refusing a cache that leaves one out), so reading below that bound (and, with
+``ATTEND_MASK`` "flags", masking by ``valid``) is the attention SDPA computed over the mask. The new token
 enters from registers (split 0 starts its softmax with it and writes the cache), the slot it
 overwrites is masked out, so no program reads what another writes. With one split the program
 normalises, gates and stores; with more, each stores its running max, sum and ``[G, D]``
@@ -33,6 +34,7 @@ SDPA's output, then the gate's product).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -40,7 +42,7 @@ import triton
 import triton.language as tl
 
 from . import register_kernel
-from .rope_cache import check_cache_args, projection_rows
+from .rope_cache import check_cache_args, check_projection_dtypes, projection_rows
 from .tiles import INTERPRET, cdiv, dot_prec, pow2
 
 # Slots per loop step, launch settings and how many programs to aim for per SM (the cache is split
@@ -90,7 +92,7 @@ def _store_out(o, gate, sg_b, out, b, heads, m_g, o_d, m_d, H: tl.constexpr, D: 
     tl.store(o + b * (H * D) + cols, out.to(o.dtype.element_ty), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["cap"])  # capacities vary (prompt + steps): one compile for all
 def _attend_kernel(q, k, v, gate, sq_b, sk_b, sv_b, sg_b, inv_freq, pos_ptr, k_cache, v_cache, valid, cap,
                    o, part, part_ml, scale_log2,
                    H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
@@ -195,8 +197,13 @@ def _combine_kernel(part, part_ml, gate, sg_b, o, H: tl.constexpr, HKV: tl.const
 def splits_for(programs: int, cap: int, device: torch.device) -> int:
     """How many programs share one key/value head's cache: enough for ``ATTEND_PROGRAMS_PER_SM``
     programs per SM over the ``programs = B * Hkv`` heads, at most one per ``ATTEND_BLOCK_N`` slots."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    sms = _sm_count(device) if device.type == "cuda" else 1
     return max(1, min(cdiv(int(sms * ATTEND_PROGRAMS_PER_SM), programs), cdiv(cap, ATTEND_BLOCK_N)))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @register_kernel("attend_cache", "decode")
@@ -214,6 +221,11 @@ def attend_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.
     B, cap, Hkv, D = k_cache.shape
     if q.shape[-1] % (Hkv * D):
         raise ValueError(f"q: its width {q.shape[-1]} must be a multiple of Hkv * D = {Hkv * D}")
+    check_projection_dtypes(k_cache, q=q, k=k, v=v, gate=gate)
+    if splits is not None and not (isinstance(splits, int) and splits >= 1):
+        raise ValueError(f"splits: a positive integer or None, got {splits!r}")
+    if ATTEND_MASK not in SWITCHES["ATTEND_MASK"]:
+        raise ValueError(f"decode_attention.ATTEND_MASK: one of {SWITCHES['ATTEND_MASK']}, got {ATTEND_MASK!r}")
     H = q.shape[-1] // D
     G = H // Hkv
     q2, k2, v2 = (projection_rows(q, B, H * D, "q"), projection_rows(k, B, Hkv * D, "k"),
@@ -226,7 +238,9 @@ def attend_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.
     if S > 1:
         part = torch.empty(B * Hkv * S * GP, BD, device=q.device, dtype=torch.float32)
         part_ml = torch.empty(B * Hkv * S * GP, 2, device=q.device, dtype=torch.float32)
-    launch = dict(num_warps=1, num_stages=1) if INTERPRET else dict(num_warps=ATTEND_WARPS, num_stages=ATTEND_STAGES)
+    # float32 tiles are twice the shared memory of bf16 ones: one stage (as tiles.stages)
+    launch = (dict(num_warps=1, num_stages=1) if INTERPRET else
+              dict(num_warps=ATTEND_WARPS, num_stages=1 if k_cache.dtype == torch.float32 else ATTEND_STAGES))
     _attend_kernel[(B * Hkv, S)](
         q2, k2, v2, g2, q2.stride(0), k2.stride(0), v2.stride(0), g2.stride(0), inv_freq, pos, k_cache, v_cache,
         valid.view(torch.uint8), cap, o, part, part_ml, math.log2(math.e) / math.sqrt(D),

@@ -89,6 +89,20 @@ def check_cache_args(inv_freq: torch.Tensor, pos: torch.Tensor, k_cache: torch.T
     if pos.dim() != 0 or pos.dtype != torch.int64 or pos.device != k_cache.device:
         raise ValueError(f"pos: must be a 0-d int64 tensor on {k_cache.device}, got {pos.dtype} "
                          f"{tuple(pos.shape)} on {pos.device}")
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache: must be {k_cache.dtype} as k_cache, got {v_cache.dtype}")
+    for name, t in (("v_cache", v_cache), ("inv_freq", inv_freq), ("valid", valid)):
+        if t.device != k_cache.device:
+            raise ValueError(f"{name}: must be on {k_cache.device} with k_cache, got {t.device}")
+
+
+def check_projection_dtypes(k_cache: torch.Tensor, **columns: torch.Tensor | None) -> None:
+    """The projection's columns (``q``, ``k``, ``v``, ``gate``; None skipped) in the cache's dtype
+    and on its device, as the PyTorch path's cache writes and SDPA require."""
+    for name, t in columns.items():
+        if t is not None and (t.dtype != k_cache.dtype or t.device != k_cache.device):
+            raise ValueError(f"{name}: must be {k_cache.dtype} on {k_cache.device} as the cache, "
+                             f"got {t.dtype} on {t.device}")
 
 
 @register_kernel("rope_cache", "decode")
@@ -100,6 +114,7 @@ def rope_into_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq:
     ``valid: [cap]`` bool -> ``q`` rotated, ``[B, 1, H, D]``; the rotated key, the value and the
     slot's flag written at slot ``pos % cap``."""
     check_cache_args(inv_freq, pos, k_cache, v_cache, valid)
+    check_projection_dtypes(k_cache, q=q, k=k, v=v)
     B, cap, Hkv, D = k_cache.shape
     H = q.shape[-1] // D
     half = D // 2

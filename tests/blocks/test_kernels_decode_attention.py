@@ -85,23 +85,29 @@ def test_attend_cache_matches_the_pytorch_path_in_interpreter(case, splits, pos,
                                                          "output_gate": True}], ids=["mha", "gqa_window_gate"])
 @pytest.mark.parametrize("splits", [None, 5])
 @pytest.mark.parametrize("pos", [7, 1023, 3000])
-def test_attend_cache_matches_the_pytorch_path_on_gpu(config, splits, pos):
-    """bf16 at the decode benchmark's shapes (d_model 2048, 16 heads of 128, batch 16, capacity
-    1088 = 1024 + 64 or the 1000-token window): the kernel's output within bf16 rounding of SDPA's
-    path, the cache written identically."""
-    layer = _layer("softmax", config, d_model=2048, device="cuda").to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_attend_cache_matches_the_pytorch_path_on_gpu(config, splits, pos, dtype):
+    """At the decode benchmark's shapes (d_model 2048, 16 heads of 128, batch 16, capacity 1088 =
+    1024 + 64 or the 1000-token window): the kernel's output within bf16 rounding of SDPA's path
+    (float32: 1e-5, the dots in full precision), the new key within an ulp of it (the kernel's
+    rotary fuses multiply-adds), every other slot, the value and the flags identical."""
+    layer = _layer("softmax", config, d_model=2048, device="cuda").to(dtype)
     with torch.no_grad():
         (o, k, v, valid), (o_ref, k_ref, v_ref, valid_ref), slot = _both_paths(
-            layer, 16, 1088, pos, splits, torch.device("cuda"), torch.bfloat16)
-    assert rel(o, o_ref) < 1e-2
-    assert torch.equal(k, k_ref) and torch.equal(v, v_ref) and torch.equal(valid, valid_ref)
+            layer, 16, 1088, pos, splits, torch.device("cuda"), dtype)
+    assert rel(o, o_ref) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+    assert rel(k[:, slot], k_ref[:, slot]) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
+    others = torch.arange(k.shape[1], device=k.device) != slot
+    assert torch.equal(k[:, others], k_ref[:, others])
+    assert torch.equal(v, v_ref) and torch.equal(valid, valid_ref)
 
 
 def test_attend_cache_refuses_what_it_does_not_serve_before_launch():
     """``attend_cache``'s one-line errors, before any launch: the cache arguments it shares with
     ``rope_into_cache`` (``rope_cache.check_cache_args``, whose every case the rope kernel's test
     covers; a non-bool mask here), a query not a whole number of key/value head groups, a gate or a
-    key column block of the wrong width."""
+    key column block of the wrong width, columns of another dtype than the cache's (the PyTorch
+    path's cache writes refuse them too), a split count below one."""
     pytest.importorskip("triton")
     from blocks.kernels import decode_attention
 
@@ -113,6 +119,9 @@ def test_attend_cache_refuses_what_it_does_not_serve_before_launch():
                 valid=torch.zeros(cap, dtype=torch.bool))
     for args, change, match in (((q, k, v), dict(valid=torch.zeros(cap)), "valid: must be bool"),
                                 ((q, k, v), dict(gate=proj[..., :D]), "gate: must be"),
+                                ((q, k, v), dict(gate=proj[..., :2 * D].double()), "gate: must be torch.float32"),
+                                ((q.half(), k, v), {}, "q: must be torch.float32 on cpu as the cache"),
+                                ((q, k, v), dict(splits=0), "splits: a positive integer"),
                                 ((q, proj[..., :D + 2], v), {}, "k: must be"),
                                 ((proj[..., :D + 4], k, v), {}, "q: its width")):
         with pytest.raises(ValueError, match=match):

@@ -564,6 +564,23 @@ def test_randomized_decoder_masks_the_slots_of_earlier_positions_on_cpu():
     assert full.valid.tolist() == [True] * 2 + [False] * 6 and ring.valid.tolist() == [True] * 2 + [False] * 2
 
 
+def test_decoder_refuses_a_cache_that_leaves_earlier_positions_out_on_cpu():
+    """``load`` refuses a layer cache shorter than the position's context (the attention kernel
+    reads every slot below the position without the mask, so a hole would be attended to): a
+    one-line error naming the position; the window's last tokens (fewer than the position) load."""
+    from archsearch.decode_graph import GraphDecoder
+
+    model = _cpu_model([("softmax", {"num_heads": 2}), ("softmax", {"num_heads": 2, "window": 4})])
+    dec = GraphDecoder(model, 2, capacity=8, use_graph=False)
+    _, states = model.prefill(torch.zeros(2, 6, dtype=torch.long))
+    assert states[1]["k_cache"].shape[1] == 4  # the window's last 4 of 6 tokens
+    dec.load(states, 6)
+    assert all(dec.caches[0].valid[:6]) and all(dec.caches[1].valid)
+    short = [{**states[0], "k_cache": states[0]["k_cache"][:, 1:], "v_cache": states[0]["v_cache"][:, 1:]}, states[1]]
+    with pytest.raises(UserError, match="position: a cache of 5 tokens at position 6 leaves earlier positions out"):
+        dec.load(short, 6)
+
+
 def test_compiled_static_decode_path_matches_eager_model_on_cpu():
     """``GraphDecoder(compile=True)`` without the graph: each linear layer through ``torch.compile``
     (Inductor's CPU backend here; ~30 s, the layers of one family share one compile), against the

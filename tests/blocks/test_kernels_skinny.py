@@ -165,8 +165,8 @@ def test_skinny_gemms_refuse_shapes_they_do_not_serve_before_launch():
 
 def test_rope_cache_refuses_what_it_does_not_serve_before_launch():
     """``rope_into_cache``'s one-line errors, before any launch: caches of odd head dim or
-    different shapes, frequencies of the wrong length or dtype, a non-bool mask, a batched
-    position, a projection column block of the wrong width."""
+    different shapes or dtypes, frequencies of the wrong length or dtype, a non-bool mask, a
+    batched position, a projection column block of the wrong width or dtype."""
     pytest.importorskip("triton")
     from blocks.kernels import rope_cache
 
@@ -182,9 +182,12 @@ def test_rope_cache_refuses_what_it_does_not_serve_before_launch():
                           (dict(inv_freq=torch.ones(D // 2, dtype=torch.float64)), "inv_freq"),
                           (dict(valid=torch.zeros(cap)), "valid"),
                           (dict(pos=torch.tensor([3])), "pos"),
-                          (dict(pos=torch.tensor(3.0)), "pos")):
+                          (dict(pos=torch.tensor(3.0)), "pos"),
+                          (dict(v_cache=cache.double()), "v_cache: must be torch.float32 as k_cache")):
         with pytest.raises(ValueError, match=match):
             rope_cache.rope_into_cache(q, k, v, **{**good, **change})
+    with pytest.raises(ValueError, match="v: must be torch.float32 on cpu as the cache"):
+        rope_cache.rope_into_cache(q, k, v.half(), **good)
     with pytest.raises(ValueError, match="k: must be"):
         rope_cache.rope_into_cache(q, proj[..., :D + 2], v, **good)
 
