@@ -274,44 +274,23 @@ def _bf16_model(block: str, softmax_every: int):
     return model.to(torch.bfloat16).eval()
 
 
-def model_decode_bench(copy_bw: float, batch: int = 16) -> dict:
-    """Whole-model decode: eager ``decode_step`` vs the captured graph, against the roofline."""
-    from archsearch import decode_graph
-
-    out = {}
+def model_decode_bench(copy_bw: float, batch: int = 16, rounds: int = 3, iters: int = 10) -> dict:
+    """Whole-model decode as the captured graph (no torch.compile): the two 24-linear-layer models at
+    4k context and the 3:1 hybrid at 1k / 4k / 16k, each row checked against the eager model and
+    profiled (``_model_decode_row``; the eager step timed at each model's first context), then all
+    timed round robin (``_time_round_robin``) as the compiled rows are."""
+    out: dict = {}
+    built = []
     cases = [("gated_deltanet x24", "gated_deltanet", 0, (4096,)),
              ("simple_gla x24", "simple_gla", 0, (4096,)),
              ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, (1024, 4096, 16384))]
     for name, block, every, contexts in cases:
-        try:
-            model = _bf16_model(block, every)
-            for ctx in contexts:
-                dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 64)
-                gen = torch.Generator(device="cuda").manual_seed(0)
-                dec.randomize(ctx - 1, gen)
-                # agreement with the eager model on the same state: one step each
-                check = _graph_vs_eager(model, dec, batch)
-                dec.randomize(ctx - 1, gen)
-                graph_s = dec.time_step(iters=30)
-                nbytes = decode_graph.decode_bytes(model, batch, ctx)
-                row = {"params": model.num_params(), "mlp_hidden": _mlp_hidden(model),
-                       "bytes_per_step": nbytes, "graph_s": graph_s,
-                       "roofline_s": nbytes / copy_bw, "x_roofline": graph_s / (nbytes / copy_bw),
-                       "tokens_per_s": batch / graph_s, "max_abs_logit_diff_vs_eager": check}
-                if ctx == contexts[0]:
-                    row["eager_s"] = _eager_step_time(model, dec, batch)
-                    row["profile"] = _profile_step(dec)
-                out[f"{name} @ {ctx}"] = row
-                log(f"model {name} ctx={ctx}: graph {graph_s * 1e3:.3f} ms, roofline {nbytes / copy_bw * 1e3:.3f} ms "
-                    f"({graph_s / (nbytes / copy_bw):.2f}x), eager {row.get('eager_s', float('nan')) * 1e3:.2f} ms, "
-                    f"logit diff {check:.3g}")
-                del dec
-                torch.cuda.empty_cache()
-            del model
-        except Exception as exc:
-            out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            traceback.print_exc()
-        torch.cuda.empty_cache()
+        for ctx in contexts:
+            item = _model_decode_row(out, copy_bw, batch, name, block, every, ctx, False, "",
+                                     steps=rounds * (iters + 2), eager=ctx == contexts[0])
+            if item is not None:
+                built.append(item)
+    _time_round_robin(out, built, rounds, iters)
     return out
 
 
@@ -352,8 +331,8 @@ def model_compiled_bench(copy_bw: float, batch: int = 16, cases: str = "", modes
                  + (", fused layers" if fused == "on" else "") + ("" if switch.strip() in ("", "-") else f", {switch}"))
         decode_mixer.ENABLED, decode_layer.ENABLED = mixer == "on", fused == "on"
         with switched("" if switch.strip() == "-" else switch):
-            item = _model_compiled_row(out, copy_bw, batch, name, block, every, ctx, mode, label,
-                                       steps=rounds * (iters + 2))
+            item = _model_decode_row(out, copy_bw, batch, name, block, every, ctx, mode, label,
+                                     steps=rounds * (iters + 2))
         if item is not None:
             built.append(item)
     decode_mixer.ENABLED, decode_layer.ENABLED = enabled
@@ -390,13 +369,16 @@ def _time_round_robin(out: dict, built: list, rounds: int, iters: int) -> None:
     torch.cuda.empty_cache()
 
 
-def _model_compiled_row(out: dict, copy_bw: float, batch: int, name: str, block: str, every: int, ctx: int,
-                        mode: str, label: str, steps: int = 40):
-    """Build, check against the eager model, capture and profile one row of
-    ``model_compiled_bench`` into ``out`` (an error row if it fails); returns ``(key, decoder)``
-    with room for ``steps`` more positions, for ``_time_round_robin``, or None."""
+def _model_decode_row(out: dict, copy_bw: float, batch: int, name: str, block: str, every: int, ctx: int,
+                      mode: str | bool, label: str, steps: int = 40, eager: bool = False):
+    """Build, check against the eager model, capture and profile one whole-model decode row into
+    ``out`` under ``"{name} @ {ctx}"`` (`` ({label})`` appended when given; an error row if it
+    fails): ``mode`` False for the plain graph, else a ``GraphDecoder`` compile mode; ``eager``
+    also times the eager ``decode_step``. Returns ``(key, decoder)`` with room for ``steps`` more
+    positions, for ``_time_round_robin``, or None."""
     from archsearch import decode_graph
 
+    key = f"{name} @ {ctx}" + (f" ({label})" if label else "")
     try:
         model = _bf16_model(block, every)
         dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 8 + steps, compile=mode)
@@ -405,16 +387,18 @@ def _model_compiled_row(out: dict, copy_bw: float, batch: int, name: str, block:
         check = _graph_vs_eager(model, dec, batch)  # first step: compiles and captures
         compile_s = time.time() - t0
         nbytes = decode_graph.decode_bytes(model, batch, ctx)
-        key = f"{name} @ {ctx} ({label})"
         out[key] = {
-            "params": model.num_params(), "bytes_per_step": nbytes, "batch": batch,
-            "roofline_s": nbytes / copy_bw, "max_abs_logit_diff_vs_eager": check,
+            "params": model.num_params(), "mlp_hidden": _mlp_hidden(model), "bytes_per_step": nbytes,
+            "batch": batch, "roofline_s": nbytes / copy_bw, "max_abs_logit_diff_vs_eager": check,
             "compile_and_capture_s": compile_s, "profile": _profile_step(dec)}
+        if eager:
+            out[key]["eager_s"] = _eager_step_time(model, dec, batch)
         dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(1))  # fresh states for the timing
-        log(f"{label} {name} ctx={ctx}: compile+capture {compile_s:.0f} s, logit diff {check:.3g}")
+        log(f"{label or 'graph'} {name} ctx={ctx}: compile+capture {compile_s:.0f} s, logit diff {check:.3g}"
+            + (f", eager {out[key]['eager_s'] * 1e3:.2f} ms" if eager else ""))
         return key, dec
     except Exception as exc:
-        out[f"{name} @ {ctx} ({label})"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        out[key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         traceback.print_exc()
         torch.cuda.empty_cache()
         return None
@@ -671,7 +655,8 @@ def _md_model(res: dict) -> list[str]:
                          f"{r['tokens_per_s']:.0f} | {r['max_abs_logit_diff_vs_eager']:.2g} |")
     passes = [(n, r["graph_s_rounds"]) for n, r in md.items() if "graph_s_rounds" in r and "error" not in r]
     if passes:
-        lines += ["", "Compiled rows: the median of round-robin passes over all rows (ms per step in each pass): "
+        lines += ["", "Graph times: the median of round-robin passes over the rows of their section (plain graphs; "
+                  "compiled ones), ms per step in each pass: "
                   + "; ".join(f"{n}: {', '.join(f'{t * 1e3:.3f}' for t in ts)}" for n, ts in passes)]
     prof = [(n, r) for n, r in md.items() if isinstance(r.get("profile"), dict) and "kernels" in r["profile"]]
     if prof:

@@ -243,6 +243,34 @@ def test_benchmark_reports_the_decode_attention_kernel_beside_sdpa():
     assert table_row().endswith(f"| {cudnn / 2 * 1e6:.1f} | {lin * 1e6:.1f} | {cudnn / 2 / lin:.1f}x |")
 
 
+def test_plain_decode_rows_are_built_then_timed_round_robin(monkeypatch):
+    """``model_decode_bench`` builds every plain-graph row (each model at each of its contexts, the
+    eager step timed at the first context only, no compile mode), then times them all in one
+    round-robin pass set, as the compiled rows are; a row that fails to build is left out of the
+    timing."""
+    gpu_kernels = _benchmark("gpu_kernels")
+    built, timed = [], []
+
+    def fake_row(out, copy_bw, batch, name, block, every, ctx, mode, label, steps=40, eager=False):
+        built.append((name, ctx, mode, label, eager, steps))
+        if ctx == 16384:
+            out[f"{name} @ {ctx}"] = {"error": "OutOfMemoryError"}
+            return None
+        return f"{name} @ {ctx}", object()
+
+    monkeypatch.setattr(gpu_kernels, "_model_decode_row", fake_row)
+    monkeypatch.setattr(gpu_kernels, "_time_round_robin",
+                        lambda out, items, rounds, iters: timed.append(([k for k, _ in items], rounds, iters)))
+    out = gpu_kernels.model_decode_bench(4e12, rounds=2, iters=5)
+    assert [(n, c, e) for n, c, _, _, e, _ in built] == [
+        ("gated_deltanet x24", 4096, True), ("simple_gla x24", 4096, True), ("gated_deltanet 3:1 softmax", 1024, True),
+        ("gated_deltanet 3:1 softmax", 4096, False), ("gated_deltanet 3:1 softmax", 16384, False)]
+    assert all(mode is False and label == "" and steps == 2 * (5 + 2) for _, _, mode, label, _, steps in built)
+    assert timed == [(["gated_deltanet x24 @ 4096", "simple_gla x24 @ 4096", "gated_deltanet 3:1 softmax @ 1024",
+                       "gated_deltanet 3:1 softmax @ 4096"], 2, 5)]
+    assert out == {"gated_deltanet 3:1 softmax @ 16384": {"error": "OutOfMemoryError"}}
+
+
 def test_cuda_time_waits_for_each_step_only_when_not_queued(monkeypatch):
     """``cuda_time`` without ``queued`` waits for each call's end event before launching the next
     (every call starts on an idle GPU); with it, the calls go out back to back and one
