@@ -76,8 +76,8 @@ def projection_rows(x: torch.Tensor, B: int, width: int, name: str) -> torch.Ten
 def check_cache_args(inv_freq: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      valid: torch.Tensor) -> None:
     """The one-line errors of the cache arguments this kernel and ``decode_attention.attend_cache``
-    share: contiguous ``[B, cap, Hkv, D]`` caches of even D, float32 ``[D/2]`` frequencies, a bool
-    ``[cap]`` mask, a 0-d int64 position on the caches' device."""
+    share: contiguous ``[B, cap, Hkv, D]`` caches of even D and one dtype, float32 ``[D/2]``
+    frequencies, a bool ``[cap]`` mask, a 0-d int64 position, all on the key cache's device."""
     B, cap, Hkv, D = k_cache.shape
     if D % 2 or tuple(v_cache.shape) != (B, cap, Hkv, D) or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError(f"k_cache, v_cache: must be contiguous [B, cap, Hkv, D] of even D, got "
