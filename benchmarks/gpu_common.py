@@ -256,13 +256,14 @@ def kernel_settings() -> dict:
         out[name] = {"switches": {k: getattr(mod, k) for k in getattr(mod, "SWITCHES", {})},
                      "launch": {k: dict(v) for k, v in mod.LAUNCH.items()},
                      "walk_min_per_sm": getattr(mod, "WALK_MIN_PER_SM", tiles.WALK_MIN_PER_SM)}
-    out["decode_mixer"] = {"switches": {"ENABLED": decode_mixer.ENABLED,
-                                        **{k: getattr(decode_mixer, k) for k in decode_mixer.SWITCHES}}}
-    out["skinny"] = {"switches": {k: getattr(skinny, k) for k in skinny.SWITCHES},
-                     "configs": {k: list(v) for k, v in skinny.CONFIGS.items()}}
+    def switches(mod) -> dict:
+        return {k: getattr(mod, k) for k in mod.SWITCHES}
+
+    out["decode_mixer"] = {"switches": {"ENABLED": decode_mixer.ENABLED, **switches(decode_mixer)}}
+    out["skinny"] = {"switches": switches(skinny), "configs": {k: list(v) for k, v in skinny.CONFIGS.items()}}
     out["decode_layer"] = {"switches": {"ENABLED": decode_layer.ENABLED}}
-    out["decode_graph"] = {"switches": {k: getattr(decode_graph, k) for k in decode_graph.SWITCHES}}
-    out["decode_attention"] = {"switches": {k: getattr(decode_attention, k) for k in decode_attention.SWITCHES}}
+    out["decode_graph"] = {"switches": switches(decode_graph)}
+    out["decode_attention"] = {"switches": switches(decode_attention)}
     return out
 
 

@@ -281,13 +281,14 @@ def model_decode_bench(copy_bw: float, batch: int = 16, rounds: int = 3, iters: 
     timed round robin (``_time_round_robin``) as the compiled rows are."""
     out: dict = {}
     built = []
+    models: dict = {}  # one model per (block, softmax_every), shared by its contexts' decoders
     cases = [("gated_deltanet x24", "gated_deltanet", 0, (4096,)),
              ("simple_gla x24", "simple_gla", 0, (4096,)),
              ("gated_deltanet 3:1 softmax", "gated_deltanet", 4, (1024, 4096, 16384))]
     for name, block, every, contexts in cases:
         for ctx in contexts:
             item = _model_decode_row(out, copy_bw, batch, name, block, every, ctx, False, "",
-                                     steps=rounds * (iters + 2), eager=ctx == contexts[0])
+                                     steps=rounds * (iters + 2), eager=ctx == contexts[0], models=models)
             if item is not None:
                 built.append(item)
     _time_round_robin(out, built, rounds, iters)
@@ -370,17 +371,24 @@ def _time_round_robin(out: dict, built: list, rounds: int, iters: int) -> None:
 
 
 def _model_decode_row(out: dict, copy_bw: float, batch: int, name: str, block: str, every: int, ctx: int,
-                      mode: str | bool, label: str, steps: int = 40, eager: bool = False):
+                      mode: str | bool, label: str, steps: int = 40, eager: bool = False,
+                      models: dict | None = None):
     """Build, check against the eager model, capture and profile one whole-model decode row into
     ``out`` under ``"{name} @ {ctx}"`` (`` ({label})`` appended when given; an error row if it
     fails): ``mode`` False for the plain graph, else a ``GraphDecoder`` compile mode; ``eager``
-    also times the eager ``decode_step``. Returns ``(key, decoder)`` with room for ``steps`` more
-    positions, for ``_time_round_robin``, or None."""
+    also times the eager ``decode_step``; ``models`` caches the model per ``(block, every)`` (the
+    plain rows share it: a decoder only reads the weights; compiled rows build their own). Returns
+    ``(key, decoder)`` with room for ``steps`` more positions, for ``_time_round_robin``, or None."""
     from archsearch import decode_graph
 
     key = f"{name} @ {ctx}" + (f" ({label})" if label else "")
     try:
-        model = _bf16_model(block, every)
+        if models is None:
+            model = _bf16_model(block, every)
+        else:
+            if (block, every) not in models:
+                models[(block, every)] = _bf16_model(block, every)
+            model = models[(block, every)]
         dec = decode_graph.GraphDecoder(model, batch, capacity=ctx + 8 + steps, compile=mode)
         dec.randomize(ctx - 1, torch.Generator(device="cuda").manual_seed(0))
         t0 = time.time()
@@ -789,8 +797,8 @@ def main(argv=None) -> int:
                     "e.g. --compiled-sets=\"-;PDL=False;CHUNKS=4\"")
     ap.add_argument("--set", default="", help="kernel module switches to run with, as the launch sweep's --set "
                     "(e.g. CHUNKS=4: the decode mixer's state in four slices; recorded in kernel_settings)")
-    ap.add_argument("--rounds", type=int, default=3, help="round-robin timing passes over the compiled decode "
-                    "rows (each row's time: the median of its passes)")
+    ap.add_argument("--rounds", type=int, default=3, help="round-robin timing passes over the whole-model decode "
+                    "rows, plain and compiled (each row's time: the median of its passes)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(filter(None, a.families.split(",")))
@@ -853,7 +861,7 @@ def main(argv=None) -> int:
                 ("step", step_bench),
                 ("softmax_decode", lambda: softmax_decode_bench(contexts)),
                 ("kernel_breakdown", lambda: kernel_breakdown(families)),
-                ("model_decode", lambda: model_decode_bench(res["ceilings"]["copy_bytes_per_s"])),
+                ("model_decode", lambda: model_decode_bench(res["ceilings"]["copy_bytes_per_s"], rounds=a.rounds)),
                 ("fla", lambda: fla_bench(a.fla_timeout, [int(x) for x in a.fla_lengths.split(",")] if a.fla_lengths
                                           else lengths, a.fla_families)),
                 ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"],

@@ -57,7 +57,7 @@ def role_inputs(role: str, batch: int) -> tuple[list[dict], callable, callable]:
              "g": 1 + rnd(N, scale=0.1).float()} for _ in range(LAYERS)]
     epilogue = skinny.RESIDUAL_EPILOGUE
     if epilogue:  # in_proj and swiglu read the norm as the layer hands it: NormedRows from w2 / o_proj
-        tiles = -(-K // skinny.CONFIGS["w2" if role == "in_proj" else "o_proj"][0])
+        tiles = skinny.cdiv(K, skinny.CONFIGS["w2" if role == "in_proj" else "o_proj"][0])
         for s in sets:
             s["gb"] = s["g"].bfloat16()
             s["rows"] = skinny.NormedRows(

@@ -34,7 +34,6 @@ SDPA's output, then the gate's product).
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -42,8 +41,8 @@ import triton
 import triton.language as tl
 
 from . import register_kernel
-from .rope_cache import check_cache_args, check_projection_dtypes, projection_rows
-from .tiles import INTERPRET, cdiv, dot_prec, pow2
+from .rope_cache import check_cache_args, check_projection_dtypes, projection_rows, rotated
+from .tiles import cdiv, dot_prec, launch, pow2, sm_count, warps
 
 # Slots per loop step, launch settings and how many programs to aim for per SM (the cache is split
 # over SPLITS programs per key/value head while B * Hkv programs would fill fewer). Timed in the
@@ -69,15 +68,6 @@ ATTEND_PROGRAMS_PER_SM = 1
 ATTEND_MASK = "positions"
 SWITCHES = {"ATTEND_BLOCK_N": (32, 64, 128), "ATTEND_WARPS": (4, 8), "ATTEND_STAGES": (2, 3, 4),
             "ATTEND_PROGRAMS_PER_SM": (1, 2, 4), "ATTEND_MASK": ("flags", "positions")}
-
-
-@triton.jit
-def _rotated(ptr, mask, cos, sin, HALF: tl.constexpr, DTYPE: tl.constexpr):
-    """``rotary`` of the half-split vectors at ``ptr`` (offsets of the first halves, any shape that
-    broadcasts with ``cos``/``sin``) -> ``(first half, second half)`` rounded to ``DTYPE``."""
-    x1 = tl.load(ptr, mask=mask, other=0.).to(tl.float32)
-    x2 = tl.load(ptr + HALF, mask=mask, other=0.).to(tl.float32)
-    return (x1 * cos - x2 * sin).to(DTYPE), (x2 * cos + x1 * sin).to(DTYPE)
 
 
 @triton.jit
@@ -119,9 +109,9 @@ def _attend_kernel(q, k, v, gate, sq_b, sk_b, sv_b, sg_b, inv_freq, pos_ptr, k_c
     ang = pos.to(tl.float32) * tl.load(inv_freq + o_h, mask=m_h, other=0.)
     cos = tl.cos(ang)
     sin = tl.sin(ang)
-    q1, q2 = _rotated(q + b * sq_b + heads[:, None] * D + o_h[None, :], m_g[:, None] & m_h[None, :],
+    q1, q2 = rotated(q + b * sq_b + heads[:, None] * D + o_h[None, :], m_g[:, None] & m_h[None, :],
                       cos[None, :], sin[None, :], HALF, DT)  # [GP, BH] each
-    k1, k2 = _rotated(k + b * sk_b + j * D + o_h, m_h, cos, sin, HALF, DT)  # [BH] each
+    k1, k2 = rotated(k + b * sk_b + j * D + o_h, m_h, cos, sin, HALF, DT)  # [BH] each
     v_new = tl.load(v + b * sv_b + j * D + o_d, mask=m_d, other=0.)
     first = i_s == 0
     if first:  # the new token into the cache (its slot is masked out of every program's reads)
@@ -197,13 +187,8 @@ def _combine_kernel(part, part_ml, gate, sg_b, o, H: tl.constexpr, HKV: tl.const
 def splits_for(programs: int, cap: int, device: torch.device) -> int:
     """How many programs share one key/value head's cache: enough for ``ATTEND_PROGRAMS_PER_SM``
     programs per SM over the ``programs = B * Hkv`` heads, at most one per ``ATTEND_BLOCK_N`` slots."""
-    sms = _sm_count(device) if device.type == "cuda" else 1
+    sms = sm_count(device) if device.type == "cuda" else 1
     return max(1, min(cdiv(int(sms * ATTEND_PROGRAMS_PER_SM), programs), cdiv(cap, ATTEND_BLOCK_N)))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @register_kernel("attend_cache", "decode")
@@ -238,15 +223,14 @@ def attend_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.
     if S > 1:
         part = torch.empty(B * Hkv * S * GP, BD, device=q.device, dtype=torch.float32)
         part_ml = torch.empty(B * Hkv * S * GP, 2, device=q.device, dtype=torch.float32)
-    # float32 tiles are twice the shared memory of bf16 ones: one stage (as tiles.stages)
-    launch = (dict(num_warps=1, num_stages=1) if INTERPRET else
-              dict(num_warps=ATTEND_WARPS, num_stages=1 if k_cache.dtype == torch.float32 else ATTEND_STAGES))
+    # tiles.launch: one warp and stage in the interpreter, one stage for float32 tiles
+    settings = launch({"attend": dict(num_warps=ATTEND_WARPS, num_stages=ATTEND_STAGES)}, "attend", k_cache)
     _attend_kernel[(B * Hkv, S)](
         q2, k2, v2, g2, q2.stride(0), k2.stride(0), v2.stride(0), g2.stride(0), inv_freq, pos, k_cache, v_cache,
         valid.view(torch.uint8), cap, o, part, part_ml, math.log2(math.e) / math.sqrt(D),
         H=H, HKV=Hkv, G=G, D=D, HALF=D // 2, GP=GP, BH=pow2(D // 2), BD=BD, BN=ATTEND_BLOCK_N,
-        SPLITS=S, OUT_GATE=gate is not None, DOT_PREC=dot_prec(k_cache), FLAGS=ATTEND_MASK == "flags", **launch)
+        SPLITS=S, OUT_GATE=gate is not None, DOT_PREC=dot_prec(k_cache), FLAGS=ATTEND_MASK == "flags", **settings)
     if S > 1:
         _combine_kernel[(B * Hkv,)](part, part_ml, g2, g2.stride(0), o, H=H, HKV=Hkv, G=G, D=D, GP=GP, BD=BD,
-                                    SPLITS=S, OUT_GATE=gate is not None, num_warps=1 if INTERPRET else 4)
+                                    SPLITS=S, OUT_GATE=gate is not None, num_warps=warps(4))
     return o

@@ -28,12 +28,21 @@ from .tiles import pow2
 
 
 @triton.jit
+def rotated(ptr, mask, cos, sin, HALF: tl.constexpr, DTYPE: tl.constexpr):
+    """``rotary`` of the half-split vectors at ``ptr`` (offsets of the first halves, any shape that
+    broadcasts with ``cos``/``sin``) -> ``(first half, second half)`` rounded to ``DTYPE`` (also
+    ``decode_attention``'s)."""
+    x1 = tl.load(ptr, mask=mask, other=0.).to(tl.float32)
+    x2 = tl.load(ptr + HALF, mask=mask, other=0.).to(tl.float32)
+    return (x1 * cos - x2 * sin).to(DTYPE), (x2 * cos + x1 * sin).to(DTYPE)
+
+
+@triton.jit
 def _rotate_store(src, dst, cos, sin, o, m, HALF: tl.constexpr):
     """``dst[:D] = rotary(src[:D])`` for one head (``o``: ``[BH]`` offsets in a half, ``m`` their mask)."""
-    x1 = tl.load(src + o, mask=m, other=0.).to(tl.float32)
-    x2 = tl.load(src + HALF + o, mask=m, other=0.).to(tl.float32)
-    tl.store(dst + o, (x1 * cos - x2 * sin).to(dst.dtype.element_ty), mask=m)
-    tl.store(dst + HALF + o, (x2 * cos + x1 * sin).to(dst.dtype.element_ty), mask=m)
+    x1, x2 = rotated(src + o, m, cos, sin, HALF, dst.dtype.element_ty)
+    tl.store(dst + o, x1, mask=m)
+    tl.store(dst + HALF + o, x2, mask=m)
 
 
 @triton.jit

@@ -92,6 +92,12 @@ def state_dtype(x: torch.Tensor) -> torch.dtype:
 WALK_MIN_PER_SM = 1
 
 
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """The CUDA device's multiprocessor count (asked once per device)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def walk_bv(x: torch.Tensor, chains: int, V: int, min_per_sm: float = WALK_MIN_PER_SM) -> int:
     """V block of a sequential chunk walk over ``chains * cdiv(V, BV)`` programs (each a chain of
     NT dependent steps, its ``[BK, BV]`` float32 state in registers): 64, or 32 when block 64 would
@@ -99,8 +105,7 @@ def walk_bv(x: torch.Tensor, chains: int, V: int, min_per_sm: float = WALK_MIN_P
     fewer, longer programs win while the SMs stay covered."""
     BV = min(64, pow2(V))
     if x.is_cuda and BV > 32:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        if chains * cdiv(V, BV) < min_per_sm * sms:
+        if chains * cdiv(V, BV) < min_per_sm * sm_count(x.device):
             BV = 32
     return BV
 

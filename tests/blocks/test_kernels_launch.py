@@ -251,7 +251,7 @@ def test_plain_decode_rows_are_built_then_timed_round_robin(monkeypatch):
     gpu_kernels = _benchmark("gpu_kernels")
     built, timed = [], []
 
-    def fake_row(out, copy_bw, batch, name, block, every, ctx, mode, label, steps=40, eager=False):
+    def fake_row(out, copy_bw, batch, name, block, every, ctx, mode, label, steps=40, eager=False, models=None):
         built.append((name, ctx, mode, label, eager, steps))
         if ctx == 16384:
             out[f"{name} @ {ctx}"] = {"error": "OutOfMemoryError"}
