@@ -26,6 +26,11 @@ its ``w``, chunk states and ``U`` (``KEEP_WU``, ``KEEP_H``; else recomputed); a 
 ``o`` and the state; ``_wy_bwd`` back-propagates through ``Tm`` (``dA = -Tm^T dTm Tm^T``) into
 ``dk, dv, dbeta`` and turns the chunk-local ``dG`` into ``dg`` by a reverse cumsum.
 
+Every per-chunk kernel takes ``C0``, the chunk of its grid's first program, and the walks a chunk
+range ``[C0, C1)`` with the carried state in and out as float32 ``[B, H, K, V]``: at long sequences
+the walks run in segments beside the per-chunk kernels (``overlap.py``, ``WALK_SEGMENTS``); the
+results are the same bits either way.
+
 Every exponent is <= 0 (pairs ``j > i`` masked to -inf before ``exp``; padded rows past ``T`` take
 the last valid ``G``), so strong decay underflows instead of overflowing. Padding loads
 ``k = v = beta = 0``, which leaves the state unchanged.
@@ -38,7 +43,7 @@ import triton.language as tl
 
 from blocks.ops.utils import check_gate, check_qkv
 
-from . import low_memory_from_env, register_kernel
+from . import low_memory_from_env, overlap as _overlap, register_kernel
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
@@ -134,6 +139,21 @@ UNGATED_DH_ZERO_GATE = True
 WALK_MIN_PER_SM = 0.5
 
 
+# The state walks in segments of chunks on a high-priority stream, the per-chunk kernels before
+# and after them running on the current stream as each segment's chunks are ready (``overlap``),
+# when a walk has fewer than WALK_OVERLAP_BELOW_PER_SM programs per SM (long sequences: 128
+# programs at 16k and 32k tokens in a 64k-token batch of 16 heads, where each SM holds at most one
+# walk program and runs it at ~6% occupancy). WALK_SEGMENTS = 1: one launch of each kernel over
+# every chunk, as before. H200, 2026-12-01 16:44 / 16:52 (``benchmarks/train_ab.py``, round robin
+# in one process; docs/benchmarks/walk_overlap.md), ms per fwd+bwd step against one segment:
+# 4 segments -4.1 / -5.9% (gated, 16k / 32k), -2.6 / -2.0% (delta_rule); 8 segments +6..+14%
+# (each segment's launches cost host time that the GPU then waits for); at 8k (256 programs)
+# +1.0 / +2.7%, at 2k / 4k with the threshold lifted +4..+7%; with the reverse walk at 1 or 2
+# stages (less shared memory, so the other kernels could share its SMs) or V block 16: slower.
+WALK_SEGMENTS = 4
+WALK_OVERLAP_BELOW_PER_SM = 1.0
+
+
 def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
     """V block of the delta walks (``tiles.walk_bv`` at ``WALK_MIN_PER_SM``)."""
     return _tiles_walk_bv(x, chains, V, min_per_sm=WALK_MIN_PER_SM)
@@ -190,7 +210,8 @@ DQKWG_DG_FROM_ROWS = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
-            "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True)}
+            "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True),
+            "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
 @triton.jit
@@ -312,14 +333,14 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
     tl.store(gc + (i_b * T + o_t) * H + i_h, tl.cumsum(b_g, axis=0), mask=m_t)
 
 
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _kkt_kernel(k, beta, gc, A, T,
+@triton.jit(do_not_specialize=["T", "C0"])  # one compile for every length
+def _kkt_kernel(k, beta, gc, A, T, C0,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
     """Grid (NT, B*H): ``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)`` of chunk ``i_t`` into
     ``A: [B, T, H, BT]`` float32 (row ``i`` of its chunk's ``[BT, BT]`` matrix), one ``[BT, K]`` x
     ``[K, BT]`` product per chunk."""
-    i_t = tl.program_id(0)
+    i_t = tl.program_id(0) + C0
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -340,13 +361,13 @@ def _kkt_kernel(k, beta, gc, A, T,
     _store_rows(A, tl.where(m_A, b_A, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
 
 
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr):
+@triton.jit(do_not_specialize=["T", "C0"])  # one compile for every length
+def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr):
     """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
     ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]``
     blocks by ``_inv_unit_lower``, the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
     block rows ``i > j`` (16x16 dots at ``MERGE_PREC``: exact "ieee" or "tf32")."""
-    i_t = tl.program_id(0)
+    i_t = tl.program_id(0) + C0
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -386,15 +407,15 @@ def _solve_tril_kernel(A, Ai, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.const
     _store_block(Ai, T33, i_b, i_h, i_t, T, 3, 3, H, BT, BC)
 
 
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _wu_kernel(k, v, beta, gc, Ai, w, u, T,
+@triton.jit(do_not_specialize=["T", "C0"])  # one compile for every length
+def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (NT, B*H): ``w = Ai (beta exp(G) k)`` and ``u = Ai (beta v)`` of chunk ``i_t``
     (``[BT, K]``, ``[BT, V]``), ``[BT, BT]`` x ``[BT, BK|BV]`` products (operands in ``k``'s dtype
     when ``LOWP``)."""
-    i_t = tl.program_id(0)
+    i_t = tl.program_id(0) + C0
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -408,13 +429,14 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T,
         _store_rows(u, tl.dot(b_T, b_x, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
+def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (V/BV, B*H), BK >= K: walk the chunks in order; ``h[b, t, h]`` = state before chunk t,
-    ``vn = u - w h`` (the values written, U)."""
+    """Grid (V/BV, B*H), BK >= K: walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (the state
+    before chunk ``C0``); ``h[b, t, h]`` = state before chunk t, ``vn = u - w h`` (the values
+    written, U); ``ht``: the state after chunk ``C1 - 1`` (it may be ``h0``'s buffer)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -428,7 +450,7 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    for i_t in range(NT):
+    for i_t in range(C0, C1):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
@@ -444,14 +466,14 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT,
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
+def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT, C0,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)``."""
     i_v = tl.program_id(0)
-    i_t = tl.program_id(1)
+    i_t = tl.program_id(1) + C0
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -481,15 +503,15 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT,
     _store_rows(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T,
+@triton.jit(do_not_specialize=["T", "C0"])  # one compile for every length
+def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T, C0,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``dU`` through the intra-chunk output, ``P^T do`` with
     ``P = scale mask(q k^T) * exp(G_i - G_j)`` (stored in ``dv``'s dtype)."""
     i_v = tl.program_id(0)
-    i_t = tl.program_id(1)
+    i_t = tl.program_id(1) + C0
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -510,13 +532,15 @@ def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T,
     _store_rows(dv, b_dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
+def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                    DOT_PREC: tl.constexpr):
-    """Grid (V/BV, B*H), BK >= K: reverse walk. ``dh[b, t, h]`` = dLoss/d(state after chunk t);
+    """Grid (V/BV, B*H), BK >= K: reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (the
+    gradient of the state after chunk ``C1 - 1``) to ``dh0`` (before chunk ``C0``; it may be
+    ``dht``'s buffer). ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
     ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
     i_v = tl.program_id(0)
@@ -532,8 +556,8 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    for i_r in range(NT):
-        i_t = NT - 1 - i_r
+    for i_r in range(C1 - C0):
+        i_t = C1 - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         # the chunk-position factors scale the [BT, BV] operands and results, not the [BT, K]
         # tiles: fewer float32 temporaries live in registers
@@ -557,8 +581,8 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "B"])  # one compile for every length
-def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B,
+@triton.jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
+def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, C0,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
@@ -568,7 +592,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
     over key channels). Splitting K (``DQKWG_BK`` = 64) keeps the float32 accumulators at [BT, 64] each."""
     i_k = tl.program_id(0)
-    i_t = tl.program_id(1)
+    i_t = tl.program_id(1) + C0
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -734,8 +758,8 @@ def _wy_bwd_dg(b_dG, dG_in, dg, i_b, i_h, o_t, T, B, H: tl.constexpr, NK_G: tl.c
     tl.store(dg + (i_b * T + o_t) * H + i_h, b_rev.to(dg.dtype.element_ty), mask=m_t)
 
 
-@triton.jit(do_not_specialize=["T", "B"])  # one compile for every length
-def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B,
+@triton.jit(do_not_specialize=["T", "B", "C0"])  # one compile for every length
+def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B, C0,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
                    USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -744,7 +768,7 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
     ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
     float32 tiles at [BT, BT] / [BT, BK]: ``_wy_bwd_da``, then ``_wy_bwd_dk``."""
-    i_t = tl.program_id(0)
+    i_t = tl.program_id(0) + C0
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -790,65 +814,128 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
     return "tf32" if SOLVE_TRIL_TF32_MERGES and dtype == torch.bfloat16 and WY_INPUT_DTYPE_DOTS else "ieee"
 
 
+def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
+    """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``,
+    ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
+    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM)
+
+
+def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1):
+    """``A``, its inverse ``Ai`` and ``w, u`` of chunks ``c0 .. c1 - 1``, in three kernels."""
+    B, T, H, K = k.shape
+    _kkt_kernel[(c1 - c0, B * H)](k, beta, gc, A, T, c0, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
+                                  USE_G=gc is not None, DOT_PREC=_prec(k), PAIR_FACTORED=PAIR_DECAY_FACTORED,
+                                  **_launch(LAUNCH, "kkt", k))
+    _solve_tril_kernel[(c1 - c0, B * H)](A, Ai, T, c0, H=H, BT=BT, BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype),
+                                         **_launch(LAUNCH, "solve_tril", k))
+    _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1)
+
+
+def _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1):
+    """``w = Ai (beta exp(G) k)``, ``u = Ai (beta v)`` of chunks ``c0 .. c1 - 1``."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    _wu_kernel[(c1 - c0, B * H)](
+        k, v, beta, gc, Ai, w, u, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
+        USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), **_launch(LAUNCH, "wu", k))
+
+
+def _wy_buffers(k, v):
+    """``(A [B, T, H, BT] float32, Ai, w, u)``, empty: ``Ai`` float32 or in the activations' dtype
+    (``WY_INPUT_DTYPE_DOTS``), ``w, u`` in it."""
+    B, T, H, K = k.shape
+    A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
+    Ai = torch.empty_like(A, dtype=k.dtype if _lowp(k) else torch.float32)
+    return A, Ai, torch.empty_like(k), torch.empty_like(v)
+
+
 def wy_fwd(k, v, beta, gc):
     """``(Ai [B, T, H, BT], w [B, T, H, K], u [B, T, H, V])``: the chunks' ``(I + A)^-1`` (float32, or
     the activations' dtype with ``WY_INPUT_DTYPE_DOTS``) and the WY factors, in three kernels
     (``A``, its inverse, ``w, u``)."""
-    B, T, H, K = k.shape
-    NT = _cdiv(T, BT)
-    A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
-    _kkt_kernel[(NT, B * H)](k, beta, gc, A, T, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
-                             USE_G=gc is not None, DOT_PREC=_prec(k), PAIR_FACTORED=PAIR_DECAY_FACTORED,
-                             **_launch(LAUNCH, "kkt", k))
-    Ai = torch.empty_like(A, dtype=k.dtype if _lowp(k) else torch.float32)
-    _solve_tril_kernel[(NT, B * H)](A, Ai, T, H=H, BT=BT, BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype),
-                                    **_launch(LAUNCH, "solve_tril", k))
-    return (Ai,) + wu(k, v, beta, gc, Ai)
+    A, Ai, w, u = _wy_buffers(k, v)
+    _wy_kernels(k, v, beta, gc, A, Ai, w, u, 0, _cdiv(k.shape[1], BT))
+    return Ai, w, u
 
 
 def wu(k, v, beta, gc, Ai):
     """``w = Ai (beta exp(G) k)``, ``u = Ai (beta v)`` (the activations' dtype)."""
-    B, T, H, K = k.shape
-    V = v.shape[-1]
-    w = torch.empty_like(k)
-    u = torch.empty_like(v)
-    _wu_kernel[(_cdiv(T, BT), B * H)](
-        k, v, beta, gc, Ai, w, u, T, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-        USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), **_launch(LAUNCH, "wu", k))
+    w, u = torch.empty_like(k), torch.empty_like(v)
+    _wu_kernels(k, v, beta, gc, Ai, w, u, 0, _cdiv(k.shape[1], BT))
     return w, u
 
 
-def fwd_h(k, w, u, gc, h0, output_final_state):
+def _fwd_h_walk(k, w, u, gc, h, vn, h_in, h_out, BV, c0, c1):
+    """The forward state walk over chunks ``c0 .. c1 - 1`` from ``h_in`` (None: zero) to ``h_out``
+    (None: not stored), both ``[B, H, K, V]`` float32 and possibly one buffer."""
     B, T, H, K = k.shape
     V = u.shape[-1]
-    NT = _cdiv(T, BT)
-    BV = walk_bv(k, B * H, V)  # the sequential walk: grid (V/BV, B*H), full K per program
-    h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
-    vn = torch.empty_like(u)
-    ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
     _fwd_h_kernel[(_cdiv(V, BV), B * H)](
-        k, w, u, gc, h, vn, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
-        USE_G=gc is not None, USE_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=_prec(k),
+        k, w, u, gc, h, vn, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
+        USE_G=gc is not None, USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k),
         **(_launch(LAUNCH, "fwd_h", k) if BV > 32 else _launch(LAUNCH, "fwd_h_bv32", k)))
+
+
+def _walk_buffers(k, u, output_final_state):
+    """``(h [B, NT, H, K, V], vn like u, ht [B, H, K, V] float32 | None)``, empty."""
+    B, T, H, K = k.shape
+    h = k.new_empty(B, _cdiv(T, BT), H, K, u.shape[-1], dtype=_state_dtype(k))
+    ht = k.new_empty(B, H, K, u.shape[-1], dtype=torch.float32) if output_final_state else None
+    return h, torch.empty_like(u), ht
+
+
+def fwd_h(k, w, u, gc, h0, output_final_state):
+    """``(h, vn, ht | None)`` from one walk over every chunk (the backward's recomputation)."""
+    B, T, H, K = k.shape
+    h, vn, ht = _walk_buffers(k, u, output_final_state)
+    BV = walk_bv(k, B * H, u.shape[-1])  # the sequential walk: grid (V/BV, B*H), full K per program
+    _fwd_h_walk(k, w, u, gc, h, vn, h0, ht, BV, 0, h.shape[1])
     return h, vn, ht
 
 
-def fwd_o(q, k, vn, gc, h, scale):
+def _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1):
+    """The output of chunks ``c0 .. c1 - 1`` into ``o``."""
     B, T, H, K = q.shape
     V = vn.shape[-1]
-    NT = _cdiv(T, BT)
     BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
-    o = torch.empty_like(vn)
-    _fwd_o_kernel[(_cdiv(V, BV), NT, B * H)](
-        q, k, vn, gc, h, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+    _fwd_o_kernel[(_cdiv(V, BV), c1 - c0, B * H)](
+        q, k, vn, gc, h, o, scale, T, h.shape[1], c0, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         USE_G=gc is not None, DOT_PREC=_prec(q), PAIR_FACTORED=PAIR_DECAY_FACTORED, **_launch(LAUNCH, "fwd_o", q))
-    return o
+
+
+def forward(q, k, v, gc, beta, h0, scale, output_final_state):
+    """The forward: ``(o [B, T, H, V], Ai, w, u, h, vn, ht | None)``. The state walk runs in
+    segments beside the WY kernels before it and the output kernel after it when it has few
+    programs (``overlap``)."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    NT = _cdiv(T, BT)
+    A, Ai, w, u = _wy_buffers(k, v)
+    h, vn, ht = _walk_buffers(k, u, output_final_state)
+    o = torch.empty_like(vn)
+    BV = walk_bv(k, B * H, V)
+    segments = _segments(NT, _cdiv(V, BV) * B * H, k)
+    carry = k.new_empty(B, H, K, V, dtype=torch.float32) if len(segments) > 1 else None
+
+    def wy(c0, c1):
+        nonlocal A
+        _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1)
+        if c1 == NT:  # only these kernels, on the current stream, use A: free it as before
+            A = None
+
+    def walk(c0, c1, i):
+        _fwd_h_walk(k, w, u, gc, h, vn, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry,
+                    BV, c0, c1)
+
+    _overlap.run(segments, wy, walk, lambda c0, c1: _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1), k)
+    return o, Ai, w, u, h, vn, ht
 
 
 def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_kept=None):
     """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32).
     ``w, u``: the forward's (``u`` only matters without ``h_kept``), ``h_kept`` its ``(h, vn)``;
-    what is missing is recomputed."""
+    what is missing is recomputed. The reverse state walk runs in segments (from the last chunks)
+    beside the kernels before and after it when it has few programs (``overlap``)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
@@ -863,9 +950,6 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their
     # memory traffic (4 x [B, T, H, D]: written once, read up to three times).
     dv_loc = torch.empty_like(v)
-    _bwd_dv_local_kernel[(_cdiv(V, BVo), NT, B * H)](
-        q, k, gc, do, dv_loc, scale, T, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
-        USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, **_launch(LAUNCH, "bwd_dv_local", q))
     BV = walk_bv(q, B * H, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dv2 = torch.empty_like(v)
@@ -873,29 +957,43 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     gc_dh = gc
     if gc_dh is None and UNGATED_DH_ZERO_GATE:
         gc_dh = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
-    _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
-        q, k, w, gc_dh, do, dv_loc, dv2, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKf, BV=BV,
-        USE_G=gc_dh is not None, USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec,
-        **_launch(LAUNCH, "bwd_dh", q))
-    del dv_loc
     dq = torch.empty_like(q)
     dk_p, dw = torch.empty_like(k), torch.empty_like(k)
     BKs = min(DQKWG_BK, BKf)  # the key split (DQKWG_BK); warps and stages from LAUNCH (swept)
     NK = _cdiv(K, BKs)
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
-    _bwd_dqkwg_kernel[(NK, NT, B * H)](
-        q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, H=H, K=K, V=V, BT=BT, BK=BKs,
-        BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-        DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
-    del h, dh, vn
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
-    _wy_bwd_kernel[(NT, B * H)](
-        k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, H=H, K=K, V=V, BT=BT,
-        BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
-        PAIR_FACTORED=PAIR_DECAY_FACTORED,
-        **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
+    segments = _segments(NT, _cdiv(V, BV) * B * H, q)[::-1]  # walk order: the last chunks first
+    carry = q.new_empty(B, H, K, V, dtype=torch.float32) if len(segments) > 1 else None
+
+    def dv_local(c0, c1):
+        _bwd_dv_local_kernel[(_cdiv(V, BVo), c1 - c0, B * H)](
+            q, k, gc, do, dv_loc, scale, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
+            USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, **_launch(LAUNCH, "bwd_dv_local", q))
+
+    def walk(c0, c1, i):
+        d_in = dht if i == 0 else carry
+        d_out = dh0 if i == len(segments) - 1 else carry
+        _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
+            q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
+            BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
+            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
+
+    def dqkwg_wy(c0, c1):
+        _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
+            q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
+            BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
+            **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
+        _wy_bwd_kernel[(c1 - c0, B * H)](
+            k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, H=H, K=K, V=V, BT=BT,
+            BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
+            PAIR_FACTORED=PAIR_DECAY_FACTORED,
+            **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
+
+    _overlap.run(segments, dv_local, walk, dqkwg_wy, q)
     return dq, dk, dv, dbeta, dg, dh0
 
 
@@ -906,9 +1004,7 @@ class ChunkDeltaRule(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state):
         gc = chunk_cumsum(g) if g is not None else None
-        Ai, w, u = wy_fwd(k, v, beta, gc)
-        h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
-        o = fwd_o(q, k, vn, gc, h, scale)
+        o, Ai, w, u, h, vn, ht = forward(q, k, v, gc, beta, h0, scale, output_final_state)
         # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64]; fla keeps its
         # inverse too, in the activations' dtype, as WY_INPUT_DTYPE_DOTS does; rebuilding it costs
         # two kernels) and, with KEEP_WU, w (and u, which only the state walk reads: not with

@@ -221,6 +221,43 @@ def test_gpu_kernels_with_switches_flipped_match_reference(family, shape, dtype,
         assert not bad, f"{flipped} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
+def segmented_outputs(family, shape, dtype, device, segments, monkeypatch):
+    """The delta kernel's ``o``, final state and every input gradient (with ``h0`` and a final-state
+    gradient) with its walks in ``segments`` segments (``delta.WALK_SEGMENTS``; cut at any walk size)."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
+    monkeypatch.setattr(delta, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
+    B, T, H, K, V = shape
+    args, h0 = make_inputs(family, B, T, H, K, V, "random", True, seed=3)
+    leaves = [a.to(device=device, dtype=dtype if i < 3 else torch.float32).requires_grad_(True)
+              for i, a in enumerate(args)]
+    s0 = h0.to(device).requires_grad_(True)
+    o, ht = chunk_kernel(family)(*leaves, initial_state=s0, output_final_state=True)
+    gen = torch.Generator().manual_seed(4)
+    do, dht = torch.randn(o.shape, generator=gen).to(device), torch.randn(ht.shape, generator=gen).to(device)
+    grads = torch.autograd.grad((o.float() * do).sum() + (ht * dht).sum(), leaves + [s0])
+    return [o.detach(), ht.detach(), *grads]
+
+
+@gpu
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+def test_gpu_delta_walk_segments_give_the_same_bits(family, monkeypatch):
+    """The walks in segments on their own stream, beside the per-chunk kernels on the current one
+    (``overlap``), must give exactly the unsegmented results: same kernels per chunk, the state
+    carried in float32 between segments. Uneven segments (31 chunks in 4 and 7), bf16, and a
+    tensor allocated and filled on the current stream between calls (memory the side stream still
+    read would be handed out then)."""
+    shape = (2, 1984 - 10, 4, 128, 128)
+    ref = segmented_outputs(family, shape, torch.bfloat16, "cuda", 1, monkeypatch)
+    for segments in (4, 7):
+        junk = torch.full((1 << 24,), float("nan"), device="cuda")
+        got = segmented_outputs(family, shape, torch.bfloat16, "cuda", segments, monkeypatch)
+        del junk
+        for i, (a, b) in enumerate(zip(got, ref)):
+            assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
+
+
 @gpu
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("block_v", [32, 64])
@@ -390,6 +427,27 @@ class _LaunchSpy:
 
 
 @interpreter
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch):
+    """Walks in segments (5 chunks: ranges of 2, 2, 1 and of 1 each; the carried state through
+    ``h0``/``ht`` of the forward walk and ``dht``/``dh0`` of the reverse one, the per-chunk kernels
+    from their segment's first chunk): the unsegmented bits, inside every tensor."""
+    from blocks.kernels import delta
+
+    shape = (1, 300, 2, 32, 16)
+    ref = segmented_outputs(family, shape, torch.float32, "cpu", 1, monkeypatch)
+    for segments in (3, 5):
+        spy = _LaunchSpy(delta._fwd_h_kernel)
+        monkeypatch.setattr(delta, "_fwd_h_kernel", spy)
+        with checked_memory():
+            got = segmented_outputs(family, shape, torch.float32, "cpu", segments, monkeypatch)
+        assert [args[10:12] for args, _ in spy.calls] == \
+            ([(0, 2), (2, 4), (4, 5)] if segments == 3 else [(c, c + 1) for c in range(5)])
+        for i, (a, b) in enumerate(zip(got, ref)):
+            assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
+
+
+@interpreter
 @pytest.mark.parametrize("zero_gate", [True, False])
 def test_interpreter_ungated_bwd_dh_runs_on_a_zero_gate(zero_gate, monkeypatch):
     """``delta.UNGATED_DH_ZERO_GATE``: the ungated rule's state-gradient walk is launched as the
@@ -403,13 +461,14 @@ def test_interpreter_ungated_bwd_dh_runs_on_a_zero_gate(zero_gate, monkeypatch):
     with checked_memory():
         errs = run_case(chunk_kernel("delta_rule"), "delta_rule", (1, 70, 2, 32, 48), torch.float32, "random", True, "cpu")
     assert max(errs.values()) < 2e-5, errs
-    (args, kwargs), = spy.calls
-    gate = args[3]
-    assert kwargs["USE_G"] is zero_gate
-    if zero_gate:
-        assert gate.shape == (1, 70, 2) and gate.dtype == torch.float32 and not gate.any()
-    else:
-        assert gate is None
+    assert len(spy.calls) == len(delta._segments(2, 1, torch.empty(0)))  # one launch per walk segment
+    for args, kwargs in spy.calls:
+        gate = args[3]
+        assert kwargs["USE_G"] is zero_gate
+        if zero_gate:
+            assert gate.shape == (1, 70, 2) and gate.dtype == torch.float32 and not gate.any()
+        else:
+            assert gate is None
 
 
 @interpreter

@@ -795,3 +795,57 @@ def test_compiled_decode_rows_are_timed_round_robin(capsys, tmp_path):
     with pytest.raises(SystemExit):
         gpu_kernels.main(["--out", str(tmp_path), "--rounds", "0"])
     assert "--rounds: must be >= 1" in capsys.readouterr().err
+
+
+def test_overlap_plan_cuts_walks_with_few_programs_per_sm(monkeypatch):
+    """``overlap.plan``: nearly equal chunk ranges, at most one per chunk; on CUDA only below the
+    programs-per-SM threshold (a stand-in device of 132 SMs); off CUDA whenever asked."""
+    from blocks.kernels import overlap
+
+    class FakeCuda:
+        is_cuda = True
+        device = "cuda:0"
+
+    monkeypatch.setattr(overlap, "sm_count", lambda device: 132)
+    assert overlap.plan(512, 64, FakeCuda(), 4, 2.0) == [(0, 128), (128, 256), (256, 384), (384, 512)]
+    assert overlap.plan(31, 64, FakeCuda(), 4, 2.0) == [(0, 8), (8, 16), (16, 24), (24, 31)]
+    assert overlap.plan(512, 264, FakeCuda(), 4, 2.0) == [(0, 512)]  # 2 programs per SM: not cut
+    assert overlap.plan(512, 263, FakeCuda(), 4, 2.0) != [(0, 512)]
+    assert overlap.plan(512, 64, FakeCuda(), 1, 2.0) == [(0, 512)]
+    assert overlap.plan(3, 64, FakeCuda(), 8, 2.0) == [(0, 1), (1, 2), (2, 3)]
+    assert overlap.plan(1, 64, FakeCuda(), 8, 2.0) == [(0, 1)]
+    assert overlap.plan(5, 10 ** 6, torch.empty(0), 2, 2.0) == [(0, 3), (3, 5)]
+
+
+def test_overlap_run_orders_each_segment_after_what_it_needs_off_cuda():
+    """Off CUDA the callbacks run in an order that is valid for any walk: every ``before``, the
+    walks in the given order with their place, then every ``after``."""
+    from blocks.kernels import overlap
+
+    calls = []
+    overlap.run([(4, 6), (0, 4)], lambda c0, c1: calls.append(("before", c0)),
+                lambda c0, c1, i: calls.append(("walk", c0, i)), lambda c0, c1: calls.append(("after", c0)),
+                torch.empty(0))
+    assert calls == [("before", 4), ("before", 0), ("walk", 4, 0), ("walk", 0, 1), ("after", 4), ("after", 0)]
+
+
+def test_train_ab_variants_apply_and_restore_every_kind_of_setting():
+    """``benchmarks/train_ab.py``'s variants: a switch, a non-switch setting, the walks' V block and
+    a launch entry, all on the family's module inside the block and as before after it (also when
+    the block raises); an unknown launch entry is a one-line error."""
+    ab = _benchmark("train_ab")
+    before = ({k: dict(v) for k, v in delta.LAUNCH.items()}, delta.walk_bv, delta.WALK_SEGMENTS,
+              delta.WALK_OVERLAP_BELOW_PER_SM)
+    with pytest.raises(RuntimeError):
+        with ab.applied("gated_delta_rule", "WALK_SEGMENTS=8,WALK_OVERLAP_BELOW_PER_SM=1000.0,walk_bv=16,"
+                                            "LAUNCH.bwd_dh.num_stages=1"):
+            assert delta.WALK_SEGMENTS == 8 and delta.WALK_OVERLAP_BELOW_PER_SM == 1000.0
+            assert delta.walk_bv(None, 1, 128) == 16 and delta.LAUNCH["bwd_dh"]["num_stages"] == 1
+            raise RuntimeError("a variant that fails")
+    assert ({k: dict(v) for k, v in delta.LAUNCH.items()}, delta.walk_bv, delta.WALK_SEGMENTS,
+            delta.WALK_OVERLAP_BELOW_PER_SM) == before
+    with pytest.raises(ValueError, match="LAUNCH has no nope.num_warps"):
+        with ab.applied("delta_rule", "LAUNCH.nope.num_warps=4"):
+            pass
+    with pytest.raises(SystemExit):  # argparse's one-line error, before any GPU is needed
+        ab.main(["--lengths", "2k"])

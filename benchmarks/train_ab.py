@@ -1,0 +1,159 @@
+"""Time a family's training step (fwd + bwd, bf16, 16 heads of 128, 64k tokens per batch) under
+several kernel settings side by side: one process, one set of inputs per length, the variants
+timed round robin (``--rounds`` passes, median per variant), so that they share the GPU's state
+and drift. The launch sweep (``kernel_launch_sweep.py``) times one change at a time in child
+processes; this compares a few chosen combinations within one call.
+
+    python benchmarks/train_ab.py --families delta_rule,gated_delta_rule --lengths 2048,32768 \\
+        --variants "-;WALK_SEGMENTS=1;WALK_SEGMENTS=8,WALK_OVERLAP_BELOW_PER_SM=1000.0" --out DIR
+
+A variant is ``-`` (the modules as they are) or a comma list of ``NAME=VALUE`` items: a module
+switch (as ``--set``), another upper-case setting of the family's module (a Python literal, e.g.
+``WALK_OVERLAP_BELOW_PER_SM=1000.0``), ``walk_bv=N`` (the family module's walks at V block N) or
+``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N``. Prints a markdown table (ms per step
+synced and queued, Mtok/s, ratio to the first variant) and writes ``train_ab.{json,md}``.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for blocks
+
+import torch  # noqa: E402
+
+from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, comma_ints, cuda_time, fwd_bwd,  # noqa: E402
+                        positional, switched, train_inputs)
+
+
+@contextlib.contextmanager
+def applied(family: str, variant: str):
+    """The variant's settings inside the block (module switches through ``switched``; other
+    settings, ``walk_bv`` and ``LAUNCH`` entries on the family's kernel module), everything as
+    before after it."""
+    from blocks.kernels import kernel_module
+
+    mod = kernel_module(family)
+    saved_walk, saved_launch = mod.walk_bv, {k: dict(v) for k, v in mod.LAUNCH.items()}
+    switches, saved_attrs = [], {}
+    try:
+        for item in ([] if variant == "-" else variant.split(",")):
+            name, _, raw = item.partition("=")
+            if name == "walk_bv":
+                mod.walk_bv = lambda x, chains, V, bv=int(raw): min(bv, max(16, 1 << (V - 1).bit_length()))
+            elif name.startswith("LAUNCH."):
+                _, entry, key = name.split(".")
+                if entry not in mod.LAUNCH or key not in ("num_warps", "num_stages"):
+                    raise ValueError(f"{item}: {family}'s LAUNCH has no {entry}.{key}")
+                mod.LAUNCH[entry][key] = int(raw)
+            elif name.isupper() and hasattr(mod, name) and name not in mod.SWITCHES:
+                saved_attrs.setdefault(name, getattr(mod, name))
+                setattr(mod, name, ast.literal_eval(raw))  # e.g. a threshold no sweep flips
+            else:
+                switches.append(item)
+        with switched(",".join(switches)):
+            yield
+    finally:
+        for name, value in saved_attrs.items():
+            setattr(mod, name, value)
+        mod.walk_bv = saved_walk
+        for k, v in saved_launch.items():
+            mod.LAUNCH[k].clear()
+            mod.LAUNCH[k].update(v)
+
+
+def time_length(family: str, T: int, variants: list[str], rounds: int) -> list[dict]:
+    """One row per variant: median ms per step over ``rounds`` round-robin passes, synced and queued."""
+    import blocks.kernels as kernels
+
+    args = train_inputs(family, max(1, TOKENS // T), T, HEADS, HEAD_DIM)
+    pos = positional(family, args)
+    kernel = kernels.get_kernel(family, "chunk")
+    run = fwd_bwd(lambda: kernel(*pos)[0], pos)
+    times: dict[str, dict[str, list[float]]] = {v: {"synced": [], "queued": []} for v in variants}
+    errors: dict[str, str] = {}
+    for _ in range(rounds):
+        for v in variants:
+            if v in errors:
+                continue
+            try:
+                with applied(family, v):
+                    times[v]["synced"].append(cuda_time(run, budget_s=0.3)[0] * 1e3)
+                    times[v]["queued"].append(cuda_time(run, budget_s=0.3, queued=True)[0] * 1e3)
+            except Exception as exc:  # noqa: BLE001 - reported in the variant's row, the others go on
+                errors[v] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    rows = []
+    for v in variants:
+        if v in errors:
+            rows.append({"family": family, "T": T, "variant": v, "error": errors[v]})
+            continue
+        ms, qms = statistics.median(times[v]["synced"]), statistics.median(times[v]["queued"])
+        rows.append({"family": family, "T": T, "variant": v, "ms": ms, "queued_ms": qms,
+                     "mtok_s": TOKENS / ms / 1e3, "queued_mtok_s": TOKENS / qms / 1e3,
+                     "passes_ms": times[v]["synced"]})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| family | T | variant | ms synced | Mtok/s | ms queued | Mtok/s queued | vs first |",
+           "|---|---|---|---|---|---|---|---|"]
+    base: dict[tuple, float] = {}
+    for r in rows:
+        key = (r["family"], r["T"])
+        if "error" in r:
+            out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['error']} ||||||")
+            continue
+        base.setdefault(key, r["ms"])
+        out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['ms']:.3f} | {r['mtok_s']:.2f} | "
+                   f"{r['queued_ms']:.3f} | {r['queued_mtok_s']:.2f} | {r['ms'] / base[key]:.3f} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default="delta_rule,gated_delta_rule")
+    ap.add_argument("--lengths", default="2048,32768")
+    ap.add_argument("--variants", default="-", help="';'-separated variants (see the module docstring)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="", help="folder for train_ab.{json,md} (default: print only)")
+    a = ap.parse_args(argv)
+    families = [f for f in a.families.split(",") if f]
+    bad = [f for f in families if f not in LINEAR_FAMILIES]
+    lengths = comma_ints(a.lengths)
+    if bad:
+        ap.error(f"--families: unknown {bad}; choose from {list(LINEAR_FAMILIES)}")
+    if not lengths:
+        ap.error(f"--lengths: expected a comma list of integers, got {a.lengths!r}")
+    if a.rounds < 1:
+        ap.error("--rounds: must be at least 1")
+    variants = [v.strip() for v in a.variants.split(";") if v.strip()]
+    if not torch.cuda.is_available():
+        print("train_ab: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows: list[dict] = []
+    t0 = time.time()
+    for family in families:
+        for T in lengths:
+            rows += time_length(family, T, variants, a.rounds)
+            print(table([r for r in rows if r["family"] == family and r["T"] == T]).split("\n", 2)[-1], flush=True)
+    md = (f"# Training-step A/B ({torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{time.time() - t0:.0f} s)\n\nCommand: `python benchmarks/train_ab.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"
+          + table(rows) + "\n")
+    print(md)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "train_ab.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+        (out / "train_ab.md").write_text(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
