@@ -11,7 +11,7 @@ A variant is ``-`` (the modules as they are) or a comma list of ``NAME=VALUE`` i
 switch (as ``--set``), another upper-case setting of the family's module (a Python literal, e.g.
 ``WALK_OVERLAP_BELOW_PER_SM=1000.0``), ``walk_bv=N`` (the family module's walks at V block N) or
 ``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N``. Prints a markdown table (ms per step
-synced and queued, Mtok/s, ratio to the first variant) and writes ``train_ab.{json,md}``.
+synced and queued, Mtok/s, the host's time to launch one step, ratio to the first variant) and writes ``train_ab.{json,md}``.
 """
 from __future__ import annotations
 
@@ -69,6 +69,21 @@ def applied(family: str, variant: str):
             mod.LAUNCH[k].update(v)
 
 
+def host_ms(run, reps: int = 5) -> float:
+    """Median host milliseconds to launch one step (fwd + bwd) while the GPU is kept busy (a sleep
+    kernel queued first), so that the host never waits for it. A step from an idle GPU loses the
+    part of this that its kernels do not cover: the host's time to the first launch at least."""
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time at the H200's clock
+        t0 = time.perf_counter()
+        run()
+        out.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(out)
+
+
 def time_length(family: str, T: int, variants: list[str], rounds: int) -> list[dict]:
     """One row per variant: median ms per step over ``rounds`` round-robin passes, synced and queued."""
     import blocks.kernels as kernels
@@ -77,7 +92,7 @@ def time_length(family: str, T: int, variants: list[str], rounds: int) -> list[d
     pos = positional(family, args)
     kernel = kernels.get_kernel(family, "chunk")
     run = fwd_bwd(lambda: kernel(*pos)[0], pos)
-    times: dict[str, dict[str, list[float]]] = {v: {"synced": [], "queued": []} for v in variants}
+    times: dict[str, dict[str, list[float]]] = {v: {"synced": [], "queued": [], "host": []} for v in variants}
     errors: dict[str, str] = {}
     for _ in range(rounds):
         for v in variants:
@@ -87,6 +102,7 @@ def time_length(family: str, T: int, variants: list[str], rounds: int) -> list[d
                 with applied(family, v):
                     times[v]["synced"].append(cuda_time(run, budget_s=0.3)[0] * 1e3)
                     times[v]["queued"].append(cuda_time(run, budget_s=0.3, queued=True)[0] * 1e3)
+                    times[v]["host"].append(host_ms(run))
             except Exception as exc:  # noqa: BLE001 - reported in the variant's row, the others go on
                 errors[v] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     rows = []
@@ -96,23 +112,24 @@ def time_length(family: str, T: int, variants: list[str], rounds: int) -> list[d
             continue
         ms, qms = statistics.median(times[v]["synced"]), statistics.median(times[v]["queued"])
         rows.append({"family": family, "T": T, "variant": v, "ms": ms, "queued_ms": qms,
+                     "host_ms": statistics.median(times[v]["host"]),
                      "mtok_s": TOKENS / ms / 1e3, "queued_mtok_s": TOKENS / qms / 1e3,
                      "passes_ms": times[v]["synced"]})
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| family | T | variant | ms synced | Mtok/s | ms queued | Mtok/s queued | vs first |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| family | T | variant | ms synced | Mtok/s | ms queued | Mtok/s queued | host ms | vs first |",
+           "|---|---|---|---|---|---|---|---|---|"]
     base: dict[tuple, float] = {}
     for r in rows:
         key = (r["family"], r["T"])
         if "error" in r:
-            out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['error']} ||||||")
+            out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['error']} |||||||")
             continue
         base.setdefault(key, r["ms"])
         out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['ms']:.3f} | {r['mtok_s']:.2f} | "
-                   f"{r['queued_ms']:.3f} | {r['queued_mtok_s']:.2f} | {r['ms'] / base[key]:.3f} |")
+                   f"{r['queued_ms']:.3f} | {r['queued_mtok_s']:.2f} | {r['host_ms']:.3f} | {r['ms'] / base[key]:.3f} |")
     return "\n".join(out)
 
 

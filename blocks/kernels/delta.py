@@ -910,12 +910,18 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state):
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
+    BV = walk_bv(k, B * H, V)
+    segments = _segments(NT, _cdiv(V, BV) * B * H, k)
+    if len(segments) == 1:
+        # each buffer allocated just before its first kernel: the host's time to the first launch
+        # is time the GPU idles in a step that starts from an idle GPU
+        Ai, w, u = wy_fwd(k, v, beta, gc)
+        h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
+        return fwd_o(q, k, vn, gc, h, scale), Ai, w, u, h, vn, ht
     A, Ai, w, u = _wy_buffers(k, v)
     h, vn, ht = _walk_buffers(k, u, output_final_state)
     o = torch.empty_like(vn)
-    BV = walk_bv(k, B * H, V)
-    segments = _segments(NT, _cdiv(V, BV) * B * H, k)
-    carry = k.new_empty(B, H, K, V, dtype=torch.float32) if len(segments) > 1 else None
+    carry = k.new_empty(B, H, K, V, dtype=torch.float32)
 
     def wy(c0, c1):
         nonlocal A
@@ -931,11 +937,20 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state):
     return o, Ai, w, u, h, vn, ht
 
 
+def fwd_o(q, k, vn, gc, h, scale):
+    """The output of every chunk (``o`` like ``vn``)."""
+    o = torch.empty_like(vn)
+    _fwd_o_kernels(q, k, vn, gc, h, o, scale, 0, h.shape[1])
+    return o
+
+
 def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_kept=None):
     """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32).
     ``w, u``: the forward's (``u`` only matters without ``h_kept``), ``h_kept`` its ``(h, vn)``;
     what is missing is recomputed. The reverse state walk runs in segments (from the last chunks)
-    beside the kernels before and after it when it has few programs (``overlap``)."""
+    beside the kernels before and after it when it has few programs (``overlap``); in one segment
+    each buffer is allocated just before its first kernel and the transient ones freed after their
+    last (host time before a launch is GPU idle time in a step from an idle GPU)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
@@ -946,27 +961,9 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     h, vn = h_kept if h_kept is not None else fwd_h(k, w, u, gc, h0, False)[:2]
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
-    # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
-    # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their
-    # memory traffic (4 x [B, T, H, D]: written once, read up to three times).
-    dv_loc = torch.empty_like(v)
     BV = walk_bv(q, B * H, V)
-    dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
-    dv2 = torch.empty_like(v)
-    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
-    gc_dh = gc
-    if gc_dh is None and UNGATED_DH_ZERO_GATE:
-        gc_dh = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
-    dq = torch.empty_like(q)
-    dk_p, dw = torch.empty_like(k), torch.empty_like(k)
-    BKs = min(DQKWG_BK, BKf)  # the key split (DQKWG_BK); warps and stages from LAUNCH (swept)
-    NK = _cdiv(K, BKs)
-    dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
-    dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     segments = _segments(NT, _cdiv(V, BV) * B * H, q)[::-1]  # walk order: the last chunks first
-    carry = q.new_empty(B, H, K, V, dtype=torch.float32) if len(segments) > 1 else None
+    one = len(segments) == 1
 
     def dv_local(c0, c1):
         _bwd_dv_local_kernel[(_cdiv(V, BVo), c1 - c0, B * H)](
@@ -981,19 +978,52 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
             DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
-    def dqkwg_wy(c0, c1):
+    def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
             BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
             DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
             **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
+
+    def wy_bwd(c0, c1):
         _wy_bwd_kernel[(c1 - c0, B * H)](
             k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, H=H, K=K, V=V, BT=BT,
             BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
             PAIR_FACTORED=PAIR_DECAY_FACTORED,
             **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
 
-    _overlap.run(segments, dv_local, walk, dqkwg_wy, q)
+    # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
+    # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their
+    # memory traffic (4 x [B, T, H, D]: written once, read up to three times).
+    dv_loc = torch.empty_like(v)
+    if one:
+        dv_local(0, NT)
+    dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
+    dv2 = torch.empty_like(v)
+    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
+    gc_dh = gc
+    if gc_dh is None and UNGATED_DH_ZERO_GATE:
+        gc_dh = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
+    carry = None if one else q.new_empty(B, H, K, V, dtype=torch.float32)
+    if one:
+        walk(0, NT, 0)
+        dv_loc = gc_dh = None
+    dq = torch.empty_like(q)
+    dk_p, dw = torch.empty_like(k), torch.empty_like(k)
+    BKs = min(DQKWG_BK, BKf)  # the key split (DQKWG_BK); warps and stages from LAUNCH (swept)
+    NK = _cdiv(K, BKs)
+    dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
+    if one:
+        dqkwg(0, NT)
+        h = dh = vn = None
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+    dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
+    if one:
+        wy_bwd(0, NT)
+    else:
+        # every buffer exists before the first walk (``overlap.run``'s contract)
+        _overlap.run(segments, dv_local, walk, lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q)
     return dq, dk, dv, dbeta, dg, dh0
 
 
