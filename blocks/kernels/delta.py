@@ -144,12 +144,12 @@ WALK_MIN_PER_SM = 0.5
 # when a walk has fewer than WALK_OVERLAP_BELOW_PER_SM programs per SM (long sequences: 128
 # programs at 16k and 32k tokens in a 64k-token batch of 16 heads, where each SM holds at most one
 # walk program and runs it at ~6% occupancy). WALK_SEGMENTS = 1: one launch of each kernel over
-# every chunk, as before. H200, 2026-12-01 16:44 / 16:52 (``benchmarks/train_ab.py``, round robin
-# in one process; docs/benchmarks/walk_overlap.md), ms per fwd+bwd step against one segment:
-# 4 segments -4.1 / -5.9% (gated, 16k / 32k), -2.6 / -2.0% (delta_rule); 8 segments +6..+14%
-# (each segment's launches cost host time that the GPU then waits for); at 8k (256 programs)
-# +1.0 / +2.7%, at 2k / 4k with the threshold lifted +4..+7%; with the reverse walk at 1 or 2
-# stages (less shared memory, so the other kernels could share its SMs) or V block 16: slower.
+# every chunk, as before. H200, 2026-12-01 16:44-17:05, four calls of ``benchmarks/train_ab.py``
+# (docs/benchmarks/walk_overlap.md), per fwd+bwd step against one segment at 16k / 32k: 4
+# segments -3.3..-4.1 / -4.2..-5.9% (gated), -1.4..-3.3 / -1.4..-2.0% (delta_rule); 2 segments
+# within 1.5% of 4; 8 segments +6..+22% (each segment's launches cost host time a step from an
+# idle GPU waits for: 1.7-2.2 ms of host time per step in one segment, 3.4-3.5 in four); at 8k
+# (256 programs) +1.0 / +2.7% (gated / delta_rule), at 2k / 4k +4..+7%. The walks at fewer stages or V block 16: slower.
 WALK_SEGMENTS = 4
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
