@@ -7,8 +7,8 @@ processes; this compares a few chosen combinations within one call.
     python benchmarks/train_ab.py --families delta_rule,gated_delta_rule --lengths 2048,32768 \\
         --variants "-;WALK_SEGMENTS=1;WALK_SEGMENTS=8,WALK_OVERLAP_BELOW_PER_SM=1000.0" --out DIR
 
-A variant is ``-`` (the modules as they are) or a comma list of ``NAME=VALUE`` items: a module
-switch (as ``--set``), another upper-case setting of the family's module (a Python literal, e.g.
+A variant is ``-`` (the modules as they are) or a comma list of ``NAME=VALUE`` items on the family's
+kernel module: an upper-case setting, switch or not (a Python literal, e.g. ``WALK_SEGMENTS=1`` or
 ``WALK_OVERLAP_BELOW_PER_SM=1000.0``), ``walk_bv=N`` (the family module's walks at V block N) or
 ``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N``. Prints a markdown table (ms per step
 synced and queued, Mtok/s, the host's time to launch one step, ratio to the first variant) and writes ``train_ab.{json,md}``.
@@ -30,43 +30,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 import torch  # noqa: E402
 
 from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, comma_ints, cuda_time, fwd_bwd,  # noqa: E402
-                        positional, switched, train_inputs)
+                        positional, train_inputs)
+
+
+def parsed(family: str, item: str) -> tuple:
+    """One ``NAME=VALUE`` item as a ``kernel_launch_sweep.Applied`` variant on the family's module:
+    ``("walk_bv", "BV", N)``, ``(entry, "num_warps" | "num_stages", N)`` or ``("switch", NAME, value)``."""
+    from blocks.kernels import kernel_module
+
+    mod = kernel_module(family)
+    name, sep, raw = item.partition("=")
+    if not sep:
+        raise ValueError(f"{item}: expected NAME=VALUE")
+    if name == "walk_bv":
+        return ("walk_bv", "BV", int(raw))
+    if name.startswith("LAUNCH."):
+        _, entry, key = (name.split(".") + ["", ""])[:3]
+        if entry not in mod.LAUNCH or key not in ("num_warps", "num_stages"):
+            raise ValueError(f"{item}: {family}'s LAUNCH has no {entry}.{key}")
+        return (entry, key, int(raw))
+    if not (name.isupper() and hasattr(mod, name)):
+        raise ValueError(f"{item}: {family}'s kernel module has no setting {name}")
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw
+    return ("switch", name, value)
 
 
 @contextlib.contextmanager
 def applied(family: str, variant: str):
-    """The variant's settings inside the block (module switches through ``switched``; other
-    settings, ``walk_bv`` and ``LAUNCH`` entries on the family's kernel module), everything as
-    before after it."""
-    from blocks.kernels import kernel_module
+    """The variant's settings on the family's kernel module inside the block (the launch sweep's
+    ``Applied``, one per item), everything as before after it."""
+    from kernel_launch_sweep import Applied
 
-    mod = kernel_module(family)
-    saved_walk, saved_launch = mod.walk_bv, {k: dict(v) for k, v in mod.LAUNCH.items()}
-    switches, saved_attrs = [], {}
-    try:
+    with contextlib.ExitStack() as stack:
         for item in ([] if variant == "-" else variant.split(",")):
-            name, _, raw = item.partition("=")
-            if name == "walk_bv":
-                mod.walk_bv = lambda x, chains, V, bv=int(raw): min(bv, max(16, 1 << (V - 1).bit_length()))
-            elif name.startswith("LAUNCH."):
-                _, entry, key = name.split(".")
-                if entry not in mod.LAUNCH or key not in ("num_warps", "num_stages"):
-                    raise ValueError(f"{item}: {family}'s LAUNCH has no {entry}.{key}")
-                mod.LAUNCH[entry][key] = int(raw)
-            elif name.isupper() and hasattr(mod, name) and name not in mod.SWITCHES:
-                saved_attrs.setdefault(name, getattr(mod, name))
-                setattr(mod, name, ast.literal_eval(raw))  # e.g. a threshold no sweep flips
-            else:
-                switches.append(item)
-        with switched(",".join(switches)):
-            yield
-    finally:
-        for name, value in saved_attrs.items():
-            setattr(mod, name, value)
-        mod.walk_bv = saved_walk
-        for k, v in saved_launch.items():
-            mod.LAUNCH[k].clear()
-            mod.LAUNCH[k].update(v)
+            stack.enter_context(Applied(family, parsed(family, item)))
+        yield
 
 
 def host_ms(run, reps: int = 5) -> float:

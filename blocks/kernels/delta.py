@@ -149,8 +149,13 @@ WALK_MIN_PER_SM = 0.5
 # segments -3.3..-4.1 / -4.2..-5.9% (gated), -1.4..-3.3 / -1.4..-2.0% (delta_rule); 2 segments
 # within 1.5% of 4; 8 segments +6..+22% (each segment's launches cost host time a step from an
 # idle GPU waits for: 1.7-2.2 ms of host time per step in one segment, 3.4-3.5 in four); at 8k
-# (256 programs) +1.0 / +2.7% (gated / delta_rule), at 2k / 4k +4..+7%. The walks at fewer stages or V block 16: slower.
-WALK_SEGMENTS = 4
+# (256 programs) +1.0 / +2.7% (gated / delta_rule), at 2k / 4k +4..+7%. The walks at fewer
+# stages or V block 16: slower. Memory: with segments every buffer of the forward / backward
+# exists before the first walk (``overlap.run``), so transient peaks grow (computed, not
+# measured): the forward's float32 A beside h, vn and o (+268 MB at 64k tokens of 16 heads of
+# 128), the backward's dv_loc and dh beside dk, dv, dbeta, dg (+805 MB, bf16).
+# ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment.
+WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
 

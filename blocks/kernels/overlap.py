@@ -1,9 +1,9 @@
 """Run a sequential chunk walk in segments beside the parallel per-chunk kernels around it.
 
 A chunk walk (``_fwd_h``, ``_bwd_dh``) is one program per (batch, head, value block), each a chain
-of ``NT`` dependent steps. Long sequences mean few such programs (64 at 32k tokens of 16 heads in a
-64k-token batch: half the H200's SMs) while the per-chunk kernels before and after it, which could
-fill the idle SMs, wait for the whole walk. Here the walk is cut into segments of chunks, the
+of ``NT`` dependent steps. Long sequences mean few such programs (128 at 16k or 32k tokens of 16
+heads in a 64k-token batch: at most one per SM of an H200, each at ~6% occupancy) while the
+per-chunk kernels before and after it, which could use the idle SMs, wait for the whole walk. Here the walk is cut into segments of chunks, the
 state carried between them in float32 (as in registers, so results do not change); segment ``s``
 runs on a high-priority side stream as soon as the kernels it needs for its chunks are done, and
 the kernels that need its chunks' results start while segment ``s + 1`` walks. CUDA does not let a
@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .tiles import cdiv, sm_count
+from .tiles import sm_count
 
 Segment = tuple[int, int]  # chunks [c0, c1)
 
@@ -33,16 +33,16 @@ def walk_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def plan(nt: int, programs: int, x: torch.Tensor, segments: int, below_per_sm: float) -> list[Segment]:
-    """Chunk ranges of a walk over ``nt`` chunks with ``programs`` programs: ``segments`` nearly
-    equal ranges (at most one per chunk), on a CUDA device only when the walk has fewer than
+    """Chunk ranges of a walk over ``nt`` chunks with ``programs`` programs: ``min(segments, nt)``
+    ranges whose lengths differ by at most one, on a CUDA device only when the walk has fewer than
     ``below_per_sm`` programs per SM; else the single range ``[(0, nt)]``. Off CUDA (Triton's
     interpreter) there is no SM count: the ranges are cut whenever ``segments > 1``, so that the
     CPU tests run the segment bookkeeping."""
     if segments <= 1 or nt <= 1 or (x.is_cuda and programs >= below_per_sm * sm_count(x.device)):
         return [(0, nt)]
     n = min(segments, nt)
-    step = cdiv(nt, n)
-    return [(c0, min(c0 + step, nt)) for c0 in range(0, nt, step)]
+    cuts = [i * nt // n for i in range(n + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def run(segments: list[Segment], before: Callable[[int, int], None], walk: Callable[[int, int, int], None],
@@ -65,16 +65,22 @@ def run(segments: list[Segment], before: Callable[[int, int], None], walk: Calla
         return
     main = torch.cuda.current_stream(x.device)
     side = walk_stream(x.device)
-    ready = []
-    for seg in segments:  # all the "before" kernels first: none waits for a walk
-        before(*seg)
-        ready.append(main.record_event())
-    done = []
-    with torch.cuda.stream(side):
-        for i, (seg, ev) in enumerate(zip(segments, ready)):
-            side.wait_event(ev)
-            walk(*seg, i)
-            done.append(side.record_event())
-    for seg, ev in zip(segments, done):
-        main.wait_event(ev)
-        after(*seg)
+    ready: list[torch.cuda.Event] = []
+    done: list[torch.cuda.Event] = []
+    try:
+        for seg in segments:  # all the "before" kernels first: none waits for a walk
+            before(*seg)
+            ready.append(main.record_event())
+        with torch.cuda.stream(side):
+            for i, (seg, ev) in enumerate(zip(segments, ready)):
+                side.wait_event(ev)
+                walk(*seg, i)
+                done.append(side.record_event())
+        for seg, ev in zip(segments, done):
+            main.wait_event(ev)
+            after(*seg)
+    finally:
+        # also when a launch raised (a compile error): the caller's tensors are freed on the
+        # current stream, which must not hand them out while a queued walk still uses them
+        for ev in done:
+            main.wait_event(ev)

@@ -221,9 +221,12 @@ def test_gpu_kernels_with_switches_flipped_match_reference(family, shape, dtype,
         assert not bad, f"{flipped} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
-def segmented_outputs(family, shape, dtype, device, segments, monkeypatch):
+def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=False):
     """The delta kernel's ``o``, final state and every input gradient (with ``h0`` and a final-state
-    gradient) with its walks in ``segments`` segments (``delta.WALK_SEGMENTS``; cut at any walk size)."""
+    gradient) with its walks in ``segments`` segments (``delta.WALK_SEGMENTS``; cut at any walk size).
+    ``junk``: right after the forward and the backward return, without waiting for the GPU, fill
+    fresh memory with NaN and free it (the allocator hands out what the call freed: a walk still
+    reading it on its stream would see the NaN)."""
     from blocks.kernels import delta
 
     monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
@@ -233,10 +236,15 @@ def segmented_outputs(family, shape, dtype, device, segments, monkeypatch):
     leaves = [a.to(device=device, dtype=dtype if i < 3 else torch.float32).requires_grad_(True)
               for i, a in enumerate(args)]
     s0 = h0.to(device).requires_grad_(True)
-    o, ht = chunk_kernel(family)(*leaves, initial_state=s0, output_final_state=True)
     gen = torch.Generator().manual_seed(4)
-    do, dht = torch.randn(o.shape, generator=gen).to(device), torch.randn(ht.shape, generator=gen).to(device)
+    do = torch.randn((B, T, H, V), generator=gen).to(device)
+    dht = torch.randn((B, H, K, V), generator=gen).to(device)
+    o, ht = chunk_kernel(family)(*leaves, initial_state=s0, output_final_state=True)
+    if junk:
+        torch.full((1 << 26,), float("nan"), device=device)
     grads = torch.autograd.grad((o.float() * do).sum() + (ht * dht).sum(), leaves + [s0])
+    if junk:
+        torch.full((1 << 26,), float("nan"), device=device)
     return [o.detach(), ht.detach(), *grads]
 
 
@@ -245,15 +253,12 @@ def segmented_outputs(family, shape, dtype, device, segments, monkeypatch):
 def test_gpu_delta_walk_segments_give_the_same_bits(family, monkeypatch):
     """The walks in segments on their own stream, beside the per-chunk kernels on the current one
     (``overlap``), must give exactly the unsegmented results: same kernels per chunk, the state
-    carried in float32 between segments. Uneven segments (31 chunks in 4 and 7), bf16, and a
-    tensor allocated and filled on the current stream between calls (memory the side stream still
-    read would be handed out then)."""
+    carried in float32 between segments. Uneven segments (31 chunks in 4 and 7), bf16, and fresh
+    memory filled with NaN right after the forward and the backward return (``junk``)."""
     shape = (2, 1984 - 10, 4, 128, 128)
     ref = segmented_outputs(family, shape, torch.bfloat16, "cuda", 1, monkeypatch)
     for segments in (4, 7):
-        junk = torch.full((1 << 24,), float("nan"), device="cuda")
-        got = segmented_outputs(family, shape, torch.bfloat16, "cuda", segments, monkeypatch)
-        del junk
+        got = segmented_outputs(family, shape, torch.bfloat16, "cuda", segments, monkeypatch, junk=True)
         for i, (a, b) in enumerate(zip(got, ref)):
             assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
 
@@ -429,11 +434,12 @@ class _LaunchSpy:
 @interpreter
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
 def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch):
-    """Walks in segments (5 chunks: ranges of 2, 2, 1 and of 1 each; the carried state through
+    """Walks in segments (5 chunks: ranges of 1, 2, 2 and of 1 each; the carried state through
     ``h0``/``ht`` of the forward walk and ``dht``/``dh0`` of the reverse one, the per-chunk kernels
     from their segment's first chunk): the unsegmented bits, inside every tensor."""
     from blocks.kernels import delta
 
+    monkeypatch.setattr(delta, "KEEP_H", True)  # no recomputing walk in the backward to count
     shape = (1, 300, 2, 32, 16)
     ref = segmented_outputs(family, shape, torch.float32, "cpu", 1, monkeypatch)
     for segments in (3, 5):
@@ -442,7 +448,7 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
         with checked_memory():
             got = segmented_outputs(family, shape, torch.float32, "cpu", segments, monkeypatch)
         assert [args[10:12] for args, _ in spy.calls] == \
-            ([(0, 2), (2, 4), (4, 5)] if segments == 3 else [(c, c + 1) for c in range(5)])
+            ([(0, 1), (1, 3), (3, 5)] if segments == 3 else [(c, c + 1) for c in range(5)])
         for i, (a, b) in enumerate(zip(got, ref)):
             assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
 

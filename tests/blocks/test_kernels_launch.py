@@ -153,9 +153,9 @@ def _python(code: str, env: dict[str, str | None]) -> str:
 @pytest.mark.parametrize("env, kept", [("1", False), ("", True)])
 def test_low_memory_environment_turns_every_keep_off(env, kept):
     code = ("from blocks.kernels import delta, gla, scalar_decay; "
-            "print(delta.KEEP_WU, delta.KEEP_H, gla.KEEP_H, scalar_decay.KEEP_H)")
+            "print(delta.KEEP_WU, delta.KEEP_H, gla.KEEP_H, scalar_decay.KEEP_H, delta.WALK_SEGMENTS > 1)")
     out = _python(code, {"ARCHSEARCH_LOW_MEMORY_KERNELS": env})
-    assert out.split() == [str(kept)] * 4
+    assert out.split() == [str(kept)] * 5  # segmented walks hold more transient memory
 
 
 def test_benchmarks_record_the_switches_they_ran_with():
@@ -808,13 +808,14 @@ def test_overlap_plan_cuts_walks_with_few_programs_per_sm(monkeypatch):
 
     monkeypatch.setattr(overlap, "sm_count", lambda device: 132)
     assert overlap.plan(512, 64, FakeCuda(), 4, 2.0) == [(0, 128), (128, 256), (256, 384), (384, 512)]
-    assert overlap.plan(31, 64, FakeCuda(), 4, 2.0) == [(0, 8), (8, 16), (16, 24), (24, 31)]
+    assert overlap.plan(31, 64, FakeCuda(), 4, 2.0) == [(0, 7), (7, 15), (15, 23), (23, 31)]
+    assert overlap.plan(9, 64, FakeCuda(), 8, 2.0) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (7, 9)]
     assert overlap.plan(512, 264, FakeCuda(), 4, 2.0) == [(0, 512)]  # 2 programs per SM: not cut
     assert overlap.plan(512, 263, FakeCuda(), 4, 2.0) != [(0, 512)]
     assert overlap.plan(512, 64, FakeCuda(), 1, 2.0) == [(0, 512)]
     assert overlap.plan(3, 64, FakeCuda(), 8, 2.0) == [(0, 1), (1, 2), (2, 3)]
     assert overlap.plan(1, 64, FakeCuda(), 8, 2.0) == [(0, 1)]
-    assert overlap.plan(5, 10 ** 6, torch.empty(0), 2, 2.0) == [(0, 3), (3, 5)]
+    assert overlap.plan(5, 10 ** 6, torch.empty(0), 2, 2.0) == [(0, 2), (2, 5)]
 
 
 def test_overlap_run_orders_each_segment_after_what_it_needs_off_cuda():
@@ -832,7 +833,7 @@ def test_overlap_run_orders_each_segment_after_what_it_needs_off_cuda():
 def test_train_ab_variants_apply_and_restore_every_kind_of_setting():
     """``benchmarks/train_ab.py``'s variants: a switch, a non-switch setting, the walks' V block and
     a launch entry, all on the family's module inside the block and as before after it (also when
-    the block raises); an unknown launch entry is a one-line error."""
+    the block raises); an unknown launch entry or setting is a one-line error."""
     ab = _benchmark("train_ab")
     before = ({k: dict(v) for k, v in delta.LAUNCH.items()}, delta.walk_bv, delta.WALK_SEGMENTS,
               delta.WALK_OVERLAP_BELOW_PER_SM)
@@ -847,5 +848,9 @@ def test_train_ab_variants_apply_and_restore_every_kind_of_setting():
     with pytest.raises(ValueError, match="LAUNCH has no nope.num_warps"):
         with ab.applied("delta_rule", "LAUNCH.nope.num_warps=4"):
             pass
+    with pytest.raises(ValueError, match="has no setting WALK_SEGMENT$"):
+        with ab.applied("delta_rule", "WALK_SEGMENTS=2,WALK_SEGMENT=2"):
+            pass
+    assert delta.WALK_SEGMENTS == before[2]  # the item before the bad one undone too
     with pytest.raises(SystemExit):  # argparse's one-line error, before any GPU is needed
         ab.main(["--lengths", "2k"])
