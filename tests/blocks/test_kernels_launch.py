@@ -854,3 +854,16 @@ def test_train_ab_variants_apply_and_restore_every_kind_of_setting():
     assert delta.WALK_SEGMENTS == before[2]  # the item before the bad one undone too
     with pytest.raises(SystemExit):  # argparse's one-line error, before any GPU is needed
         ab.main(["--lengths", "2k"])
+
+
+def test_host_orchestration_stubs_the_kernels_and_puts_them_back():
+    """``benchmarks/host_orchestration.py`` times a step with every kernel of the family's module
+    replaced by a no-op (so nothing is computed: the outputs stay as allocated) and restores the
+    kernels and ``WALK_SEGMENTS`` after, also for a bad argument."""
+    ho = _benchmark("host_orchestration")
+    kernels = {n: getattr(delta, n) for n in vars(delta) if n.startswith("_") and n.endswith("_kernel")}
+    segments = delta.WALK_SEGMENTS
+    assert ho.host_ms("gated_delta_rule", 130, reps=2, segments=2) > 0
+    assert {n: getattr(delta, n) for n in kernels} == kernels and delta.WALK_SEGMENTS == segments
+    with pytest.raises(SystemExit):
+        ho.main(["--families", "nope"])
