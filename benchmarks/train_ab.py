@@ -10,7 +10,8 @@ processes; this compares a few chosen combinations within one call.
 A variant is ``-`` (the modules as they are) or a comma list of ``NAME=VALUE`` items on the family's
 kernel module: an upper-case setting, switch or not (a Python literal, e.g. ``WALK_SEGMENTS=1`` or
 ``WALK_OVERLAP_BELOW_PER_SM=1000.0``), ``walk_bv=N`` (the family module's walks at V block N) or
-``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N``. Prints a markdown table (ms per step
+``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N``. ``--host-profile`` also writes a
+cProfile of the first variant's step launches per family and length. Prints a markdown table (ms per step
 synced and queued, Mtok/s, the host's time to launch one step, ratio to the first variant) and writes ``train_ab.{json,md}``.
 """
 from __future__ import annotations
@@ -85,7 +86,28 @@ def host_ms(run, reps: int = 5) -> float:
     return statistics.median(out)
 
 
-def time_length(family: str, T: int, variants: list[str], rounds: int) -> list[dict]:
+def host_profile(run, steps: int = 20, top: int = 25, busy=None) -> str:
+    """cProfile of ``steps`` launches of ``run`` (``busy()`` first, e.g. a sleep kernel that keeps
+    the GPU ahead, so the host never waits for it): the ``top`` functions by their own time, as
+    pstats prints them. Shows where a step's host time goes (Triton's launch path, allocation,
+    autograd, our argument code)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    for _ in range(steps):
+        if busy is not None:
+            busy()
+        prof.enable()
+        run()
+        prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def time_length(family: str, T: int, variants: list[str], rounds: int, profile_dir: Path | None = None) -> list[dict]:
     """One row per variant: median ms per step over ``rounds`` round-robin passes, synced and queued."""
     import blocks.kernels as kernels
 
@@ -93,6 +115,14 @@ def time_length(family: str, T: int, variants: list[str], rounds: int) -> list[d
     pos = positional(family, args)
     kernel = kernels.get_kernel(family, "chunk")
     run = fwd_bwd(lambda: kernel(*pos)[0], pos)
+    if profile_dir is not None:  # the first variant's host time, function by function
+        with applied(family, variants[0]):
+            run()
+            torch.cuda.synchronize()
+            text = host_profile(run, busy=lambda: torch.cuda._sleep(50_000_000))
+            torch.cuda.synchronize()
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        (profile_dir / f"host_profile_{family}_{T}.txt").write_text(text)
     times: dict[str, dict[str, list[float]]] = {v: {"synced": [], "queued": [], "host": []} for v in variants}
     errors: dict[str, str] = {}
     for _ in range(rounds):
@@ -141,6 +171,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="-", help="';'-separated variants (see the module docstring)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="", help="folder for train_ab.{json,md} (default: print only)")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="also write host_profile_<family>_<T>.txt to --out: cProfile of 20 launches of the "
+                         "first variant's step, the GPU kept busy")
     a = ap.parse_args(argv)
     families = [f for f in a.families.split(",") if f]
     bad = [f for f in families if f not in LINEAR_FAMILIES]
@@ -151,6 +184,8 @@ def main(argv=None) -> int:
         ap.error(f"--lengths: expected a comma list of integers, got {a.lengths!r}")
     if a.rounds < 1:
         ap.error("--rounds: must be at least 1")
+    if a.host_profile and not a.out:
+        ap.error("--host-profile: needs --out for its files")
     variants = [v.strip() for v in a.variants.split(";") if v.strip()]
     if not torch.cuda.is_available():
         print("train_ab: needs a CUDA GPU", file=sys.stderr)
@@ -159,7 +194,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     for family in families:
         for T in lengths:
-            rows += time_length(family, T, variants, a.rounds)
+            rows += time_length(family, T, variants, a.rounds, Path(a.out) if a.host_profile else None)
             print(table([r for r in rows if r["family"] == family and r["T"] == T]).split("\n", 2)[-1], flush=True)
     md = (f"# Training-step A/B ({torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{time.time() - t0:.0f} s)\n\nCommand: `python benchmarks/train_ab.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"

@@ -867,3 +867,21 @@ def test_host_orchestration_stubs_the_kernels_and_puts_them_back():
     assert {n: getattr(delta, n) for n in kernels} == kernels and delta.WALK_SEGMENTS == segments
     with pytest.raises(SystemExit):
         ho.main(["--families", "nope"])
+
+
+def test_train_ab_host_profile_names_where_the_host_time_goes():
+    """``train_ab.host_profile``: a cProfile of repeated launches, sorted by own time; here of a
+    function that spends its time in a named helper. ``--host-profile`` needs ``--out``."""
+    ab = _benchmark("train_ab")
+    calls = []
+
+    def slow_helper_for_the_profile():
+        sum(i * i for i in range(20000))
+
+    def step():
+        slow_helper_for_the_profile()
+
+    text = ab.host_profile(step, steps=3, top=5, busy=lambda: calls.append(1))
+    assert "tottime" in text and "slow_helper_for_the_profile" in text and calls == [1, 1, 1]
+    with pytest.raises(SystemExit):
+        ab.main(["--host-profile"])
