@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import HEAD_DIM, HEADS, LINEAR_FAMILIES, positional, train_inputs  # noqa: E402
+from gpu_common import HEAD_DIM, HEADS, LINEAR_FAMILIES, fwd_bwd, positional, train_inputs  # noqa: E402
 
 
 class _NoLaunch:
@@ -51,10 +51,7 @@ def host_ms(family: str, T: int, reps: int = 20, segments: int = 1) -> float:
         args = train_inputs(family, 1, T, HEADS, HEAD_DIM, device="cpu")
         pos = positional(family, args)
         chunk = getattr(mod, f"{family}_chunk")  # the registered kernel (get_kernel needs CUDA)
-        do = torch.ones_like(chunk(*pos)[0])  # made once: filling it is not the step's host work
-
-        def step():
-            torch.autograd.grad(chunk(*pos)[0], pos, do)
+        step = fwd_bwd(lambda: chunk(*pos)[0], pos)  # its output gradient made once, in the warm-up
 
         for _ in range(3):
             step()

@@ -30,8 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, comma_ints, cuda_time, fwd_bwd,  # noqa: E402
-                        positional, train_inputs)
+from gpu_common import LINEAR_FAMILIES, TOKENS, comma_ints, cuda_time  # noqa: E402
 
 
 def parsed(family: str, item: str) -> tuple:
@@ -71,6 +70,12 @@ def applied(family: str, variant: str):
         yield
 
 
+def keep_gpu_busy() -> None:
+    """Queue ~25 ms of GPU time (a sleep kernel at the H200's clock), so that the host launching
+    after it never waits for the GPU."""
+    torch.cuda._sleep(50_000_000)
+
+
 def host_ms(run, reps: int = 5) -> float:
     """Median host milliseconds to launch one step (fwd + bwd) while the GPU is kept busy (a sleep
     kernel queued first), so that the host never waits for it. A step from an idle GPU loses the
@@ -78,7 +83,7 @@ def host_ms(run, reps: int = 5) -> float:
     out = []
     for _ in range(reps):
         torch.cuda.synchronize()
-        torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time at the H200's clock
+        keep_gpu_busy()
         t0 = time.perf_counter()
         run()
         out.append((time.perf_counter() - t0) * 1e3)
@@ -109,17 +114,14 @@ def host_profile(run, steps: int = 20, top: int = 25, busy=None) -> str:
 
 def time_length(family: str, T: int, variants: list[str], rounds: int, profile_dir: Path | None = None) -> list[dict]:
     """One row per variant: median ms per step over ``rounds`` round-robin passes, synced and queued."""
-    import blocks.kernels as kernels
+    from kernel_launch_sweep import step
 
-    args = train_inputs(family, max(1, TOKENS // T), T, HEADS, HEAD_DIM)
-    pos = positional(family, args)
-    kernel = kernels.get_kernel(family, "chunk")
-    run = fwd_bwd(lambda: kernel(*pos)[0], pos)
+    run = step(family, T)  # the registered kernel's fwd + bwd on the sweep's inputs
     if profile_dir is not None:  # the first variant's host time, function by function
         with applied(family, variants[0]):
             run()
             torch.cuda.synchronize()
-            text = host_profile(run, busy=lambda: torch.cuda._sleep(50_000_000))
+            text = host_profile(run, busy=keep_gpu_busy)
             torch.cuda.synchronize()
         profile_dir.mkdir(parents=True, exist_ok=True)
         (profile_dir / f"host_profile_{family}_{T}.txt").write_text(text)

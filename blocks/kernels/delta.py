@@ -918,8 +918,9 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state):
     BV = walk_bv(k, B * H, V)
     segments = _segments(NT, _cdiv(V, BV) * B * H, k)
     if len(segments) == 1:
-        # each buffer allocated just before its first kernel: the host's time to the first launch
-        # is time the GPU idles in a step that starts from an idle GPU
+        # the walk's and the output's buffers allocated after the WY kernels are launched (as
+        # before the segments): the host's time to the first launch is time the GPU idles in a
+        # step that starts from an idle GPU
         Ai, w, u = wy_fwd(k, v, beta, gc)
         h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
         return fwd_o(q, k, vn, gc, h, scale), Ai, w, u, h, vn, ht
