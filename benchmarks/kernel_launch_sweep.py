@@ -57,6 +57,8 @@ def _all_variants(family: str) -> list[tuple[str, str, int]]:
     for entry, cfg in mod.LAUNCH.items():
         out += [(entry, "num_warps", w) for w in WARPS if w != cfg["num_warps"]]
         out += [(entry, "num_stages", s) for s in STAGES if s != cfg["num_stages"]]
+        if cfg.get("maxnreg"):  # the entry without its register cap
+            out.append((entry, "maxnreg", None))
     out += [("walk_bv", "BV", bv) for bv in WALK_BV]
     out += [("switch", name, v) for name, v in other_switch_values(mod).items()]
     return out

@@ -65,13 +65,14 @@ def arg_types(act: str) -> dict[str, str]:
     return types
 
 
-def table(launch: dict, name: str, default_stages: int) -> tuple[int, int]:
-    """``(num_warps, num_stages)`` from a kernel module's launch table (``tiles.launch`` rules:
-    ``default_stages`` is 1 for float32, and then for every kernel)."""
+def table(launch: dict, name: str, default_stages: int) -> tuple[int, int, int | None]:
+    """``(num_warps, num_stages, maxnreg)`` from a kernel module's launch table (``tiles.launch``
+    rules: ``default_stages`` is 1 for float32, and then for every kernel, and no register cap;
+    ``maxnreg`` None: no cap)."""
     cfg = launch[name]
-    if cfg["num_stages"] is None or default_stages == 1:
-        return cfg["num_warps"], default_stages
-    return cfg["num_warps"], cfg["num_stages"]
+    if default_stages == 1:
+        return cfg["num_warps"], 1, None
+    return cfg["num_warps"], cfg["num_stages"] or default_stages, cfg.get("maxnreg")
 
 
 def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
@@ -168,14 +169,16 @@ def divisibility_hints(fn, sig: dict[str, str]) -> set[str]:
     return {n for n in fn.arg_names if sig[n].startswith("*") or (sig[n] == "i32" and n not in fn.do_not_specialize)}
 
 
-def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int):
+def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int,
+                maxnreg: int | None = None):
     names = fn.arg_names
     sig = {n: ("constexpr" if n in constexprs else types[n]) for n in names}
     hinted = divisibility_hints(fn, sig)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in hinted}
     src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+                          options={"num_warps": num_warps, "num_stages": num_stages,
+                                   **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 def _cuobjdump(kernel, flag: str, tool_name: str = "cuobjdump") -> str:
@@ -253,6 +256,8 @@ def main() -> int:
                     "instead of the host code's (e.g. 4,8,16: where do the spills go?)")
     ap.add_argument("--set", default="", help="module switches to give other values first, as the launch "
                     "sweep's --set (e.g. UNGATED_DH_ZERO_GATE=False: compile the kernels that path runs)")
+    ap.add_argument("--maxnreg", default="", help="comma list of register caps per thread to compile each "
+                    "kernel at (ptxas .maxnreg; 0 = none); default: each launch table's own (none unless set)")
     ap.add_argument("--lines", type=int, default=0, metavar="N", help="also print, under each kernel, the N source "
                     "lines with the most SASS instructions (nvdisasm line info)")
     opts = ap.parse_args()
@@ -265,23 +270,26 @@ def main() -> int:
     warp_counts = comma_ints(opts.warps)
     if warp_counts is None:
         ap.error(f"--warps: a comma list of integers, got {opts.warps!r}")
+    reg_caps = comma_ints(opts.maxnreg)
+    if reg_caps is None:
+        ap.error(f"--maxnreg: a comma list of integers, got {opts.maxnreg!r}")
     keep = [k for k in opts.kernels.split(",") if k]
     dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
     failures = 0
-    print("| kernel | dtype | warps | regs | stack (B/thread) | shared (B) | async copies | loop-carried | "
+    print("| kernel | dtype | warps | regs (cap) | stack (B/thread) | shared (B) | async copies | loop-carried | "
           "SASS instr / SHFL / BAR | compile s |\n|---|---|---|---|---|---|---|---|---|---|")
-    runs = ((a, (name, fn, cx, w, st)) for a in dtypes for (name, fn, cx, host_w, st) in jobs(a)
-            for w in (warp_counts or [host_w]))
-    for act, (name, fn, cx, warps, stages) in runs:
+    runs = ((a, (name, fn, cx, w, st, cap or None)) for a in dtypes for (name, fn, cx, host_w, st, *host_cap) in jobs(a)
+            for w in (warp_counts or [host_w]) for cap in (reg_caps or [(host_cap or [None])[0]]))
+    for act, (name, fn, cx, warps, stages, cap) in runs:
         if keep and not any(k in name for k in keep):
             continue
         t0 = time.time()
         try:
-            kernel = compile_one(fn, arg_types(act), cx, warps, stages, opts.arch)
+            kernel = compile_one(fn, arg_types(act), cx, warps, stages, opts.arch, cap)
             res = resources(kernel)
             copies, carried = pipelining(kernel)
             sass = " / ".join(map(str, sass_counts(kernel)))
-            print(f"| {name} | {act} | {warps} | {res.get('REG')} | {res.get('STACK')} | {kernel.metadata.shared} | "
+            print(f"| {name} | {act} | {warps} | {res.get('REG')}{f' ({cap})' if cap else ''} | {res.get('STACK')} | {kernel.metadata.shared} | "
                   f"{copies} | {carried} | {sass} | {time.time() - t0:.0f} |", flush=True)
             if opts.lines:
                 print_lines(kernel, opts.lines)

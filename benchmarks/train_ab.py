@@ -5,12 +5,15 @@ and drift. The launch sweep (``kernel_launch_sweep.py``) times one change at a t
 processes; this compares a few chosen combinations within one call.
 
     python benchmarks/train_ab.py --families delta_rule,gated_delta_rule --lengths 2048,32768 \\
-        --variants "-;WALK_SEGMENTS=1;WALK_SEGMENTS=8,WALK_OVERLAP_BELOW_PER_SM=1000.0" --out DIR
+        --variants="-;WALK_SEGMENTS=1;WALK_SEGMENTS=8,WALK_OVERLAP_BELOW_PER_SM=1000.0" --out DIR
+
+(``--variants=`` with the ``=``: a value that starts with ``-`` is otherwise taken for an option.)
 
 A variant is ``-`` (the modules as they are) or a comma list of ``NAME=VALUE`` items on the family's
 kernel module: an upper-case setting, switch or not (a Python literal, e.g. ``WALK_SEGMENTS=1`` or
 ``WALK_OVERLAP_BELOW_PER_SM=1000.0``), ``walk_bv=N`` (the family module's walks at V block N) or
-``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N``. ``--host-profile`` also writes a
+``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N`` / ``LAUNCH.entry.maxnreg=N`` (a cap on registers
+per thread, ptxas ``.maxnreg``). ``--host-profile`` also writes a
 cProfile of the first variant's step launches per family and length. Prints a markdown table (ms per step
 synced and queued, Mtok/s, the host's time to launch one step, ratio to the first variant) and writes ``train_ab.{json,md}``.
 """
@@ -35,7 +38,7 @@ from gpu_common import LINEAR_FAMILIES, TOKENS, comma_ints, cuda_time  # noqa: E
 
 def parsed(family: str, item: str) -> tuple:
     """One ``NAME=VALUE`` item as a ``kernel_launch_sweep.Applied`` variant on the family's module:
-    ``("walk_bv", "BV", N)``, ``(entry, "num_warps" | "num_stages", N)`` or ``("switch", NAME, value)``."""
+    ``("walk_bv", "BV", N)``, ``(entry, "num_warps" | "num_stages" | "maxnreg", N)`` or ``("switch", NAME, value)``."""
     from blocks.kernels import kernel_module
 
     mod = kernel_module(family)
@@ -46,7 +49,7 @@ def parsed(family: str, item: str) -> tuple:
         return ("walk_bv", "BV", int(raw))
     if name.startswith("LAUNCH."):
         _, entry, key = (name.split(".") + ["", ""])[:3]
-        if entry not in mod.LAUNCH or key not in ("num_warps", "num_stages"):
+        if entry not in mod.LAUNCH or key not in ("num_warps", "num_stages", "maxnreg"):
             raise ValueError(f"{item}: {family}'s LAUNCH has no {entry}.{key}")
         return (entry, key, int(raw))
     if not (name.isupper() and hasattr(mod, name)):

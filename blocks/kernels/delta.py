@@ -148,7 +148,8 @@ WALK_MIN_PER_SM = 0.5
 # (docs/benchmarks/walk_overlap.md), per fwd+bwd step against one segment at 16k / 32k: 4
 # segments -3.3..-4.1 / -4.2..-5.9% (gated), -1.4..-3.3 / -1.4..-2.0% (delta_rule); 2 segments
 # within 1.5% of 4; 8 segments +6..+22% (each segment's launches cost host time a step from an
-# idle GPU waits for: 1.7-2.2 ms of host time per step in one segment, 3.4-3.5 in four); at 8k
+# idle GPU waits for: 1.7-2.2 ms of host time per step in one segment, 3.4-3.5 in four, of which
+# the Triton launches are 14-38 us each, docs/benchmarks/triton_launch_cost.md); at 8k
 # (256 programs) +1.0 / +2.7% (gated / delta_rule), at 2k / 4k +4..+7%. The walks at fewer
 # stages or V block 16: slower. Memory: with segments every buffer of the forward / backward
 # exists before the first walk (``overlap.run``), so transient peaks grow (computed, not

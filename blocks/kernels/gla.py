@@ -56,16 +56,24 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is 
 # Warps and pipelining stages per kernel ("walk": the forward state walk and the reverse gradient
 # walk; ``num_stages: None`` = ``tiles.stages``): the fastest of benchmarks/kernel_launch_sweep.py's
 # one-at-a-time variants on the H200 (docs/benchmarks/kernel_launch_sweep.md).
+# ``maxnreg``: a cap on registers per thread (ptxas; 16-bit inputs only, ``tiles.launch``) that lets
+# one more program onto each SM: ``intra_a`` 156 -> 128 registers (3 -> 4 programs of 4 warps, 64 B
+# of spills in sm_90 compiles), ``bwd_dv`` 132 -> 128 (1 -> 2 programs of 8 warps, 16 B), the
+# reverse cumsum 139 -> 128 and the walks 119 -> 104 (no spills; ``benchmarks/kernels_aot_regs.py
+# --maxnreg``). H200 2026-12-01 18:06, ``benchmarks/train_ab.py`` (docs/benchmarks/register_caps.md),
+# per fwd+bwd step at 2k / 32k: the four together -3.6 / -3.4%; ``intra_a`` alone -2.1 / -1.6%
+# (-2.2 / -1.6% in an earlier call), the others alone within 1.2% either way. Caps that spill more
+# lost: ``bwd_sub`` at 200 / 168 / 128 +7.6 / +4.5 / +26.5% (2k), ``intra_a`` at 104 was not timed.
 LAUNCH = {
     "cumsum": dict(num_warps=4, num_stages=3),
-    "walk": dict(num_warps=4, num_stages=2),
-    "intra_a": dict(num_warps=4, num_stages=3),
+    "walk": dict(num_warps=4, num_stages=2, maxnreg=104),
+    "intra_a": dict(num_warps=4, num_stages=3, maxnreg=128),
     "fwd_o": dict(num_warps=8, num_stages=None),
-    "bwd_dv": dict(num_warps=8, num_stages=None),
+    "bwd_dv": dict(num_warps=8, num_stages=None, maxnreg=128),
     # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
     # at 19:59 (fewer spills) 4 warps +14.6 / +13.1%, 2 or 3 stages +10%
     "bwd_sub": dict(num_warps=2, num_stages=1),
-    "rev_cumsum": dict(num_warps=4, num_stages=3),
+    "rev_cumsum": dict(num_warps=4, num_stages=3, maxnreg=128),
 }
 # The backward of dq, dk and the gate runs one program per 16-row sub-chunk (``_bwd_sub_kernel``)
 # plus a reverse-cumsum pass (``_rev_cumsum_kernel``). Removed after H200 sweeps (2026-11-30, ms per
@@ -111,6 +119,15 @@ KEEP_H = not LOW_MEMORY
 # the do, v rows behind them once instead of twice, [16, 128] float32 tiles). At the kernel's
 # launch (2 warps, 1 stage) 128 measured +18.7 / +16.0% at 2k / 32k (sweep 19:59); at 8 warps it
 # had been -27 / -25% (19:35), when that launch was twice as slow as today's.
+# Key slice 32 or 16 (four / eight programs per sub-chunk, each re-deriving the sub-chunk's score
+# gradients from do, v): +19.2 / +66.5% at 2k, +16.5 / +58.1% at 32k (H200 2026-12-01 18:08; 4 warps
+# or 2 stages at slice 32 no better). Also lost that day (``benchmarks/train_ab.py``, per fwd+bwd
+# step at 2k / 32k): the kernel on transposed tiles ([BK, 16] instead of [16, BK], so that its dots
+# have 64 rows for 4 warps or one sm_90 warp-group MMA; 234 registers at 4 warps, no fewer) +5.3 /
+# +4.6% at its best launch (4 warps, 3 stages; 8 warps +45 / +63%); the four sub-chunks of a chunk
+# in one program one after another (their h, dh and do, v from L1 instead of L2) +12.4 / +11.6%
+# at 2 warps, 1 stage (4 warps or 2 stages worse). Both ways of fewer, longer programs and of more,
+# smaller ones lose against one program per sub-chunk and 64-key slice.
 BWD_SUB_BK = 64
 # ``_intra_a_kernel``'s dots on operands in the activations' dtype (bf16 tensor-core dots; the
 # exponent factors are <= 1 off the diagonal and <= exp(SPAN_MAX) on it, in bf16's range but not

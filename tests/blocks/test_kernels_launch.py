@@ -30,15 +30,18 @@ def test_switches_name_module_flags_with_their_current_value_among_the_choices(m
 def test_every_launch_entry_is_valid_and_used(mod):
     source = inspect.getsource(mod)
     for name, cfg in mod.LAUNCH.items():
-        assert set(cfg) == {"num_warps", "num_stages"}, name
+        assert set(cfg) - {"maxnreg"} == {"num_warps", "num_stages"}, name
         assert cfg["num_warps"] in (1, 2, 4, 8, 16), name
+        # ptxas' register cap: a multiple of 8 between 24 and 255 registers per thread
+        assert cfg.get("maxnreg") is None or (24 <= cfg["maxnreg"] <= 255 and cfg["maxnreg"] % 8 == 0), name
         assert cfg["num_stages"] is None or 1 <= cfg["num_stages"] <= 4, name
         # an entry no launch reads would be swept and "tuned" to no effect
         assert f'_launch(LAUNCH, "{name}"' in source, f"{mod.__name__}.LAUNCH[{name!r}] is never used"
 
 
 def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
-    table = {"k": dict(num_warps=8, num_stages=3), "auto": dict(num_warps=4, num_stages=None)}
+    table = {"k": dict(num_warps=8, num_stages=3), "auto": dict(num_warps=4, num_stages=None),
+             "capped": dict(num_warps=4, num_stages=2, maxnreg=128)}
     bf16, fp32 = torch.empty(1, dtype=torch.bfloat16), torch.empty(1)
     got = {(n, str(x.dtype)): tiles.launch(table, n, x) for n in table for x in (bf16, fp32)}
     if tiles.INTERPRET:
@@ -47,6 +50,9 @@ def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
         assert got[("k", "torch.bfloat16")] == dict(num_warps=8, num_stages=3)
         assert got[("k", "torch.float32")] == dict(num_warps=8, num_stages=1)
         assert got[("auto", "torch.bfloat16")] == dict(num_warps=4, num_stages=tiles.stages(bf16))
+        # the register cap is for 16-bit tiles; float32 ones run uncapped
+        assert got[("capped", "torch.bfloat16")] == dict(num_warps=4, num_stages=2, maxnreg=128)
+        assert got[("capped", "torch.float32")] == dict(num_warps=4, num_stages=1)
     got[("k", "torch.bfloat16")]["num_warps"] = 1
     assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
 
@@ -78,6 +84,11 @@ def test_sweep_variants_restore_the_module_after_each_run(sweep):
     assert not any(v == (e, s, gla.LAUNCH[e][s]) for v in variants for e, s, _ in [v] if e in gla.LAUNCH)
     with sweep.Applied("gla", ("bwd_sub", "num_warps", 8)):
         assert gla.LAUNCH["bwd_sub"]["num_warps"] == 8
+    # an entry with a register cap is also timed without it
+    capped = [e for e, cfg in gla.LAUNCH.items() if cfg.get("maxnreg")]
+    assert capped and all((e, "maxnreg", None) in variants for e in capped)
+    with sweep.Applied("gla", (capped[0], "maxnreg", None)):
+        assert gla.LAUNCH[capped[0]]["maxnreg"] is None
     with sweep.Applied("gla", ("walk_bv", "BV", 16)):
         assert gla.walk_bv(None, 1, 128) == 16 and gla.walk_bv(None, 1, 8) == 16
     keep = gla.KEEP_H
@@ -332,13 +343,33 @@ def test_aot_tool_counts_sass_instructions_shuffles_and_barriers():
 import kernels_aot_regs as aot
 jobs = {j[0]: j for j in aot.jobs("bf16")}
 for name in ("gated_delta.kkt", "gated_delta.bwd_dqkwg"):
-    _, fn, cx, warps, stages = jobs[name]
+    _, fn, cx, warps, stages, *_ = jobs[name]
     k = aot.compile_one(fn, aot.arg_types("bf16"), cx, warps, stages, 90)
     print(*aot.sass_counts(k))
 """
     out = _python(code, {"TRITON_INTERPRET": None})
     small, big = (tuple(map(int, line.split())) for line in out.strip().splitlines()[-2:])
     assert all(b > s for b, s in zip(big, small)) and big[0] > 500 and big[1] > 0, out
+
+
+def test_aot_tool_compiles_at_the_launch_tables_register_caps():
+    """A launch entry's ``maxnreg`` reaches the compile (bf16 only, as ``tiles.launch`` applies it):
+    gla's ``intra_a`` capped at its entry's 128 registers uses no more, uncapped it uses more (the
+    occupancy the cap buys is the point of it)."""
+    code = """
+import kernels_aot_regs as aot
+from blocks.kernels import gla
+cap = gla.LAUNCH["intra_a"]["maxnreg"]
+name, fn, cx, warps, stages, job_cap = next(j for j in aot.jobs("bf16") if j[0] == "gla.intra_a")
+fp32_cap = next(j for j in aot.jobs("fp32") if j[0] == "gla.intra_a")[5]
+regs = [int(aot.resources(aot.compile_one(fn, aot.arg_types("bf16"), cx, warps, stages, 90, c))["REG"])
+        for c in (job_cap, None)]
+print(cap, job_cap, fp32_cap, *regs)
+"""
+    out = _python(code, {"TRITON_INTERPRET": None})
+    cap, job_cap, fp32_cap, capped, free = out.split()[-5:]
+    assert job_cap == cap and fp32_cap == "None", out
+    assert int(capped) <= int(cap) < int(free), out
 
 
 def test_aot_tool_attributes_sass_to_source_lines():
@@ -348,7 +379,7 @@ def test_aot_tool_attributes_sass_to_source_lines():
     code = """
 import inspect, kernels_aot_regs as aot
 from blocks.kernels import delta
-name, fn, cx, warps, stages = next(j for j in aot.jobs("bf16") if j[0] == "gated_delta.bwd_dqkwg")
+name, fn, cx, warps, stages, *_ = next(j for j in aot.jobs("bf16") if j[0] == "gated_delta.bwd_dqkwg")
 k = aot.compile_one(fn, aot.arg_types("bf16"), cx, warps, stages, 90)
 src, first = inspect.getsourcelines(delta._pair_decay_exact.fn)
 line = first + next(i for i, t in enumerate(src) if "b_g[:, None] - b_gj[None, :]" in t)
@@ -839,9 +870,10 @@ def test_train_ab_variants_apply_and_restore_every_kind_of_setting():
               delta.WALK_OVERLAP_BELOW_PER_SM)
     with pytest.raises(RuntimeError):
         with ab.applied("gated_delta_rule", "WALK_SEGMENTS=8,WALK_OVERLAP_BELOW_PER_SM=1000.0,walk_bv=16,"
-                                            "LAUNCH.bwd_dh.num_stages=1"):
+                                            "LAUNCH.bwd_dh.num_stages=1,LAUNCH.fwd_o.maxnreg=80"):
             assert delta.WALK_SEGMENTS == 8 and delta.WALK_OVERLAP_BELOW_PER_SM == 1000.0
             assert delta.walk_bv(None, 1, 128) == 16 and delta.LAUNCH["bwd_dh"]["num_stages"] == 1
+            assert delta.LAUNCH["fwd_o"]["maxnreg"] == 80
             raise RuntimeError("a variant that fails")
     assert ({k: dict(v) for k, v in delta.LAUNCH.items()}, delta.walk_bv, delta.WALK_SEGMENTS,
             delta.WALK_OVERLAP_BELOW_PER_SM) == before
@@ -885,3 +917,19 @@ def test_train_ab_host_profile_names_where_the_host_time_goes():
     assert "tottime" in text and "slow_helper_for_the_profile" in text and calls == [1, 1, 1]
     with pytest.raises(SystemExit):
         ab.main(["--host-profile"])
+
+
+def test_triton_launch_cost_rejects_bad_options_and_needs_a_gpu(capsys):
+    """``benchmarks/triton_launch_cost.py`` (Triton's per-launch host cost, kernel by kernel): an
+    unknown family or a bad length list is argparse's one-line error; without CUDA it says so and
+    returns 2 instead of failing inside Triton."""
+    cost = _benchmark("triton_launch_cost")
+    with pytest.raises(SystemExit):
+        cost.main(["--families", "nope"])
+    assert "--families" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cost.main(["--T", "2k"])
+    assert "--T" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert cost.main(["--families", "gla", "--T", "256"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
