@@ -63,7 +63,8 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is 
 # --maxnreg``). H200 2026-12-01 18:06, ``benchmarks/train_ab.py`` (docs/benchmarks/register_caps.md),
 # per fwd+bwd step at 2k / 32k: the four together -3.6 / -3.4%; ``intra_a`` alone -2.1 / -1.6%
 # (-2.2 / -1.6% in an earlier call), the others alone within 1.2% either way. Caps that spill more
-# lost: ``bwd_sub`` at 200 / 168 / 128 +7.6 / +4.5 / +26.5% (2k), ``intra_a`` at 104 was not timed.
+# lost: ``bwd_sub`` at 200 / 168 / 128 +7.6 / +4.5 / +26.5% (2k), at 4 warps capped to 168 (3 programs
+# per SM) +4.2 / +4.0%, at 8 warps capped to 128 (2 programs, no spills) +25.6 / +22.6% (18:27).
 LAUNCH = {
     "cumsum": dict(num_warps=4, num_stages=3),
     "walk": dict(num_warps=4, num_stages=2, maxnreg=104),
