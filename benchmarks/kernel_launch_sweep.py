@@ -10,7 +10,8 @@ writes ``kernel_launch_sweep.{json,md}`` to ``--out``. Every variant is first co
 worker processes at a tiny shape (Triton's on-disk cache then serves the timing process): compiling
 80 variants one after another would take most of a GPU session. Timing runs in this process only,
 one variant at a time, so the GPU is otherwise idle. The sequential chunk walks' V block
-(each module's ``walk_bv``) is swept too, as ``walk_bv``.
+(each module's ``walk_bv``) is swept too, as ``walk_bv``; an entry with a register cap
+(``maxnreg``) is also timed without it, and ``--caps 128,104`` times every entry at those caps.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, apply_sets, co
 from blocks.kernels import kernel_module, other_switch_values  # noqa: E402
 
 WARPS = [4, 8, 16]  # --warps (e.g. 2,4,8,16: 2 warps for the small-tile kernels such as solve_tril)
+CAPS: list[int] = []  # --caps: register caps per thread (ptxas maxnreg) to try on every entry
 STAGES = (1, 2, 3)
 WALK_BV = (16, 32, 64)
 
@@ -59,6 +61,7 @@ def _all_variants(family: str) -> list[tuple[str, str, int]]:
         out += [(entry, "num_stages", s) for s in STAGES if s != cfg["num_stages"]]
         if cfg.get("maxnreg"):  # the entry without its register cap
             out.append((entry, "maxnreg", None))
+        out += [(entry, "maxnreg", c) for c in CAPS if c != cfg.get("maxnreg")]
     out += [("walk_bv", "BV", bv) for bv in WALK_BV]
     out += [("switch", name, v) for name, v in other_switch_values(mod).items()]
     return out
@@ -168,7 +171,8 @@ def sweep_one(family: str, T: int, start: int = 0) -> None:
 def _child(family: str, T: int, start: int, timeout: float) -> tuple[list[dict], str]:
     """Run ``sweep_one`` in a fresh process: ``(rows, error line or "")``."""
     cmd = [sys.executable, __file__, "--child", f"{family}:{T}:{start}", "--only", ",".join(sorted(ONLY)),
-           "--warps", ",".join(map(str, WARPS)), "--set", os.environ.get(SET_ENV, "")]
+           "--warps", ",".join(map(str, WARPS)), "--caps", ",".join(map(str, CAPS)),
+           "--set", os.environ.get(SET_ENV, "")]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         out = proc.stdout
@@ -244,6 +248,9 @@ def main(argv=None) -> int:
                     "'wy_bwd,walk_bv' or one switch as 'switch:DQKWG_BK' (default: every launch-table "
                     "entry, walk_bv and switch)")
     ap.add_argument("--warps", default="4,8,16", help="warp counts to try per kernel (default 4,8,16)")
+    ap.add_argument("--caps", default="", help="register caps per thread (ptxas maxnreg) to try on every "
+                    "entry, e.g. 128,104: a cap that fits one more program on each SM can pay "
+                    "(docs/benchmarks/register_caps.md; kernels_aot_regs.py --maxnreg shows the spills)")
     ap.add_argument("--set", default="", help="switch values for the base, e.g. 'BWD_SUB_BK=128' "
                     "(to sweep the launch of a kernel behind a switch)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # FAMILY:T:START, see sweep()
@@ -258,6 +265,10 @@ def main(argv=None) -> int:
     if not warps or any(w < 1 or w & (w - 1) for w in warps):
         ap.error(f"--warps: a comma list of powers of two, got {opts.warps!r}")
     WARPS[:] = warps
+    caps = comma_ints(opts.caps)
+    if caps is None or any(not 24 <= c <= 255 or c % 8 for c in caps):
+        ap.error(f"--caps: a comma list of multiples of 8 from 24 to 255, got {opts.caps!r}")
+    CAPS[:] = caps
     if opts.child:
         family, T, start = opts.child.split(":")
         sweep_one(family, int(T), int(start))

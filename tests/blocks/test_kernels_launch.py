@@ -428,6 +428,27 @@ def test_sweep_warps_option_adds_warp_counts_and_rejects_bad_ones(sweep, monkeyp
     assert seen[0][seen[0].index("--warps") + 1] == "2,4,8,16"
 
 
+def test_sweep_caps_option_adds_register_caps_and_rejects_bad_ones(sweep, monkeypatch, capsys):
+    """``--caps 128,104``: every launch entry is also timed at those register caps (not at the cap it
+    has), the children time the same ones, and a cap ptxas would not take is a one-line error."""
+    monkeypatch.setattr(sweep, "CAPS", [])
+    assert not any(s == "maxnreg" and v is not None for _, s, v in sweep.variants("delta_rule"))
+    monkeypatch.setattr(sweep, "CAPS", [128, 104])
+    got = sweep.variants("gla")
+    for entry, cfg in gla.LAUNCH.items():
+        want = {c for c in (128, 104) if c != cfg.get("maxnreg")}
+        assert {v for e, s, v in got if e == entry and s == "maxnreg" and v is not None} == want, entry
+    for bad in ("100", "300", "x"):
+        with pytest.raises(SystemExit):
+            sweep.main(["--caps", bad])
+        assert "--caps: a comma list of multiples of 8" in capsys.readouterr().err
+    seen = []
+    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or
+                        type("P", (), {"stdout": "", "stderr": "", "returncode": 0})())
+    sweep._child("gla", 2048, 0, 10)
+    assert seen[0][seen[0].index("--caps") + 1] == "128,104"
+
+
 def test_sweep_set_option_moves_the_base_and_reaches_the_children(sweep, monkeypatch, capsys):
     """``--set KEEP_WU=False``: the switch has that value in the base the variants are timed against
     (so a kernel behind a switch can have its launch swept), in the parent and in every child; a
