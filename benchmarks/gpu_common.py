@@ -31,6 +31,12 @@ def comma_ints(text: str) -> list[int] | None:
         return None
 
 
+def keep_gpu_busy() -> None:
+    """Queue ~25 ms of GPU time (a sleep kernel at the H200's clock), so that the host launching
+    after it never waits for the GPU: what the host-time measurements time is the host alone."""
+    torch.cuda._sleep(50_000_000)
+
+
 def cuda_time(fn: Callable[[], object], budget_s: float = 0.6, max_iters: int = 50,
               queued: bool = False) -> tuple[float, int]:
     """Median seconds of ``fn()`` over CUDA events, after one warm-up call; ``(seconds, iters)``.

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import LINEAR_FAMILIES, TOKENS, comma_ints, cuda_time  # noqa: E402
+from gpu_common import LINEAR_FAMILIES, TOKENS, comma_ints, cuda_time, keep_gpu_busy  # noqa: E402
 
 
 def parsed(family: str, item: str) -> tuple:
@@ -71,12 +71,6 @@ def applied(family: str, variant: str):
         for item in ([] if variant == "-" else variant.split(",")):
             stack.enter_context(Applied(family, parsed(family, item)))
         yield
-
-
-def keep_gpu_busy() -> None:
-    """Queue ~25 ms of GPU time (a sleep kernel at the H200's clock), so that the host launching
-    after it never waits for the GPU."""
-    torch.cuda._sleep(50_000_000)
 
 
 def host_ms(run, reps: int = 5) -> float:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import LINEAR_FAMILIES, comma_ints  # noqa: E402
+from gpu_common import LINEAR_FAMILIES, comma_ints, keep_gpu_busy  # noqa: E402
 
 
 def record_launches(run) -> list[dict]:
@@ -74,16 +74,12 @@ def record_launches(run) -> list[dict]:
     return launches
 
 
-def busy() -> None:
-    torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time: the host launches far ahead of it
-
-
 def host_us(fn, reps: int = 40) -> float:
     """Median host microseconds of one ``fn()`` (a launch), the GPU kept busy."""
     out = []
     for _ in range(3):
         torch.cuda.synchronize()
-        busy()
+        keep_gpu_busy()
         for _ in range(reps // 3 + 1):
             t0 = time.perf_counter()
             fn()
