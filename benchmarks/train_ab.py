@@ -13,7 +13,7 @@ A variant is ``-`` (the modules as they are) or a comma list of ``NAME=VALUE`` i
 kernel module: an upper-case setting, switch or not (a Python literal, e.g. ``WALK_SEGMENTS=1`` or
 ``WALK_OVERLAP_BELOW_PER_SM=1000.0``), ``walk_bv=N`` (the family module's walks at V block N) or
 ``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N`` / ``LAUNCH.entry.maxnreg=N`` (a cap on registers
-per thread, ptxas ``.maxnreg``). ``--host-profile`` also writes a
+per thread, ptxas ``.maxnreg``; ``None`` removes an entry's cap or takes the stages from the dtype). ``--host-profile`` also writes a
 cProfile of the first variant's step launches per family and length. Prints a markdown table (ms per step
 synced and queued, Mtok/s, the host's time to launch one step, ratio to the first variant) and writes ``train_ab.{json,md}``.
 """
@@ -51,6 +51,10 @@ def parsed(family: str, item: str) -> tuple:
         _, entry, key = (name.split(".") + ["", ""])[:3]
         if entry not in mod.LAUNCH or key not in ("num_warps", "num_stages", "maxnreg"):
             raise ValueError(f"{item}: {family}'s LAUNCH has no {entry}.{key}")
+        if key != "num_warps" and raw.lower() == "none":  # stages from the dtype / no register cap
+            return (entry, key, None)
+        if not raw.isdigit():
+            raise ValueError(f"{item}: expected an integer{'' if key == 'num_warps' else ' or None'}")
         return (entry, key, int(raw))
     if not (name.isupper() and hasattr(mod, name)):
         raise ValueError(f"{item}: {family}'s kernel module has no setting {name}")
@@ -189,6 +193,13 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("train_ab: needs a CUDA GPU", file=sys.stderr)
         return 2
+    try:  # every variant understood before any GPU time is spent
+        for family in families:
+            for v in variants:
+                for item in ([] if v == "-" else v.split(",")):
+                    parsed(family, item)
+    except ValueError as exc:
+        ap.error(f"--variants: {exc}")
     rows: list[dict] = []
     t0 = time.time()
     for family in families:

@@ -901,6 +901,12 @@ def test_train_ab_variants_apply_and_restore_every_kind_of_setting():
     with pytest.raises(ValueError, match="LAUNCH has no nope.num_warps"):
         with ab.applied("delta_rule", "LAUNCH.nope.num_warps=4"):
             pass
+    # None lifts a cap (gla's intra_a has one); a launch value that is no integer is a one-line error
+    assert ab.parsed("gla", "LAUNCH.intra_a.maxnreg=None") == ("intra_a", "maxnreg", None)
+    with pytest.raises(ValueError, match="expected an integer$"):
+        ab.parsed("gla", "LAUNCH.intra_a.num_warps=None")
+    with pytest.raises(ValueError, match="expected an integer or None"):
+        ab.parsed("gla", "LAUNCH.intra_a.maxnreg=lots")
     with pytest.raises(ValueError, match="has no setting WALK_SEGMENT$"):
         with ab.applied("delta_rule", "WALK_SEGMENTS=2,WALK_SEGMENT=2"):
             pass
