@@ -37,6 +37,16 @@ def keep_gpu_busy() -> None:
     torch.cuda._sleep(50_000_000)
 
 
+def linear_families(text: str) -> list[str]:
+    """``"gla,delta_rule"`` -> ``["gla", "delta_rule"]`` (empty items skipped); a family outside
+    ``LINEAR_FAMILIES`` raises ValueError with the line the scripts' ``--families`` error shows."""
+    families = [f for f in text.split(",") if f.strip()]
+    bad = [f for f in families if f not in LINEAR_FAMILIES]
+    if bad:
+        raise ValueError(f"--families: unknown {bad}; choose from {', '.join(LINEAR_FAMILIES)}")
+    return families
+
+
 def cuda_time(fn: Callable[[], object], budget_s: float = 0.6, max_iters: int = 50,
               queued: bool = False) -> tuple[float, int]:
     """Median seconds of ``fn()`` over CUDA events, after one warm-up call; ``(seconds, iters)``.

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import (HEAD_DIM, HEADS, LINEAR_FAMILIES, TOKENS, apply_sets, comma_ints, cuda_time,  # noqa: E402
+from gpu_common import (HEAD_DIM, HEADS, TOKENS, apply_sets, comma_ints, cuda_time, linear_families,  # noqa: E402
                         fwd_bwd, kernel_settings, positional, switches_line, train_inputs)
 
 from blocks.kernels import kernel_module, other_switch_values  # noqa: E402
@@ -273,10 +273,10 @@ def main(argv=None) -> int:
         family, T, start = opts.child.split(":")
         sweep_one(family, int(T), int(start))
         return 0
-    families = [f for f in opts.families.split(",") if f]
-    bad = [f for f in families if f not in LINEAR_FAMILIES]
-    if bad:
-        ap.error(f"--families: unknown {bad}; choose from {', '.join(LINEAR_FAMILIES)}")
+    try:
+        families = linear_families(opts.families)
+    except ValueError as exc:
+        ap.error(str(exc))
     lengths = comma_ints(opts.lengths)
     if lengths is None:
         ap.error(f"--lengths: a comma list of integers, got {opts.lengths!r}")

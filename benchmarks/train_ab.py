@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import LINEAR_FAMILIES, TOKENS, comma_ints, cuda_time, keep_gpu_busy  # noqa: E402
+from gpu_common import TOKENS, comma_ints, cuda_time, keep_gpu_busy, linear_families  # noqa: E402
 
 
 def parsed(family: str, item: str) -> tuple:
@@ -178,11 +178,11 @@ def main(argv=None) -> int:
                     help="also write host_profile_<family>_<T>.txt to --out: cProfile of 20 launches of the "
                          "first variant's step, the GPU kept busy")
     a = ap.parse_args(argv)
-    families = [f for f in a.families.split(",") if f]
-    bad = [f for f in families if f not in LINEAR_FAMILIES]
+    try:
+        families = linear_families(a.families)
+    except ValueError as exc:
+        ap.error(str(exc))
     lengths = comma_ints(a.lengths)
-    if bad:
-        ap.error(f"--families: unknown {bad}; choose from {list(LINEAR_FAMILIES)}")
     if not lengths:
         ap.error(f"--lengths: expected a comma list of integers, got {a.lengths!r}")
     if a.rounds < 1:

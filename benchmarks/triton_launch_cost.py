@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import LINEAR_FAMILIES, comma_ints, keep_gpu_busy  # noqa: E402
+from gpu_common import comma_ints, keep_gpu_busy, linear_families  # noqa: E402
 
 
 def record_launches(run) -> list[dict]:
@@ -129,9 +129,10 @@ def main(argv=None) -> int:
     ap.add_argument("--T", default="2048", help="comma list of sequence lengths")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
-    families = [f for f in a.families.split(",") if f]
-    if [f for f in families if f not in LINEAR_FAMILIES]:
-        ap.error(f"--families: choose from {list(LINEAR_FAMILIES)}")
+    try:
+        families = linear_families(a.families)
+    except ValueError as exc:
+        ap.error(str(exc))
     lengths = comma_ints(a.T)
     if not lengths:
         ap.error("--T: expected a comma list of integers")

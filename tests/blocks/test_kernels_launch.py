@@ -960,3 +960,17 @@ def test_triton_launch_cost_rejects_bad_options_and_needs_a_gpu(capsys):
     if not torch.cuda.is_available():
         assert cost.main(["--families", "gla", "--T", "256"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_benchmark_scripts_share_one_families_check(capsys):
+    """``gpu_common.linear_families``: the ``--families`` value of every GPU benchmark script, split
+    and checked in one place; the scripts turn its error into argparse's one-line message."""
+    common = _benchmark("gpu_common")
+    assert common.linear_families("gla,,delta_rule") == ["gla", "delta_rule"]
+    with pytest.raises(ValueError, match=r"--families: unknown \['glaa'\]; choose from linear_attn"):
+        common.linear_families("gla,glaa")
+    for script, more in (("train_ab", []), ("triton_launch_cost", []), ("kernel_launch_sweep", []),
+                         ("host_orchestration", []), ("gpu_kernels", ["--out", "unused"])):
+        with pytest.raises(SystemExit):
+            _benchmark(script).main(["--families", "glaa", *more])
+        assert "--families: unknown ['glaa']" in capsys.readouterr().err, script
