@@ -71,9 +71,23 @@ def launch(table: dict, name: str, x: torch.Tensor) -> dict:
     cfg = dict(table[name])
     if cfg.get("num_stages") is None or x.dtype == torch.float32:
         cfg["num_stages"] = stages(x)
-    if x.dtype == torch.float32:
+    if x.dtype == torch.float32 or not supports_maxnreg():
         cfg.pop("maxnreg", None)
     return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def supports_maxnreg() -> bool:
+    """Whether this Triton takes the ``maxnreg`` launch option: its CUDA backend has it (ROCm
+    builds and Triton versions without it would reject or mis-read the keyword, so the caps are
+    left out there and the kernels run uncapped)."""
+    if torch.version.hip is not None:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "maxnreg" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
 def dot_prec(x: torch.Tensor) -> str:

@@ -53,6 +53,16 @@ def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
         # the register cap is for 16-bit tiles; float32 ones run uncapped
         assert got[("capped", "torch.bfloat16")] == dict(num_warps=4, num_stages=2, maxnreg=128)
         assert got[("capped", "torch.float32")] == dict(num_warps=4, num_stages=1)
+        # a Triton without the option (or ROCm) runs the kernels uncapped instead of failing
+        assert tiles.supports_maxnreg()  # the Triton these tests run on has it
+        tiles.supports_maxnreg.cache_clear()
+        try:
+            import unittest.mock
+
+            with unittest.mock.patch.object(torch.version, "hip", "6.0"):
+                assert tiles.launch(table, "capped", bf16) == dict(num_warps=4, num_stages=2)
+        finally:
+            tiles.supports_maxnreg.cache_clear()
     got[("k", "torch.bfloat16")]["num_warps"] = 1
     assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
 
