@@ -40,7 +40,7 @@ def keep_gpu_busy() -> None:
 def linear_families(text: str) -> list[str]:
     """``"gla,delta_rule"`` -> ``["gla", "delta_rule"]`` (empty items skipped); a family outside
     ``LINEAR_FAMILIES`` raises ValueError with the line the scripts' ``--families`` error shows."""
-    families = [f for f in text.split(",") if f.strip()]
+    families = [f.strip() for f in text.split(",") if f.strip()]
     bad = [f for f in families if f not in LINEAR_FAMILIES]
     if bad:
         raise ValueError(f"--families: unknown {bad}; choose from {', '.join(LINEAR_FAMILIES)}")

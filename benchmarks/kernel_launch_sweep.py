@@ -53,6 +53,12 @@ def variants(family: str) -> list[tuple[str, str, int]]:
     return [v for v in out if v[0] in ONLY or (v[0] == "switch" and f"switch:{v[1]}" in ONLY)] if ONLY else out
 
 
+def valid_cap(c: int) -> bool:
+    """Whether ptxas takes ``c`` as a register cap per thread (``maxnreg``): a multiple of 8 from 24
+    to 255."""
+    return 24 <= c <= 255 and c % 8 == 0
+
+
 def _all_variants(family: str) -> list[tuple[str, str, int]]:
     mod = kernel_module(family)
     out = []
@@ -232,7 +238,7 @@ def markdown(res: dict, tables: dict) -> str:
                          f"(again {r['base_again_ms']}) | 1 |")
             for v in sorted(r["variants"], key=lambda v: v.get("ratio", 9)):
                 cur = {"walk_bv": f"{kernel_module(family).__name__}.walk_bv", "switch": "the other"}.get(v["entry"]) or \
-                    tables[family][v["entry"]][v["setting"]]
+                    tables[family][v["entry"]].get(v["setting"])  # an entry without a register cap has no maxnreg
                 tail = f"{v['ms']:.3f} | {v.get('ratio', float('nan')):.3f}" if "ms" in v else f"{v['error']} |"
                 lines.append(f"| {family} | {T} | {v['entry']} | {v['setting']} | {cur} | {v['value']} | {tail} |")
     return "\n".join(lines) + "\n"
@@ -266,7 +272,7 @@ def main(argv=None) -> int:
         ap.error(f"--warps: a comma list of powers of two, got {opts.warps!r}")
     WARPS[:] = warps
     caps = comma_ints(opts.caps)
-    if caps is None or any(not 24 <= c <= 255 or c % 8 for c in caps):
+    if caps is None or not all(valid_cap(c) for c in caps):
         ap.error(f"--caps: a comma list of multiples of 8 from 24 to 255, got {opts.caps!r}")
     CAPS[:] = caps
     if opts.child:

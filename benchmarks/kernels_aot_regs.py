@@ -76,7 +76,9 @@ def table(launch: dict, name: str, default_stages: int) -> tuple[int, int, int |
 
 
 def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
-    """(name, kernel, constexprs, num_warps, num_stages) as the host code launches them."""
+    """(name, kernel, constexprs, num_warps, num_stages[, maxnreg]) as the host code launches them;
+    the chunk kernels' jobs carry their launch entry's register cap (None: none; bf16 only, as
+    ``tiles.launch`` applies it), the decode kernels' jobs have no sixth field."""
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[act]
     prec = "tf32" if act == "bf16" else "ieee"
     p2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731

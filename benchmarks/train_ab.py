@@ -55,7 +55,15 @@ def parsed(family: str, item: str) -> tuple:
             return (entry, key, None)
         if not raw.isdigit():
             raise ValueError(f"{item}: expected an integer{'' if key == 'num_warps' else ' or None'}")
-        return (entry, key, int(raw))
+        from kernel_launch_sweep import valid_cap
+
+        value = int(raw)
+        ok, allowed = {"num_warps": (value in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16"),
+                       "num_stages": (1 <= value <= 4, "1 to 4"),
+                       "maxnreg": (valid_cap(value), "a multiple of 8 from 24 to 255")}[key]
+        if not ok:
+            raise ValueError(f"{item}: out of range ({allowed})")
+        return (entry, key, value)
     if not (name.isupper() and hasattr(mod, name)):
         raise ValueError(f"{item}: {family}'s kernel module has no setting {name}")
     try:

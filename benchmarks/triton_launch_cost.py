@@ -8,7 +8,9 @@ lookup, launch metadata).
     python benchmarks/triton_launch_cost.py --families delta_rule,gated_delta_rule --T 2048 [--out DIR]
 
 Prints a markdown table per family and writes ``triton_launch_cost.{json,md}`` to ``--out``.
-Uses Triton's internals (``JITFunction.run``, ``CompiledKernel.run``): a diagnostic, not a test.
+Uses Triton's internals (``JITFunction.run``; ``CompiledKernel._run``, the launcher behind its ``run``
+property in Triton 3.6-3.9): a diagnostic, not a test. Where they differ it says so and leaves the
+launcher column out.
 """
 from __future__ import annotations
 
@@ -71,6 +73,9 @@ def record_launches(run) -> list[dict]:
     if len(captured) == len(launches):
         for rec, (launcher, a) in zip(launches, captured):
             rec["launcher"], rec["launcher_args"] = launcher, a
+    else:
+        print(f"triton_launch_cost: caught {len(captured)} of {len(launches)} launcher calls (this Triton's "
+              "CompiledKernel differs): the launcher column is left out", file=sys.stderr)
     return launches
 
 
@@ -95,6 +100,8 @@ def measure(family: str, T: int) -> dict:
     run()
     torch.cuda.synchronize()
     launches = record_launches(run)
+    if not launches:
+        raise SystemExit(f"triton_launch_cost: {family} launched no Triton kernel (no kernel registered on this GPU?)")
     rows = []
     for i, rec in enumerate(launches):
         fn, args, kwargs, grid = rec["fn"], rec["args"], rec["kwargs"], rec["grid"]

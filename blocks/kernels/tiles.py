@@ -63,15 +63,16 @@ def launch(table: dict, name: str, x: torch.Tensor) -> dict:
     """``num_warps``/``num_stages`` (and ``maxnreg`` where the entry has one) of kernel ``name`` from
     a module's launch table, which holds the bf16/fp16 settings (stages ``None``: ``stages(x)``).
     Float32 inputs run every kernel at one stage (``stages``: their tiles are twice the shared
-    memory; 3 stages of some exceed the SM's) and without a register cap (``maxnreg``, ptxas'
-    registers per thread, chosen for 16-bit tiles: float32 ones would spill), and the interpreter
-    at one warp and one stage."""
+    memory; 3 stages of some exceed the SM's); a register cap (``maxnreg``, ptxas' registers per
+    thread) applies to bf16 inputs only, the dtype it was measured with (float32 tiles would spill,
+    and float16 compiles some kernels differently, e.g. gla's ``intra_a`` with float32 diagonal
+    dots); the interpreter runs at one warp and one stage."""
     if INTERPRET:
         return dict(num_warps=1, num_stages=1)
     cfg = dict(table[name])
     if cfg.get("num_stages") is None or x.dtype == torch.float32:
         cfg["num_stages"] = stages(x)
-    if x.dtype == torch.float32 or not supports_maxnreg():
+    if x.dtype != torch.bfloat16 or not supports_maxnreg():
         cfg.pop("maxnreg", None)
     return cfg
 

@@ -50,21 +50,44 @@ def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
         assert got[("k", "torch.bfloat16")] == dict(num_warps=8, num_stages=3)
         assert got[("k", "torch.float32")] == dict(num_warps=8, num_stages=1)
         assert got[("auto", "torch.bfloat16")] == dict(num_warps=4, num_stages=tiles.stages(bf16))
-        # the register cap is for 16-bit tiles; float32 ones run uncapped
-        assert got[("capped", "torch.bfloat16")] == dict(num_warps=4, num_stages=2, maxnreg=128)
+        # the register cap is for bf16 tiles (where this Triton takes it); float32 ones run uncapped,
+        # and float16 too, which the caps were not measured with
+        cap = dict(maxnreg=128) if tiles.supports_maxnreg() else {}
+        assert got[("capped", "torch.bfloat16")] == dict(num_warps=4, num_stages=2, **cap)
         assert got[("capped", "torch.float32")] == dict(num_warps=4, num_stages=1)
-        # a Triton without the option (or ROCm) runs the kernels uncapped instead of failing
-        assert tiles.supports_maxnreg()  # the Triton these tests run on has it
-        tiles.supports_maxnreg.cache_clear()
-        try:
-            import unittest.mock
-
-            with unittest.mock.patch.object(torch.version, "hip", "6.0"):
-                assert tiles.launch(table, "capped", bf16) == dict(num_warps=4, num_stages=2)
-        finally:
-            tiles.supports_maxnreg.cache_clear()
+        assert tiles.launch(table, "capped", torch.empty(1, dtype=torch.float16)) == dict(num_warps=4, num_stages=2)
     got[("k", "torch.bfloat16")]["num_warps"] = 1
     assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
+
+
+def test_launch_leaves_register_caps_out_where_triton_cannot_take_them():
+    """``tiles.supports_maxnreg``: on ROCm, or with a Triton whose CUDA backend has no ``maxnreg``
+    option, the kernels run uncapped instead of failing at their first launch."""
+    import dataclasses
+    import unittest.mock
+
+    from triton.backends.nvidia import compiler as nv
+
+    table = {"capped": dict(num_warps=4, num_stages=2, maxnreg=128)}
+    bf16 = torch.empty(1, dtype=torch.bfloat16)
+
+    @dataclasses.dataclass
+    class OldOptions:  # a CUDA backend from before the option
+        num_warps: int = 4
+
+    tiles.supports_maxnreg.cache_clear()
+    try:
+        has = tiles.supports_maxnreg()
+        assert has == ("maxnreg" in nv.CUDAOptions.__dataclass_fields__ and torch.version.hip is None)
+        for patch in (unittest.mock.patch.object(torch.version, "hip", "6.0"),
+                      unittest.mock.patch.object(nv, "CUDAOptions", OldOptions)):
+            tiles.supports_maxnreg.cache_clear()
+            with patch:
+                assert not tiles.supports_maxnreg()
+                if not tiles.INTERPRET:
+                    assert tiles.launch(table, "capped", bf16) == dict(num_warps=4, num_stages=2)
+    finally:
+        tiles.supports_maxnreg.cache_clear()
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -452,6 +475,11 @@ def test_sweep_caps_option_adds_register_caps_and_rejects_bad_ones(sweep, monkey
         with pytest.raises(SystemExit):
             sweep.main(["--caps", bad])
         assert "--caps: a comma list of multiples of 8" in capsys.readouterr().err
+    # the report names the current setting of an entry that has no cap as None (not a KeyError)
+    uncapped = next(e for e, cfg in gla.LAUNCH.items() if not cfg.get("maxnreg"))
+    res = {"gla": {2048: {"base_ms": 7.0, "base_again_ms": 7.1, "variants": [
+        {"entry": uncapped, "setting": "maxnreg", "value": 128, "ms": 7.2, "ratio": 1.03}]}}}
+    assert f"| gla | 2048 | {uncapped} | maxnreg | None | 128 | 7.200 | 1.030 |" in sweep.markdown(res, {"gla": gla.LAUNCH})
     seen = []
     monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or
                         type("P", (), {"stdout": "", "stderr": "", "returncode": 0})())
@@ -917,6 +945,10 @@ def test_train_ab_variants_apply_and_restore_every_kind_of_setting():
         ab.parsed("gla", "LAUNCH.intra_a.num_warps=None")
     with pytest.raises(ValueError, match="expected an integer or None"):
         ab.parsed("gla", "LAUNCH.intra_a.maxnreg=lots")
+    for bad, allowed in (("maxnreg=300", "a multiple of 8"), ("maxnreg=100", "a multiple of 8"),
+                         ("num_stages=0", "1 to 4"), ("num_warps=3", "1, 2, 4, 8 or 16")):
+        with pytest.raises(ValueError, match=f"out of range \\({allowed}"):
+            ab.parsed("gla", f"LAUNCH.intra_a.{bad}")
     with pytest.raises(ValueError, match="has no setting WALK_SEGMENT$"):
         with ab.applied("delta_rule", "WALK_SEGMENTS=2,WALK_SEGMENT=2"):
             pass
