@@ -125,11 +125,11 @@ KEEP_H = not LOW_MEMORY
 # launch (2 warps, 1 stage) 128 measured +18.7 / +16.0% at 2k / 32k (sweep 19:59); at 8 warps it
 # had been -27 / -25% (19:35), when that launch was twice as slow as today's.
 # Key slice 32 or 16 (four / eight programs per sub-chunk, each re-deriving the sub-chunk's score
-# gradients from do, v): +19.2 / +66.5% at 2k, +16.5 / +58.1% at 32k (H200 2026-12-01 18:08; 4 warps
-# or 2 stages at slice 32 no better). Also lost that day (``benchmarks/train_ab.py``, per fwd+bwd
+# gradients from do, v): +19.2 / +66.5% at 2k, +16.5 / +58.1% at 32k (H200 2026-12-01 17:59; at slice
+# 32, 4 warps +17.7 / +15.6%, 2 stages +24.5 / +21.0%). Also lost that day (``benchmarks/train_ab.py``, per fwd+bwd
 # step at 2k / 32k): the kernel on transposed tiles ([BK, 16] instead of [16, BK], so that its dots
 # have 64 rows for 4 warps or one sm_90 warp-group MMA; 234 registers at 4 warps, no fewer) +5.3 /
-# +4.6% at its best launch (4 warps, 3 stages; 8 warps +45 / +63%); the four sub-chunks of a chunk
+# +4.6% at its best launch (4 warps, 3 stages; 8 warps +72 / +63%); the four sub-chunks of a chunk
 # in one program one after another (their h, dh and do, v from L1 instead of L2) +12.4 / +11.6%
 # at 2 warps, 1 stage (4 warps or 2 stages worse). Both ways of fewer, longer programs and of more,
 # smaller ones lose against one program per sub-chunk and 64-key slice.
