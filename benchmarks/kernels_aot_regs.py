@@ -1,7 +1,8 @@
 """Compile the chunk kernels (linear_attn / simple_gla, gla, the delta rules) and the decode kernels
 (the fused state step, the decode mixer) for a GPU architecture WITHOUT a GPU and print each
-kernel's registers, spill stack, shared memory, whether its loops were software-pipelined and its
-static SASS instruction, shuffle and barrier counts.
+kernel's registers, spill stack, shared memory, how many of its programs an sm_90 SM holds and
+what limits them, whether its loops were software-pipelined and its static SASS instruction,
+shuffle and barrier counts.
 
     python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8]
                                           [--set NAME=VALUE,...] [--lines N]
@@ -192,6 +193,23 @@ def _cuobjdump(kernel, flag: str, tool_name: str = "cuobjdump") -> str:
         return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
 
 
+# Per-SM limits of sm_90 (H100 / H200): 64K 32-bit registers, 228 KB of shared memory (each
+# resident program also reserves 1 KB), 64 warps, 32 programs; registers are given out per warp in
+# blocks of 256 (per thread: rounded up to a multiple of 8).
+SM90 = dict(regs=65536, smem=233472, smem_reserved=1024, warps=64, programs=32)
+
+
+def programs_per_sm(regs: int, warps: int, smem: int, sm: dict = SM90) -> tuple[int, str]:
+    """``(programs of one kernel resident per SM, what limits them)``: ``"regs"``, ``"smem"``,
+    ``"warps"`` or ``"programs"``. A register cap pays only where it raises this number (and
+    spills little): ``docs/benchmarks/register_caps.md``."""
+    per_warp = -(-regs * 32 // 256) * 256
+    limits = {"regs": sm["regs"] // (per_warp * warps), "smem": sm["smem"] // (smem + sm["smem_reserved"]),
+              "warps": sm["warps"] // warps, "programs": sm["programs"]}
+    limiter = min(limits, key=limits.get)
+    return limits[limiter], limiter
+
+
 def resources(kernel) -> dict[str, str]:
     """``{"REG": .., "STACK": .., "SHARED": ..}`` from ``cuobjdump -res-usage`` of the cubin."""
     fields = {}
@@ -278,8 +296,8 @@ def main() -> int:
     keep = [k for k in opts.kernels.split(",") if k]
     dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
     failures = 0
-    print("| kernel | dtype | warps | regs (cap) | stack (B/thread) | shared (B) | async copies | loop-carried | "
-          "SASS instr / SHFL / BAR | compile s |\n|---|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | dtype | warps | regs (cap) | stack (B/thread) | shared (B) | programs / SM (limit) | async copies | "
+          "loop-carried | SASS instr / SHFL / BAR | compile s |\n|---|---|---|---|---|---|---|---|---|---|---|")
     runs = ((a, (name, fn, cx, w, st, cap or None)) for a in dtypes for (name, fn, cx, host_w, st, *host_cap) in jobs(a)
             for w in (warp_counts or [host_w]) for cap in (reg_caps or [(host_cap or [None])[0]]))
     for act, (name, fn, cx, warps, stages, cap) in runs:
@@ -291,13 +309,15 @@ def main() -> int:
             res = resources(kernel)
             copies, carried = pipelining(kernel)
             sass = " / ".join(map(str, sass_counts(kernel)))
-            print(f"| {name} | {act} | {warps} | {res.get('REG')}{f' ({cap})' if cap else ''} | {res.get('STACK')} | {kernel.metadata.shared} | "
-                  f"{copies} | {carried} | {sass} | {time.time() - t0:.0f} |", flush=True)
+            progs, limit = programs_per_sm(int(res.get("REG", 255)), warps, kernel.metadata.shared)
+            print(f"| {name} | {act} | {warps} | {res.get('REG')}{f' ({cap})' if cap else ''} | {res.get('STACK')} | "
+                  f"{kernel.metadata.shared} | {progs} ({limit}) | {copies} | {carried} | {sass} | "
+                  f"{time.time() - t0:.0f} |", flush=True)
             if opts.lines:
                 print_lines(kernel, opts.lines)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failures += 1
-            print(f"| {name} | {act} | {warps} | FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:150]} ||||||",
+            print(f"| {name} | {act} | {warps} | FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:150]} |||||||",
                   flush=True)
     return 1 if failures else 0
 

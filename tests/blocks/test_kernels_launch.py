@@ -1016,3 +1016,16 @@ def test_benchmark_scripts_share_one_families_check(capsys):
         with pytest.raises(SystemExit):
             _benchmark(script).main(["--families", "glaa", *more])
         assert "--families: unknown ['glaa']" in capsys.readouterr().err, script
+
+
+def test_aot_tool_counts_programs_per_sm_and_names_the_limit():
+    """``kernels_aot_regs.programs_per_sm``: how many programs of a kernel an sm_90 SM holds, from
+    its registers (given out per warp in blocks of 256), shared memory (plus 1 KB each), warps and
+    the 32-program limit; and which of them binds. gla's ``bwd_dv`` capped at 128 registers fits two
+    programs of 8 warps where 132 fit one (the cap's point); the walk's 104 against 119 fits none more."""
+    aot = _benchmark("kernels_aot_regs")
+    assert aot.programs_per_sm(132, 8, 0) == (1, "regs") and aot.programs_per_sm(128, 8, 0) == (2, "regs")
+    assert aot.programs_per_sm(119, 4, 0)[0] == aot.programs_per_sm(104, 4, 0)[0] == 4
+    assert aot.programs_per_sm(64, 4, 119304) == (1, "smem")
+    assert aot.programs_per_sm(24, 16, 0) == (4, "warps")
+    assert aot.programs_per_sm(24, 1, 0) == (32, "programs")
