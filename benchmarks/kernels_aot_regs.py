@@ -309,9 +309,11 @@ def main() -> int:
             res = resources(kernel)
             copies, carried = pipelining(kernel)
             sass = " / ".join(map(str, sass_counts(kernel)))
-            progs, limit = programs_per_sm(int(res.get("REG", 255)), warps, kernel.metadata.shared)
+            occupancy = "-"  # the per-SM limits below are sm_90's
+            if opts.arch == 90:
+                occupancy = "{} ({})".format(*programs_per_sm(int(res.get("REG", 255)), warps, kernel.metadata.shared))
             print(f"| {name} | {act} | {warps} | {res.get('REG')}{f' ({cap})' if cap else ''} | {res.get('STACK')} | "
-                  f"{kernel.metadata.shared} | {progs} ({limit}) | {copies} | {carried} | {sass} | "
+                  f"{kernel.metadata.shared} | {occupancy} | {copies} | {carried} | {sass} | "
                   f"{time.time() - t0:.0f} |", flush=True)
             if opts.lines:
                 print_lines(kernel, opts.lines)
