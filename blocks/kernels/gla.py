@@ -132,7 +132,10 @@ KEEP_H = not LOW_MEMORY
 # +4.6% at its best launch (4 warps, 3 stages; 8 warps +72 / +63%); the four sub-chunks of a chunk
 # in one program one after another (their h, dh and do, v from L1 instead of L2) +12.4 / +11.6%
 # at 2 warps, 1 stage (4 warps or 2 stages worse). Both ways of fewer, longer programs and of more,
-# smaller ones lose against one program per sub-chunk and 64-key slice.
+# smaller ones lose against one program per sub-chunk and 64-key slice. Written and not timed: the
+# kernel in two phases (the dq side finished and stored before the dk side, fewer float32 tiles
+# live at once): sm_90 compiles gave 255 registers at 2 warps (40 B of spills against 80), 227 at
+# 4 (220), so no more programs per SM, and more spills than today's under a cap of 200 or 168.
 BWD_SUB_BK = 64
 # ``_intra_a_kernel``'s dots on operands in the activations' dtype (bf16 tensor-core dots; the
 # exponent factors are <= 1 off the diagonal and <= exp(SPAN_MAX) on it, in bf16's range but not
