@@ -37,6 +37,26 @@ def keep_gpu_busy() -> None:
     torch.cuda._sleep(50_000_000)
 
 
+def host_seconds(fn: Callable[[], object], reps: int, first_after_sync: bool = True) -> float:
+    """Median host seconds of one ``fn()`` while the GPU is kept busy (``keep_gpu_busy``), so that
+    the host never waits for it. ``first_after_sync``: each call is the first after a synchronize,
+    as a step from an idle GPU starts (``train_ab.py``'s host column); else the calls run back to
+    back behind one sleep kernel per third of them, as in a training loop's steady state
+    (``triton_launch_cost.py``). The two differ: a delta_rule step took 1.7-2.2 ms the first way and
+    1.1-1.2 ms the second on the H200 host (2026-12-01)."""
+    batches, per_batch = (reps, 1) if first_after_sync else (3, reps // 3 + 1)
+    out = []
+    for _ in range(batches):
+        torch.cuda.synchronize()
+        keep_gpu_busy()
+        for _ in range(per_batch):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(out)
+
+
 def linear_families(text: str) -> list[str]:
     """``"gla,delta_rule"`` -> ``["gla", "delta_rule"]`` (empty items skipped); a family outside
     ``LINEAR_FAMILIES`` raises ValueError with the line the scripts' ``--families`` error shows."""

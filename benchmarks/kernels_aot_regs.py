@@ -77,9 +77,9 @@ def table(launch: dict, name: str, default_stages: int) -> tuple[int, int, int |
 
 
 def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
-    """(name, kernel, constexprs, num_warps, num_stages[, maxnreg]) as the host code launches them;
-    the chunk kernels' jobs carry their launch entry's register cap (None: none; bf16 only, as
-    ``tiles.launch`` applies it), the decode kernels' jobs have no sixth field."""
+    """(name, kernel, constexprs, num_warps, num_stages, maxnreg) as the host code launches them;
+    ``maxnreg`` is the launch entry's register cap (None: none; bf16 only, as ``tiles.launch``
+    applies it; the decode kernels have none)."""
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[act]
     prec = "tf32" if act == "bf16" else "ieee"
     p2 = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
@@ -144,21 +144,21 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         # a [B, H] gate or beta has head stride 1, which the JIT specialises as a constant
         unit = dict(sbeta_h=1, **({"sg_h": 1} if gate == st.SCALAR_GATE else {}))
         yield (f"decode_step.{tag}", st._step_kernel, dict(K=K, V=V, BK=BK, BV=4096 // BK, GATE=gate, DELTA=delta,
-                                                          HAS_STATE=True, **unit), 4, 1)
+                                                          HAS_STATE=True, **unit), 4, 1, None)
     # the decode mixer of the benchmark's decode models (conv 4 for the delta rules, none for simple_gla)
     for tag, delta, gated, conv in (("gated_deltanet", True, True, 4), ("deltanet", True, False, 4),
                                     ("simple_gla", False, True, 0)):
         for nc in (1, 4):  # the whole state at once, and in four slices of value columns (decode_mixer.CHUNKS)
             yield (f"decode_mixer{'' if nc == 1 else f'_chunks{nc}'}.{tag}", dm._mixer_kernel,
                    dict(K=K, V=V, BK=BK, BV=BV, NC=nc, W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True,
-                        WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1)
+                        WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1, None)
     # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)
     for tag, G in (("mha", 1), ("gqa4", 4)):
         for splits in (1, 4):
             yield (f"decode_attention.{tag}{'' if splits == 1 else f'_split{splits}'}", da._attend_kernel,
                    dict(H=H, HKV=H // G, G=G, D=K, HALF=K // 2, GP=16, BH=p2(K // 2), BD=BK, BN=da.ATTEND_BLOCK_N,
                         SPLITS=splits, OUT_GATE=G > 1, DOT_PREC=prec, FLAGS=da.ATTEND_MASK == "flags"),
-                   da.ATTEND_WARPS, da.ATTEND_STAGES)
+                   da.ATTEND_WARPS, da.ATTEND_STAGES, None)
 
 
 def divisibility_hints(fn, sig: dict[str, str]) -> set[str]:
@@ -298,8 +298,8 @@ def main() -> int:
     failures = 0
     print("| kernel | dtype | warps | regs (cap) | stack (B/thread) | shared (B) | programs / SM (limit) | async copies | "
           "loop-carried | SASS instr / SHFL / BAR | compile s |\n|---|---|---|---|---|---|---|---|---|---|---|")
-    runs = ((a, (name, fn, cx, w, st, cap or None)) for a in dtypes for (name, fn, cx, host_w, st, *host_cap) in jobs(a)
-            for w in (warp_counts or [host_w]) for cap in (reg_caps or [(host_cap or [None])[0]]))
+    runs = ((a, (name, fn, cx, w, st, cap or None)) for a in dtypes for (name, fn, cx, host_w, st, host_cap) in jobs(a)
+            for w in (warp_counts or [host_w]) for cap in (reg_caps or [host_cap]))
     for act, (name, fn, cx, warps, stages, cap) in runs:
         if keep and not any(k in name for k in keep):
             continue

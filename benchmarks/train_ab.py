@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import TOKENS, comma_ints, cuda_time, keep_gpu_busy, linear_families  # noqa: E402
+from gpu_common import TOKENS, comma_ints, cuda_time, host_seconds, keep_gpu_busy, linear_families  # noqa: E402
 
 
 def parsed(family: str, item: str) -> tuple:
@@ -85,21 +85,6 @@ def applied(family: str, variant: str):
         yield
 
 
-def host_ms(run, reps: int = 5) -> float:
-    """Median host milliseconds to launch one step (fwd + bwd) while the GPU is kept busy (a sleep
-    kernel queued first), so that the host never waits for it. A step from an idle GPU loses the
-    part of this that its kernels do not cover: the host's time to the first launch at least."""
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        keep_gpu_busy()
-        t0 = time.perf_counter()
-        run()
-        out.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize()
-    return statistics.median(out)
-
-
 def host_profile(run, steps: int = 20, top: int = 25, busy=None) -> str:
     """cProfile of ``steps`` launches of ``run`` (``busy()`` first, e.g. a sleep kernel that keeps
     the GPU ahead, so the host never waits for it): the ``top`` functions by their own time, as
@@ -144,7 +129,7 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
                 with applied(family, v):
                     times[v]["synced"].append(cuda_time(run, budget_s=0.3)[0] * 1e3)
                     times[v]["queued"].append(cuda_time(run, budget_s=0.3, queued=True)[0] * 1e3)
-                    times[v]["host"].append(host_ms(run))
+                    times[v]["host"].append(host_seconds(run, reps=5) * 1e3)
             except Exception as exc:  # noqa: BLE001 - reported in the variant's row, the others go on
                 errors[v] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     rows = []

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import comma_ints, keep_gpu_busy, linear_families  # noqa: E402
+from gpu_common import comma_ints, host_seconds, linear_families  # noqa: E402
+
+
+def host_us(fn, reps: int = 40) -> float:
+    """Median host microseconds of one ``fn()`` (a launch) among calls back to back, the GPU kept busy."""
+    return host_seconds(fn, reps, first_after_sync=False) * 1e6
 
 
 def record_launches(run) -> list[dict]:
@@ -77,20 +81,6 @@ def record_launches(run) -> list[dict]:
         print(f"triton_launch_cost: caught {len(captured)} of {len(launches)} launcher calls (this Triton's "
               "CompiledKernel differs): the launcher column is left out", file=sys.stderr)
     return launches
-
-
-def host_us(fn, reps: int = 40) -> float:
-    """Median host microseconds of one ``fn()`` (a launch), the GPU kept busy."""
-    out = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        keep_gpu_busy()
-        for _ in range(reps // 3 + 1):
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(out)
 
 
 def measure(family: str, T: int) -> dict:

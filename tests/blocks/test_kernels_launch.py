@@ -376,7 +376,7 @@ def test_aot_tool_counts_sass_instructions_shuffles_and_barriers():
 import kernels_aot_regs as aot
 jobs = {j[0]: j for j in aot.jobs("bf16")}
 for name in ("gated_delta.kkt", "gated_delta.bwd_dqkwg"):
-    _, fn, cx, warps, stages, *_ = jobs[name]
+    _, fn, cx, warps, stages, _ = jobs[name]
     k = aot.compile_one(fn, aot.arg_types("bf16"), cx, warps, stages, 90)
     print(*aot.sass_counts(k))
 """
@@ -412,7 +412,7 @@ def test_aot_tool_attributes_sass_to_source_lines():
     code = """
 import inspect, kernels_aot_regs as aot
 from blocks.kernels import delta
-name, fn, cx, warps, stages, *_ = next(j for j in aot.jobs("bf16") if j[0] == "gated_delta.bwd_dqkwg")
+name, fn, cx, warps, stages, _ = next(j for j in aot.jobs("bf16") if j[0] == "gated_delta.bwd_dqkwg")
 k = aot.compile_one(fn, aot.arg_types("bf16"), cx, warps, stages, 90)
 src, first = inspect.getsourcelines(delta._pair_decay_exact.fn)
 line = first + next(i for i, t in enumerate(src) if "b_g[:, None] - b_gj[None, :]" in t)
@@ -1029,3 +1029,20 @@ def test_aot_tool_counts_programs_per_sm_and_names_the_limit():
     assert aot.programs_per_sm(64, 4, 119304) == (1, "smem")
     assert aot.programs_per_sm(24, 16, 0) == (4, "warps")
     assert aot.programs_per_sm(24, 1, 0) == (32, "programs")
+
+
+def test_host_seconds_times_each_call_after_a_sync_or_back_to_back(monkeypatch):
+    """``gpu_common.host_seconds``, the host-time measure of ``train_ab.py`` and
+    ``triton_launch_cost.py``: the first way queues a sleep kernel before every call (each the first
+    after a synchronize), the second before each third of the calls, which then run back to back;
+    the GPU is synchronised at the end either way (CUDA stubbed out here)."""
+    common = _benchmark("gpu_common")
+    events = []
+    monkeypatch.setattr(common.torch.cuda, "synchronize", lambda: events.append("sync"))
+    monkeypatch.setattr(common, "keep_gpu_busy", lambda: events.append("busy"))
+    fn = lambda: events.append("call")  # noqa: E731
+    assert common.host_seconds(fn, reps=4) >= 0
+    assert events == ["sync", "busy", "call"] * 4 + ["sync"]
+    events.clear()
+    common.host_seconds(fn, reps=6, first_after_sync=False)
+    assert events == (["sync", "busy"] + ["call"] * 3) * 3 + ["sync"]
