@@ -1011,7 +1011,7 @@ def test_benchmark_scripts_share_one_families_check(capsys):
     assert common.linear_families("gla,,delta_rule") == ["gla", "delta_rule"]
     with pytest.raises(ValueError, match=r"--families: unknown \['glaa'\]; choose from linear_attn"):
         common.linear_families("gla,glaa")
-    for script, more in (("train_ab", []), ("triton_launch_cost", []), ("kernel_launch_sweep", []),
+    for script, more in (("train_ab", []), ("triton_launch_cost", []), ("kernel_launch_sweep", []), ("step_gaps", []),
                          ("host_orchestration", []), ("gpu_kernels", ["--out", "unused"])):
         with pytest.raises(SystemExit):
             _benchmark(script).main(["--families", "glaa", *more])
@@ -1046,3 +1046,51 @@ def test_host_seconds_times_each_call_after_a_sync_or_back_to_back(monkeypatch):
     events.clear()
     common.host_seconds(fn, reps=6, first_after_sync=False)
     assert events == (["sync", "busy"] + ["call"] * 3) * 3 + ["sync"]
+
+
+def test_step_gaps_splits_idle_time_into_waits_for_the_host_and_the_rest(capsys):
+    """``benchmarks/step_gaps.py`` on a hand-made kineto trace of two synced steps: the windows
+    between synchronizes, the host's time to its first launch, idle time before the first kernel,
+    a gap whose launch returned after the GPU went idle (a wait for the host) and one whose launch
+    was queued in time (the rest), overlapping kernels of two streams counted once as busy; a
+    window with no kernel is an error, not an empty row. Bad options are one-line errors."""
+    gaps = _benchmark("step_gaps")
+
+    def call(name, ts, dur, corr=None):
+        return {"cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur,
+                **({"args": {"correlation": corr}} if corr is not None else {})}
+
+    def kernel(name, ts, dur, corr):
+        return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+    events = [call("cudaDeviceSynchronize", 0, 10),
+              # step 1: window 10 .. 1000
+              call("cuLaunchKernelEx", 40, 5, 1), kernel("_a_kernel", 60, 100, 1),     # host 30, idle 50
+              call("cuLaunchKernelEx", 50, 5, 2), kernel("_b_kernel", 170, 100, 2),    # queued: device gap 10
+              call("cuLaunchKernelEx", 300, 20, 3), kernel("_c_kernel", 330, 50, 3),   # launched late: host 60
+              call("cuLaunchKernelEx", 310, 5, 4), kernel("_d_kernel", 340, 100, 4),   # other stream, overlaps c
+              call("cudaDeviceSynchronize", 1000, 20),
+              # step 2: window 1020 .. 2000, nothing launched
+              call("cudaDeviceSynchronize", 2000, 5)]
+    # the window after the second synchronize holds no launch (the profiler's own synchronize)
+    assert gaps.step_windows(events) == [(10, 1000)]
+    windows = [(10, 1000), (1020, 2000)]
+    row = gaps.step_gaps(events, windows[0], min_gap_us=5)
+    assert row["kernels"] == 4 and row["host_to_first_launch_us"] == 30 and row["idle_before_first_us"] == 50
+    assert row["busy_us"] == 100 + 100 + 110 and row["wall_us"] == 440 - 10
+    assert row["host_wait_us"] == 60 and row["other_gap_us"] == 10
+    assert row["gaps"] == [[60.0, "_c_kernel", "host"], [10.0, "_b_kernel", "device"]]
+    assert gaps.step_gaps(events, windows[0], min_gap_us=20)["gaps"] == [[60.0, "_c_kernel", "host"]]
+    with pytest.raises(ValueError, match="no kernel launched inside the step's window"):
+        gaps.step_gaps(events, windows[1])
+    summary = gaps.summarize([row, dict(row, wall_us=1.0, gaps=[]), dict(row, wall_us=999.0, gaps=[])])
+    assert summary["wall_us"] == 430 and summary["gaps_of_median_step"] == row["gaps"]
+    assert "| delta_rule | 2048 |" in gaps.table([dict(summary, family="delta_rule", T=2048, synced_ms=1.0,
+                                                        queued_ms=1.0)])
+    for bad in (["--families", "nope"], ["--lengths", "1000"], ["--steps", "0"], ["--traces"]):
+        with pytest.raises(SystemExit):
+            gaps.main(bad)
+        assert bad[0] in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert gaps.main(["--families", "gla", "--lengths", "2048"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err

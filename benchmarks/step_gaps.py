@@ -1,0 +1,219 @@
+"""Where a training step from an idle GPU loses time: the GPU timeline of synced fwd + bwd steps
+(bf16, 16 heads of 128, 64k tokens per batch), from a ``torch.profiler`` trace.
+
+    python benchmarks/step_gaps.py [--families delta_rule,gated_delta_rule] [--lengths 2048,32768]
+                                   [--steps 5] [--min-gap-us 2] [--out DIR]
+
+Each step runs between two ``torch.cuda.synchronize()`` calls, as ``gpu_common.cuda_time`` times a
+"synced" step. From the trace (CUDA activity only: the runtime / driver calls and the kernels,
+matched by correlation id; no CPU-op recording, which would slow the host path being measured)
+each step gets: the host's time from the synchronize's return to its first launch, the GPU's idle
+time before its first kernel, the idle time between kernels split into gaps where the GPU waited
+for the host (the next kernel's launch call ended after the GPU went idle) and the rest (launch
+latency or stream waits with the launch already queued), and the kernels that followed the
+largest waits. The steps' wall time is also timed with CUDA events outside the profiler
+(``cuda_time``, synced and queued) to show what the profiler itself adds.
+Prints a markdown table; ``--out`` also gets ``step_gaps.{json,md}``.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for blocks
+
+import torch  # noqa: E402
+
+from gpu_common import TOKENS, comma_ints, cuda_time, linear_families  # noqa: E402
+
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def _is_launch(name: str) -> bool:
+    return "LaunchKernel" in name or "LaunchCooperativeKernel" in name
+
+
+def step_windows(events: list[dict]) -> list[tuple[float, float]]:
+    """Host intervals ``(t0, t1)`` (us) between the end of one synchronize call and the start of
+    the next that hold at least one kernel launch, in trace order: one per step when the steps were
+    run as ``sync; step; sync; ...`` (the profiler's own synchronizes add empty windows)."""
+    syncs = sorted((e for e in events if e.get("cat") in LAUNCH_CATS and "Synchronize" in e.get("name", "")),
+                   key=lambda e: e["ts"])
+    starts = sorted(e["ts"] for e in events if e.get("cat") in LAUNCH_CATS and _is_launch(e.get("name", "")))
+    windows = [(a["ts"] + a.get("dur", 0.0), b["ts"]) for a, b in zip(syncs, syncs[1:])]
+    return [(t0, t1) for t0, t1 in windows if bisect.bisect_left(starts, t0) < bisect.bisect_right(starts, t1)]
+
+
+def step_gaps(events: list[dict], window: tuple[float, float], min_gap_us: float = 2.0, top: int = 5) -> dict:
+    """One step's GPU timeline from chrome-trace ``events`` (kineto's: ``ts`` / ``dur`` in us on one
+    clock for host calls and kernels, ``args.correlation`` linking a kernel to its launch call).
+
+    Returns ``{"kernels", "host_to_first_launch_us", "idle_before_first_us", "busy_us", "wall_us",
+    "host_wait_us", "other_gap_us", "gaps": [[idle us, next kernel, "host" | "device"], ...]}``:
+    ``wall_us`` from the window's start (the synchronize's return) to the last kernel's end,
+    ``busy_us`` the union of kernel intervals, gaps of at least ``min_gap_us`` between them
+    (``top`` largest listed), "host" when the launch of the kernel after the gap returned after the
+    GPU had gone idle."""
+    t0, t1 = window
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in LAUNCH_CATS and _is_launch(e.get("name", ""))
+                and t0 <= e["ts"] <= t1 and "correlation" in e.get("args", {})}
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"
+                      and e.get("args", {}).get("correlation") in launches), key=lambda e: e["ts"])
+    if not kernels:
+        n_kernels = sum(e.get("cat") == "kernel" for e in events)
+        raise ValueError(f"no kernel launched inside the step's window ({len(launches)} launch calls there, "
+                         f"{n_kernels} kernels in the trace: was CUDA activity traced?)")
+    first_launch = min(e["ts"] for e in launches.values())
+    busy = 0.0
+    end = kernels[0]["ts"]
+    host_wait = other = 0.0
+    gaps = []
+    for k in kernels:
+        k_end = k["ts"] + k.get("dur", 0.0)
+        if k["ts"] > end:  # idle from `end` to this kernel's start
+            idle = k["ts"] - end
+            launch = launches[k["args"]["correlation"]]
+            kind = "host" if launch["ts"] + launch.get("dur", 0.0) > end else "device"
+            if idle >= min_gap_us:
+                gaps.append([round(idle, 1), k.get("name", "?")[:80], kind])
+            if kind == "host":
+                host_wait += idle
+            else:
+                other += idle
+            busy += k_end - k["ts"]
+            end = k_end
+        elif k_end > end:  # overlaps the busy stretch (another stream): extend it
+            busy += k_end - end
+            end = k_end
+    gaps.sort(key=lambda g: -g[0])
+    return {"kernels": len(kernels), "host_to_first_launch_us": first_launch - t0,
+            "idle_before_first_us": kernels[0]["ts"] - t0, "busy_us": busy, "wall_us": end - t0,
+            "host_wait_us": host_wait, "other_gap_us": other, "gaps": gaps[:top]}
+
+
+def summarize(steps: list[dict]) -> dict:
+    """Medians of the per-step figures; the gaps of the step whose wall time is the median."""
+    keys = ("kernels", "host_to_first_launch_us", "idle_before_first_us", "busy_us", "wall_us",
+            "host_wait_us", "other_gap_us")
+    out = {k: statistics.median(s[k] for s in steps) for k in keys}
+    mid = sorted(steps, key=lambda s: s["wall_us"])[len(steps) // 2]
+    out["gaps_of_median_step"] = mid["gaps"]
+    return out
+
+
+def profile_steps(run, steps: int, cpu_ops: bool = False) -> list[dict]:
+    """Chrome-trace events of ``steps`` synced calls of ``run`` (CUDA activity; ``cpu_ops``: the
+    host's operators too)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if cpu_ops else [])
+    with profile(activities=activities) as prof:
+        torch.cuda.synchronize()
+        for _ in range(steps):
+            run()
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())["traceEvents"]
+
+
+def measure(family: str, T: int, steps: int, min_gap_us: float, trace_dir: Path | None = None) -> dict:
+    from kernel_launch_sweep import step
+
+    run = step(family, T)  # the registered kernel's fwd + bwd on the sweep's inputs
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    synced, queued = cuda_time(run, budget_s=0.3)[0], cuda_time(run, budget_s=0.3, queued=True)[0]
+    cpu_ops = False
+    events = profile_steps(run, steps)
+    windows = step_windows(events)
+    if len(windows) < steps:  # a torch whose CUDA activity leaves out the host's runtime calls
+        cpu_ops = True
+        events = profile_steps(run, steps, cpu_ops=True)
+        windows = step_windows(events)
+    if trace_dir is not None:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        with gzip.open(trace_dir / f"trace_{family}_{T}.json.gz", "wt") as f:
+            json.dump({"traceEvents": events}, f)
+    if len(windows) < steps:
+        raise RuntimeError(f"found {len(windows)} windows with launches between synchronizes for {steps} steps")
+    per_step = [step_gaps(events, w, min_gap_us) for w in windows[-steps:]]
+    return {"family": family, "T": T, "synced_ms": synced * 1e3, "queued_ms": queued * 1e3,
+            "cpu_ops_traced": cpu_ops, **summarize(per_step)}
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| family | T | ms synced / queued (events) | wall ms (profiled) | busy ms | host to 1st launch us | "
+           "idle before 1st kernel us | waits for host us | other gaps us | kernels | largest gaps (us, next kernel, cause) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['family']} | {r['T']} | {r['error']} |||||||||")
+            continue
+        gaps = "; ".join(f"{g[0]:.0f} {g[1].strip('_')[:28]} ({g[2]})" for g in r["gaps_of_median_step"][:3])
+        out.append(f"| {r['family']} | {r['T']} | {r['synced_ms']:.3f} / {r['queued_ms']:.3f} | "
+                   f"{r['wall_us'] / 1e3:.3f} | {r['busy_us'] / 1e3:.3f} | {r['host_to_first_launch_us']:.0f} | "
+                   f"{r['idle_before_first_us']:.0f} | {r['host_wait_us']:.0f} | {r['other_gap_us']:.0f} | "
+                   f"{r['kernels']:.0f} | {gaps} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default="delta_rule,gated_delta_rule")
+    ap.add_argument("--lengths", default="2048,32768")
+    ap.add_argument("--steps", type=int, default=5, help="profiled steps per family and length")
+    ap.add_argument("--min-gap-us", type=float, default=2.0, help="shortest idle interval listed as a gap")
+    ap.add_argument("--out", default="", help="folder for step_gaps.{json,md} (default: print only)")
+    ap.add_argument("--traces", action="store_true",
+                    help="also write each case's trace to --out as trace_<family>_<T>.json.gz (chrome://tracing, Perfetto)")
+    a = ap.parse_args(argv)
+    try:
+        families = linear_families(a.families)
+    except ValueError as exc:
+        ap.error(str(exc))
+    lengths = comma_ints(a.lengths)
+    if not lengths or any(T < 64 or TOKENS % T for T in lengths):
+        ap.error(f"--lengths: expected a comma list of lengths from 64 that divide {TOKENS}, got {a.lengths!r}")
+    if a.traces and not a.out:
+        ap.error("--traces: needs --out for its files")
+    if a.steps < 1 or a.min_gap_us < 0:
+        ap.error("--steps: at least 1; --min-gap-us: not negative")
+    if not torch.cuda.is_available():
+        print("step_gaps: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = []
+    for family in families:
+        for T in lengths:
+            try:
+                rows.append(measure(family, T, a.steps, a.min_gap_us, Path(a.out) if a.traces else None))
+            except Exception as exc:  # noqa: BLE001 - reported in its row, the other rows go on
+                rows.append({"family": family, "T": T, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+            print(table(rows[-1:]).split("\n", 2)[-1], flush=True)
+    md = (f"# GPU idle time in synced training steps ({torch.cuda.get_device_name()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
+          f"Command: `python benchmarks/step_gaps.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"
+          + table(rows) + "\n")
+    print(md)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "step_gaps.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+        (out / "step_gaps.md").write_text(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
