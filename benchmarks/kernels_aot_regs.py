@@ -88,8 +88,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     s = 2 if act == "bf16" else 1
     for use_g in (True, False):
         tag = "gated_delta" if use_g else "delta"
-        yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED),
-               *table(d.LAUNCH, "kkt", s))
+        yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
+                                                 CUMSUM=use_g and d.KKT_CUMSUM), *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
             yield ("delta.solve_tril", d._solve_tril_kernel,
                    dict(H=H, BT=64, BC=16, MERGE_PREC=d._solve_tril_prec(dtype)),

@@ -213,6 +213,12 @@ SOLVE_TRIL_TF32_MERGES = True
 # old form multiplied float32 ``ds`` by a TF32 ``q k^T``; the benchmark's bf16 gate-gradient errors
 # against the float64 reference stayed put (2.5e-3 / 2.0e-3 at 14:33 against 2.6e-3 / 2.3e-3 at 13:30).
 DQKWG_DG_FROM_ROWS = True
+# The gated rule's chunk-local cumsum of the gate (``gc``) formed and written by ``_kkt_kernel``, the
+# forward's first kernel, which reads the chunk's gate anyway, instead of by ``_cumsum_kernel``
+# launched before it: one launch less per forward, and in a step from an idle GPU the ~0.1 ms the
+# GPU idled after that 13 us kernel while the host launched the next (``benchmarks/step_gaps.py``,
+# docs/benchmarks/step_gaps.md).
+KKT_CUMSUM = True
 # Also lost (2026-12-01 19:23, H200, ``benchmarks/train_ab.py``, per fwd+bwd step at 2k / 32k): the
 # gated epilogue reordered so that fewer float32 tiles live at once (``dw`` stored right after the
 # value loop, ``dq`` finished and stored before the ``dk`` side's dot): 255 -> 244 registers in
@@ -221,7 +227,7 @@ DQKWG_DG_FROM_ROWS = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
-            "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True),
+            "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
@@ -264,13 +270,21 @@ def _pair_decay(b_g, b_gj, m, FLIP: tl.constexpr, gc, i_b, i_h, r0, T, H: tl.con
     if FACTORED:
         g0 = tl.load(gc + (i_b * T + r0) * H + i_h).to(tl.float32)
         g_end = tl.load(gc + (i_b * T + tl.minimum(r0 + BT, T) - 1) * H + i_h).to(tl.float32)
-        if g0 - g_end < PAIR_SPAN_MAX:
-            if FLIP:
-                b_e = tl.where(m, tl.exp(g0 - b_g)[:, None] * tl.exp(b_gj - g0)[None, :], 0.)
-            else:
-                b_e = tl.where(m, tl.exp(b_g - g0)[:, None] * tl.exp(g0 - b_gj)[None, :], 0.)
+        b_e = _pair_decay_through(b_g, b_gj, g0, g_end, m, FLIP)
+    else:
+        b_e = _pair_decay_exact(b_g, b_gj, m, FLIP)
+    return b_e
+
+
+@triton.jit
+def _pair_decay_through(b_g, b_gj, g0, g_end, m, FLIP: tl.constexpr):
+    """``_pair_decay``'s factored form through the chunk's first row, ``g0`` (``g_end``: its last
+    valid row), or exactly where the chunk's decay spans ``PAIR_SPAN_MAX`` or more."""
+    if g0 - g_end < PAIR_SPAN_MAX:
+        if FLIP:
+            b_e = tl.where(m, tl.exp(g0 - b_g)[:, None] * tl.exp(b_gj - g0)[None, :], 0.)
         else:
-            b_e = _pair_decay_exact(b_g, b_gj, m, FLIP)
+            b_e = tl.where(m, tl.exp(b_g - g0)[:, None] * tl.exp(g0 - b_gj)[None, :], 0.)
     else:
         b_e = _pair_decay_exact(b_g, b_gj, m, FLIP)
     return b_e
@@ -345,12 +359,13 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T", "C0"])  # one compile for every length
-def _kkt_kernel(k, beta, gc, A, T, C0,
+def _kkt_kernel(k, beta, g, gc, A, T, C0,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
+                USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr):
     """Grid (NT, B*H): ``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)`` of chunk ``i_t`` into
     ``A: [B, T, H, BT]`` float32 (row ``i`` of its chunk's ``[BT, BT]`` matrix), one ``[BT, K]`` x
-    ``[K, BT]`` product per chunk."""
+    ``[K, BT]`` product per chunk. ``CUMSUM`` (``KKT_CUMSUM``): the chunk's ``G`` formed here from the
+    gate ``g`` and written to ``gc`` for the kernels after it (else read from ``gc``)."""
     i_t = tl.program_id(0) + C0
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -365,7 +380,17 @@ def _kkt_kernel(k, beta, gc, A, T, C0,
     o_i = tl.arange(0, BT)
     m_A = o_i[:, None] > o_i[None, :]
     b_A = b_A * b_b[:, None]
-    if USE_G:
+    if USE_G and CUMSUM:
+        # rows past T load 0, so their cumsum is the last valid row's value, as _load_gc pads
+        b_graw = tl.load(g + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
+        b_g = tl.cumsum(b_graw, axis=0)
+        tl.store(gc + (i_b * T + o_t) * H + i_h, b_g, mask=o_t < T)
+        if PAIR_FACTORED:  # G of the first row is its own gate; of the last valid row, the chunk's sum
+            g0 = tl.load(g + (i_b * T + r0) * H + i_h).to(tl.float32)
+            b_A = b_A * _pair_decay_through(b_g, b_g, g0, tl.sum(b_graw, axis=0), m_A, False)
+        else:
+            b_A = b_A * _pair_decay_exact(b_g, b_g, m_A, False)
+    elif USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
         b_A = b_A * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_A, False,
                                 gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
@@ -831,12 +856,13 @@ def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM)
 
 
-def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1):
-    """``A``, its inverse ``Ai`` and ``w, u`` of chunks ``c0 .. c1 - 1``, in three kernels."""
+def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
+    """``A``, its inverse ``Ai`` and ``w, u`` of chunks ``c0 .. c1 - 1``, in three kernels; with the
+    gate ``g``, the first also writes those chunks' ``gc`` (``KKT_CUMSUM``)."""
     B, T, H, K = k.shape
-    _kkt_kernel[(c1 - c0, B * H)](k, beta, gc, A, T, c0, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
+    _kkt_kernel[(c1 - c0, B * H)](k, beta, g, gc, A, T, c0, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
                                   USE_G=gc is not None, DOT_PREC=_prec(k), PAIR_FACTORED=PAIR_DECAY_FACTORED,
-                                  **_launch(LAUNCH, "kkt", k))
+                                  CUMSUM=g is not None, **_launch(LAUNCH, "kkt", k))
     _solve_tril_kernel[(c1 - c0, B * H)](A, Ai, T, c0, H=H, BT=BT, BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype),
                                          **_launch(LAUNCH, "solve_tril", k))
     _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1)
@@ -860,12 +886,12 @@ def _wy_buffers(k, v):
     return A, Ai, torch.empty_like(k), torch.empty_like(v)
 
 
-def wy_fwd(k, v, beta, gc):
+def wy_fwd(k, v, beta, gc, g=None):
     """``(Ai [B, T, H, BT], w [B, T, H, K], u [B, T, H, V])``: the chunks' ``(I + A)^-1`` (float32, or
     the activations' dtype with ``WY_INPUT_DTYPE_DOTS``) and the WY factors, in three kernels
-    (``A``, its inverse, ``w, u``)."""
+    (``A``, its inverse, ``w, u``). ``g``: the gate, from which the first kernel fills ``gc``."""
     A, Ai, w, u = _wy_buffers(k, v)
-    _wy_kernels(k, v, beta, gc, A, Ai, w, u, 0, _cdiv(k.shape[1], BT))
+    _wy_kernels(k, v, beta, gc, A, Ai, w, u, 0, _cdiv(k.shape[1], BT), g)
     return Ai, w, u
 
 
@@ -914,10 +940,11 @@ def _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1):
         USE_G=gc is not None, DOT_PREC=_prec(q), PAIR_FACTORED=PAIR_DECAY_FACTORED, **_launch(LAUNCH, "fwd_o", q))
 
 
-def forward(q, k, v, gc, beta, h0, scale, output_final_state):
+def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
     """The forward: ``(o [B, T, H, V], Ai, w, u, h, vn, ht | None)``. The state walk runs in
     segments beside the WY kernels before it and the output kernel after it when it has few
-    programs (``overlap``)."""
+    programs (``overlap``). ``g``: the gate, from which ``_kkt_kernel`` fills the empty ``gc``
+    (``KKT_CUMSUM``); else ``gc`` is already filled (or None: ungated)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
@@ -927,7 +954,7 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state):
         # the walk's and the output's buffers allocated after the WY kernels are launched (as
         # before the segments): the host's time to the first launch is time the GPU idles in a
         # step that starts from an idle GPU
-        Ai, w, u = wy_fwd(k, v, beta, gc)
+        Ai, w, u = wy_fwd(k, v, beta, gc, g)
         h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
         return fwd_o(q, k, vn, gc, h, scale), Ai, w, u, h, vn, ht
     A, Ai, w, u = _wy_buffers(k, v)
@@ -937,7 +964,7 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state):
 
     def wy(c0, c1):
         nonlocal A
-        _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1)
+        _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g)
         if c1 == NT:  # only these kernels, on the current stream, use A: free it as before
             A = None
 
@@ -1045,8 +1072,12 @@ class ChunkDeltaRule(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state):
-        gc = chunk_cumsum(g) if g is not None else None
-        o, Ai, w, u, h, vn, ht = forward(q, k, v, gc, beta, h0, scale, output_final_state)
+        if g is not None and KKT_CUMSUM:  # filled by the forward's first kernel
+            gc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+        else:
+            gc = chunk_cumsum(g) if g is not None else None
+        o, Ai, w, u, h, vn, ht = forward(q, k, v, gc, beta, h0, scale, output_final_state,
+                                         g if KKT_CUMSUM else None)
         # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64]; fla keeps its
         # inverse too, in the activations' dtype, as WY_INPUT_DTYPE_DOTS does; rebuilding it costs
         # two kernels) and, with KEEP_WU, w (and u, which only the state walk reads: not with
