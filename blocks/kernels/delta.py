@@ -96,7 +96,10 @@ KEEP_WU = not LOW_MEMORY
 # Also lost in that kernel (no gain; 2026-12-01 12:32, kernel_launch_sweep_1201_hdh.md): the gated
 # ``sum(h * dh)`` accumulated as [BV, BK] products and reduced once after the value loop instead of
 # in every iteration: 4.926 -> 4.916 and 5.661 -> 5.657 ms per step at 2k / 32k (-0.2 / -0.1%, the
-# base's own repeat moved 0.1-0.4%).
+# base's own repeat moved 0.1-0.4%). 128 at 8 warps (sm_90: 255 registers gated, 146 ungated, no
+# spills; one program of 8 warps per SM, as many warps as today's two of 4) also lost (2026-12-01
+# 19:36, ``benchmarks/train_ab.py``, docs/benchmarks/train_ab_1201_evening.md): +6.1 / +7.3% gated,
+# +4.0 / +2.3% delta_rule at 2k / 32k; at 2 stages +8..+14%.
 DQKWG_BK = 64
 # Keep the forward's chunk states h ([B, T/64, H, K, V]) and U for the backward instead of
 # rerunning the state walk (``fwd_h``, 0.68 ms of a 6.6 ms step at 64k tokens): +805 MB per
@@ -135,7 +138,14 @@ UNGATED_DH_ZERO_GATE = True
 # ``min_per_sm``; the other families' walks switch to 32 below 4). Sweep 2026-12-01 04:11 (H200,
 # with the 4-warp forward walk): block 64 instead of 32 -7.6 / -7.7 / -3.2% per fwd+bwd step at
 # 4k / 8k / 16k (delta_rule; 512, 256, 128 programs), -5.8 / -5.6 / -4.5% (gated); at 32k (64
-# programs) block 64 had lost by 11% (2026-11-30 23:23, with the 8-warp forward walk).
+# programs) block 64 had lost by 11% (2026-11-30 23:23, with the 8-warp forward walk). Again with
+# the walks in segments (2026-12-01 19:34, ``train_ab.py``, docs/benchmarks/train_ab_1201_evening.md):
+# block 32 at 8k / 16k +8.5 / +4.8% (delta_rule), +9.3 / +5.8% (gated); block 64 at 32k +2.4 / +3.7%
+# synced, a tie queued.
+# Screened and not built: the walk in transition form, ``h <- h - N h + k^T u`` with ``N = k^T w``
+# formed per chunk beforehand (one dot on the chain instead of two): the walk alone 9-38% faster,
+# but forming ``N`` ([B, T/64, H, K, K]) takes 0.35 ms at 64k tokens, more than any length saves
+# (``benchmarks/walk_forms.py``, docs/benchmarks/walk_forms.md).
 WALK_MIN_PER_SM = 0.5
 
 

@@ -61,12 +61,13 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is 
 # of spills in sm_90 compiles), ``bwd_dv`` 132 -> 128 (1 -> 2 programs of 8 warps, 16 B), the
 # reverse cumsum 139 -> 128 (3 -> 4, no spills; ``benchmarks/kernels_aot_regs.py --maxnreg``). The
 # walks' 104 does not change their programs per SM (4 at V block 64: shared memory holds them to 4;
-# at 32: 104 registers still give 4) and spills 40 B (forward) / 24 B (reverse) at block 64; it is
-# kept because the four caps were measured as one set. H200 2026-12-01 18:06,
+# at 32: 104 registers still give 4) and spills 40 B (forward) / 24 B (reverse) at block 64; yet
+# lifting it alone measured a tie at 2k and +1.8% at 32k (19:29,
+# docs/benchmarks/train_ab_1201_evening.md), so it stays. H200 2026-12-01 18:06,
 # ``benchmarks/train_ab.py`` (docs/benchmarks/register_caps.md), per fwd+bwd step at 2k / 32k: the
 # four together -3.6 / -3.4% (lifting all four at 18:41: +2.8% at 2k); ``intra_a`` alone -2.1 /
 # -1.6% (-2.2 / -1.6% in an earlier call), the others alone within 1.2% either way (the walks' -0.6
-# / -1.2%): the next sweep times each capped entry without its cap. Caps that spill more
+# / -1.2%). Caps that spill more
 # lost: ``bwd_sub`` at 200 / 168 / 128 +7.6 / +4.5 / +26.5% (2k), at 4 warps capped to 168 (3 programs
 # per SM) +4.2 / +4.0%, at 8 warps capped to 128 (2 programs, no spills) +25.6 / +22.6% (18:27).
 LAUNCH = {

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -535,3 +537,16 @@ def test_bad_gate_shape_is_a_one_line_error(family):
     name = "gk" if family == "gla" else "beta"
     with pytest.raises(ValueError, match=name):
         chunk_kernel(family)(*args)
+
+
+@interpreter
+def test_interpreter_walk_forms_transition_walk_gives_the_walks_states():
+    """``benchmarks/walk_forms.py``'s screen times a walk it does not ship; its states must still be
+    the delta rule's (``h <- h - N h + k^T u`` against ``delta.fwd_h``), or the timing would compare
+    a wrong kernel: float32, 200 tokens (a ragged last chunk), K 32, V block 16."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        forms = importlib.import_module("walk_forms")
+    finally:
+        sys.path.pop(0)
+    assert forms.check() < 1e-5

@@ -1094,3 +1094,20 @@ def test_step_gaps_splits_idle_time_into_waits_for_the_host_and_the_rest(capsys)
     if not torch.cuda.is_available():
         assert gaps.main(["--families", "gla", "--lengths", "2048"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_walk_forms_needs_the_interpreter_for_its_check_and_a_gpu_for_its_timing(capsys):
+    """``benchmarks/walk_forms.py`` (the delta walk's transition form, screened): ``--check`` outside
+    Triton's interpreter and a bad length list are one-line errors; without CUDA the timing says so
+    and returns 2. (Its check itself runs in the interpreter tests.)"""
+    forms = _benchmark("walk_forms")
+    if not forms.INTERPRET:
+        with pytest.raises(SystemExit):
+            forms.main(["--check"])
+        assert "TRITON_INTERPRET=1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        forms.main(["--lengths", "2k"])
+    assert "--lengths" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert forms.main(["--lengths", "2048"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
