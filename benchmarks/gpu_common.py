@@ -57,6 +57,29 @@ def host_seconds(fn: Callable[[], object], reps: int, first_after_sync: bool = T
     return statistics.median(out)
 
 
+def write_report(script: str, title: str, body: str, rows: list, out: str, argv: list[str] | None = None,
+                 extra: str = "") -> str:
+    """A benchmark script's report: ``# {title} ({GPU}, {UTC time}{extra})``, the command that made it
+    (``python benchmarks/{script}.py`` with ``argv``, else the process's own arguments) and ``body``
+    (markdown). Printed; with ``out``, also written there as ``{script}.md`` and ``{script}.json``
+    (``{"device", "rows"}``). Returns the markdown."""
+    import json
+    import sys
+    from pathlib import Path
+
+    device = torch.cuda.get_device_name()
+    args = " ".join(sys.argv[1:] if argv is None else argv)
+    md = (f"# {title} ({device}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}{extra})\n\n"
+          f"Command: `python benchmarks/{script}.py {args}`\n\n{body}\n")
+    print(md)
+    if out:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{script}.json").write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+        (folder / f"{script}.md").write_text(md)
+    return md
+
+
 def linear_families(text: str) -> list[str]:
     """``"gla,delta_rule"`` -> ``["gla", "delta_rule"]`` (empty items skipped); a family outside
     ``LINEAR_FAMILIES`` raises ValueError with the line the scripts' ``--families`` error shows."""

@@ -24,7 +24,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import TOKENS, comma_ints, cuda_time, linear_families  # noqa: E402
+from gpu_common import TOKENS, comma_ints, cuda_time, linear_families, write_report  # noqa: E402
 
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
@@ -202,16 +201,7 @@ def main(argv=None) -> int:
             except Exception as exc:  # noqa: BLE001 - reported in its row, the other rows go on
                 rows.append({"family": family, "T": T, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
             print(table(rows[-1:]).split("\n", 2)[-1], flush=True)
-    md = (f"# GPU idle time in synced training steps ({torch.cuda.get_device_name()}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-          f"Command: `python benchmarks/step_gaps.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"
-          + table(rows) + "\n")
-    print(md)
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "step_gaps.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-        (out / "step_gaps.md").write_text(md)
+    write_report("step_gaps", "GPU idle time in synced training steps", table(rows), rows, a.out, argv)
     return 0
 
 

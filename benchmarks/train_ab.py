@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import TOKENS, comma_ints, cuda_time, host_seconds, keep_gpu_busy, linear_families  # noqa: E402
+from gpu_common import TOKENS, comma_ints, cuda_time, host_seconds, keep_gpu_busy, linear_families, write_report  # noqa: E402
 
 
 def parsed(family: str, item: str) -> tuple:
@@ -199,15 +198,7 @@ def main(argv=None) -> int:
         for T in lengths:
             rows += time_length(family, T, variants, a.rounds, Path(a.out) if a.host_profile else None)
             print(table([r for r in rows if r["family"] == family and r["T"] == T]).split("\n", 2)[-1], flush=True)
-    md = (f"# Training-step A/B ({torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"{time.time() - t0:.0f} s)\n\nCommand: `python benchmarks/train_ab.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"
-          + table(rows) + "\n")
-    print(md)
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "train_ab.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-        (out / "train_ab.md").write_text(md)
+    write_report("train_ab", "Training-step A/B", table(rows), rows, a.out, argv, extra=f", {time.time() - t0:.0f} s")
     return 0
 
 

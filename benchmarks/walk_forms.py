@@ -18,11 +18,9 @@ states must agree.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,7 +33,7 @@ import triton.language as tl  # noqa: E402
 
 from blocks.kernels import delta  # noqa: E402
 from blocks.kernels.tiles import load_rows as _load_rows  # noqa: E402
-from gpu_common import HEAD_DIM, HEADS, TOKENS, comma_ints  # noqa: E402
+from gpu_common import HEAD_DIM, HEADS, TOKENS, comma_ints, write_report  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -186,16 +184,8 @@ def main(argv=None) -> int:
         lines.append(f"| {r['T']} | {r['B']} | {r['BV']} | {r['walk_ms']:.3f} | {r['transition_walk_ms']:.3f} / {r['transition_walk_8warps_ms']:.3f} | "
                      f"{r['transition_kernel_ms']:.3f} | {r['us_per_chunk_walk']:.2f} | "
                      f"{r['us_per_chunk_transition_walk']:.2f} | {r['h_rel_diff']:.1e} |")
-    md = (f"# Delta-rule forward walk: two dots per chunk vs the transition form ({torch.cuda.get_device_name()}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-          f"Command: `python benchmarks/walk_forms.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"
-          + "\n".join(lines) + "\n")
-    print(md)
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "walk_forms.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-        (out / "walk_forms.md").write_text(md)
+    write_report("walk_forms", "Delta-rule forward walk: two dots per chunk vs the transition form", "\n".join(lines),
+                 rows, a.out, argv)
     return 0
 
 

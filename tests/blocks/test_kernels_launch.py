@@ -4,6 +4,7 @@ them. CPU only; needs triton importable (the modules compile nothing at import).
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 from pathlib import Path
 
@@ -1111,3 +1112,20 @@ def test_walk_forms_needs_the_interpreter_for_its_check_and_a_gpu_for_its_timing
     if not torch.cuda.is_available():
         assert forms.main(["--lengths", "2048"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_write_report_prints_and_writes_the_command_and_table(tmp_path, monkeypatch, capsys):
+    """``gpu_common.write_report``, the report of ``train_ab.py``, ``step_gaps.py`` and
+    ``walk_forms.py``: a title with the GPU and the time, the command with the script's arguments,
+    the body; ``{script}.md`` and ``{script}.json`` in ``out`` (created), nothing written without it."""
+    common = _benchmark("gpu_common")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Test GPU")
+    md = common.write_report("step_gaps", "Idle time", "| a |\n|---|", [{"a": 1}], str(tmp_path / "new"),
+                             ["--lengths", "2048"], extra=", 3 s")
+    assert md.startswith("# Idle time (Test GPU, ") and ", 3 s)\n" in md
+    assert "Command: `python benchmarks/step_gaps.py --lengths 2048`" in md and md.endswith("| a |\n|---|\n")
+    assert (tmp_path / "new" / "step_gaps.md").read_text() == md
+    assert json.loads((tmp_path / "new" / "step_gaps.json").read_text()) == {"device": "Test GPU", "rows": [{"a": 1}]}
+    assert md in capsys.readouterr().out
+    common.write_report("walk_forms", "t", "b", [], "", [])
+    assert not (tmp_path / "walk_forms.md").exists()
