@@ -7,8 +7,11 @@ times: the PyTorch fallbacks take seconds at long sequences and the GPU lease is
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -63,10 +66,6 @@ def write_report(script: str, title: str, body: str, rows: list, out: str, argv:
     (``python benchmarks/{script}.py`` with ``argv``, else the process's own arguments) and ``body``
     (markdown). Printed; with ``out``, also written there as ``{script}.md`` and ``{script}.json``
     (``{"device", "rows"}``). Returns the markdown."""
-    import json
-    import sys
-    from pathlib import Path
-
     device = torch.cuda.get_device_name()
     args = " ".join(sys.argv[1:] if argv is None else argv)
     md = (f"# {title} ({device}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}{extra})\n\n"

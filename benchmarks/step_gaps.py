@@ -11,7 +11,8 @@ each step gets: the host's time from the synchronize's return to its first launc
 time before its first kernel, the idle time between kernels split into gaps where the GPU waited
 for the host (the next kernel's launch call ended after the GPU went idle) and the rest (launch
 latency or stream waits with the launch already queued), and the kernels that followed the
-largest waits. The steps' wall time is also timed with CUDA events outside the profiler
+largest waits (every idle interval counts in the sums; ``--min-gap-us`` only limits the list, and
+copies and memsets are not kernels, so they count as idle). The steps' wall time is also timed with CUDA events outside the profiler
 (``cuda_time``, synced and queued) to show what the profiler itself adds.
 Prints a markdown table; ``--out`` also gets ``step_gaps.{json,md}``.
 """
@@ -41,10 +42,11 @@ def _is_launch(name: str) -> bool:
 
 
 def step_windows(events: list[dict]) -> list[tuple[float, float]]:
-    """Host intervals ``(t0, t1)`` (us) between the end of one synchronize call and the start of
-    the next that hold at least one kernel launch, in trace order: one per step when the steps were
-    run as ``sync; step; sync; ...`` (the profiler's own synchronizes add empty windows)."""
-    syncs = sorted((e for e in events if e.get("cat") in LAUNCH_CATS and "Synchronize" in e.get("name", "")),
+    """Host intervals ``(t0, t1)`` (us) between the end of one ``cudaDeviceSynchronize`` and the
+    start of the next that hold at least one kernel launch, in trace order: one per step when the
+    steps were run as ``torch.cuda.synchronize(); step; torch.cuda.synchronize(); ...`` (the
+    profiler's own synchronizes add empty windows; a step's own stream or event waits do not cut it)."""
+    syncs = sorted((e for e in events if e.get("cat") in LAUNCH_CATS and e.get("name") == "cudaDeviceSynchronize"),
                    key=lambda e: e["ts"])
     starts = sorted(e["ts"] for e in events if e.get("cat") in LAUNCH_CATS and _is_launch(e.get("name", "")))
     windows = [(a["ts"] + a.get("dur", 0.0), b["ts"]) for a, b in zip(syncs, syncs[1:])]
@@ -100,12 +102,15 @@ def step_gaps(events: list[dict], window: tuple[float, float], min_gap_us: float
 
 
 def summarize(steps: list[dict]) -> dict:
-    """Medians of the per-step figures; the gaps of the step whose wall time is the median."""
+    """Medians of the per-step figures; the gaps of the step whose wall time is the median, with
+    that step's own wall time and waits for the host (the medians of the columns need not come from
+    one step)."""
     keys = ("kernels", "host_to_first_launch_us", "idle_before_first_us", "busy_us", "wall_us",
             "host_wait_us", "other_gap_us")
     out = {k: statistics.median(s[k] for s in steps) for k in keys}
     mid = sorted(steps, key=lambda s: s["wall_us"])[len(steps) // 2]
     out["gaps_of_median_step"] = mid["gaps"]
+    out["median_step"] = {"wall_us": mid["wall_us"], "host_wait_us": mid["host_wait_us"]}
     return out
 
 
@@ -138,7 +143,7 @@ def measure(family: str, T: int, steps: int, min_gap_us: float, trace_dir: Path 
     cpu_ops = False
     events = profile_steps(run, steps)
     windows = step_windows(events)
-    if len(windows) < steps:  # a torch whose CUDA activity leaves out the host's runtime calls
+    if len(windows) != steps:  # a torch whose CUDA activity leaves out the host's runtime calls
         cpu_ops = True
         events = profile_steps(run, steps, cpu_ops=True)
         windows = step_windows(events)
@@ -146,26 +151,28 @@ def measure(family: str, T: int, steps: int, min_gap_us: float, trace_dir: Path 
         trace_dir.mkdir(parents=True, exist_ok=True)
         with gzip.open(trace_dir / f"trace_{family}_{T}.json.gz", "wt") as f:
             json.dump({"traceEvents": events}, f)
-    if len(windows) < steps:
+    if len(windows) != steps:
         raise RuntimeError(f"found {len(windows)} windows with launches between synchronizes for {steps} steps")
-    per_step = [step_gaps(events, w, min_gap_us) for w in windows[-steps:]]
+    per_step = [step_gaps(events, w, min_gap_us) for w in windows]
     return {"family": family, "T": T, "synced_ms": synced * 1e3, "queued_ms": queued * 1e3,
             "cpu_ops_traced": cpu_ops, **summarize(per_step)}
 
 
 def table(rows: list[dict]) -> str:
     out = ["| family | T | ms synced / queued (events) | wall ms (profiled) | busy ms | host to 1st launch us | "
-           "idle before 1st kernel us | waits for host us | other gaps us | kernels | largest gaps (us, next kernel, cause) |",
+           "idle before 1st kernel us | waits for host us | other gaps us | kernels | "
+           "the median-wall step: wall ms, waits us; its largest gaps (us, next kernel, cause) |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             out.append(f"| {r['family']} | {r['T']} | {r['error']} |||||||||")
             continue
         gaps = "; ".join(f"{g[0]:.0f} {g[1].strip('_')[:28]} ({g[2]})" for g in r["gaps_of_median_step"][:3])
+        step = r.get("median_step", {"wall_us": r["wall_us"], "host_wait_us": r["host_wait_us"]})
         out.append(f"| {r['family']} | {r['T']} | {r['synced_ms']:.3f} / {r['queued_ms']:.3f} | "
                    f"{r['wall_us'] / 1e3:.3f} | {r['busy_us'] / 1e3:.3f} | {r['host_to_first_launch_us']:.0f} | "
                    f"{r['idle_before_first_us']:.0f} | {r['host_wait_us']:.0f} | {r['other_gap_us']:.0f} | "
-                   f"{r['kernels']:.0f} | {gaps} |")
+                   f"{r['kernels']:.0f} | {step['wall_us'] / 1e3:.3f}, {step['host_wait_us']:.0f}; {gaps} |")
     return "\n".join(out)
 
 
@@ -188,8 +195,12 @@ def main(argv=None) -> int:
         ap.error(f"--lengths: expected a comma list of lengths from 64 that divide {TOKENS}, got {a.lengths!r}")
     if a.traces and not a.out:
         ap.error("--traces: needs --out for its files")
-    if a.steps < 1 or a.min_gap_us < 0:
-        ap.error("--steps: at least 1; --min-gap-us: not negative")
+    if not families:
+        ap.error("--families: name at least one family")
+    if a.steps < 1:
+        ap.error("--steps: must be at least 1")
+    if a.min_gap_us < 0:
+        ap.error("--min-gap-us: must not be negative")
     if not torch.cuda.is_available():
         print("step_gaps: needs a CUDA GPU", file=sys.stderr)
         return 2

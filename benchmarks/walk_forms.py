@@ -33,7 +33,7 @@ import triton.language as tl  # noqa: E402
 
 from blocks.kernels import delta  # noqa: E402
 from blocks.kernels.tiles import load_rows as _load_rows  # noqa: E402
-from gpu_common import HEAD_DIM, HEADS, TOKENS, comma_ints, write_report  # noqa: E402
+from gpu_common import HEAD_DIM, HEADS, TOKENS, comma_ints, keep_gpu_busy, write_report  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -127,11 +127,14 @@ def check() -> float:
 
 
 def gpu_ms(fn, reps: int) -> float:
+    """Median GPU milliseconds of ``fn()``: each call queued behind a sleep kernel
+    (``keep_gpu_busy``), so that its host time (allocations, the launch path) is not timed."""
     fn()
     torch.cuda.synchronize()
     out = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        keep_gpu_busy()
         a.record()
         fn()
         b.record()
@@ -172,8 +175,10 @@ def main(argv=None) -> int:
         print(f"transition walk vs walk, relative difference of the states: {err:.2e}")
         return 0 if err < 1e-4 else 1
     lengths = comma_ints(a.lengths)
-    if not lengths:
-        ap.error(f"--lengths: expected a comma list of integers, got {a.lengths!r}")
+    if not lengths or any(T < 64 or TOKENS % T for T in lengths):
+        ap.error(f"--lengths: expected a comma list of lengths from 64 that divide {TOKENS}, got {a.lengths!r}")
+    if a.reps < 1:
+        ap.error("--reps: must be at least 1")
     if not torch.cuda.is_available():
         print("walk_forms: needs a CUDA GPU (or --check under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2

@@ -98,7 +98,7 @@ KEEP_WU = not LOW_MEMORY
 # in every iteration: 4.926 -> 4.916 and 5.661 -> 5.657 ms per step at 2k / 32k (-0.2 / -0.1%, the
 # base's own repeat moved 0.1-0.4%). 128 at 8 warps (sm_90: 255 registers gated, 146 ungated, no
 # spills; one program of 8 warps per SM, as many warps as today's two of 4) also lost (2026-12-01
-# 19:36, ``benchmarks/train_ab.py``, docs/benchmarks/train_ab_1201_evening.md): +6.1 / +7.3% gated,
+# 19:37, ``benchmarks/train_ab.py``, docs/benchmarks/train_ab_1201_evening.md): +7.3 / +6.1% gated,
 # +4.0 / +2.3% delta_rule at 2k / 32k; at 2 stages +8..+14%.
 DQKWG_BK = 64
 # Keep the forward's chunk states h ([B, T/64, H, K, V]) and U for the backward instead of
@@ -139,13 +139,13 @@ UNGATED_DH_ZERO_GATE = True
 # with the 4-warp forward walk): block 64 instead of 32 -7.6 / -7.7 / -3.2% per fwd+bwd step at
 # 4k / 8k / 16k (delta_rule; 512, 256, 128 programs), -5.8 / -5.6 / -4.5% (gated); at 32k (64
 # programs) block 64 had lost by 11% (2026-11-30 23:23, with the 8-warp forward walk). Again with
-# the walks in segments (2026-12-01 19:34, ``train_ab.py``, docs/benchmarks/train_ab_1201_evening.md):
+# the walks in segments (2026-12-01 19:35, ``train_ab.py``, docs/benchmarks/train_ab_1201_evening.md):
 # block 32 at 8k / 16k +8.5 / +4.8% (delta_rule), +9.3 / +5.8% (gated); block 64 at 32k +2.4 / +3.7%
 # synced, a tie queued.
 # Screened and not built: the walk in transition form, ``h <- h - N h + k^T u`` with ``N = k^T w``
-# formed per chunk beforehand (one dot on the chain instead of two): the walk alone 9-38% faster,
-# but forming ``N`` ([B, T/64, H, K, K]) takes 0.35 ms at 64k tokens, more than any length saves
-# (``benchmarks/walk_forms.py``, docs/benchmarks/walk_forms.md).
+# formed per chunk beforehand (one dot on the chain instead of two): the walk alone 9-38% faster
+# (host time included), but forming ``N`` ([B, T/64, H, K, K]) takes 0.35 ms at 64k tokens, more
+# than any length saves (``benchmarks/walk_forms.py``, docs/benchmarks/walk_forms.md).
 WALK_MIN_PER_SM = 0.5
 
 
@@ -225,9 +225,10 @@ SOLVE_TRIL_TF32_MERGES = True
 DQKWG_DG_FROM_ROWS = True
 # The gated rule's chunk-local cumsum of the gate (``gc``) formed and written by ``_kkt_kernel``, the
 # forward's first kernel, which reads the chunk's gate anyway, instead of by ``_cumsum_kernel``
-# launched before it: one launch less per forward, and in a step from an idle GPU the ~0.1 ms the
-# GPU idled after that 13 us kernel while the host launched the next (``benchmarks/step_gaps.py``,
-# docs/benchmarks/step_gaps.md).
+# launched before it: one launch less per forward, and in a step from an idle GPU the 0.14-0.27 ms
+# (median per step at 2k-32k) the GPU idled after that 13 us kernel while the host launched the next
+# (``benchmarks/step_gaps.py``, docs/benchmarks/step_gaps.md). H200 2026-12-01 19:41
+# (docs/benchmarks/train_ab_1201_evening.md): -0.9 / -0.5 / -0.9% per step at 2k / 8k / 32k.
 KKT_CUMSUM = True
 # Also lost (2026-12-01 19:23, H200, ``benchmarks/train_ab.py``, per fwd+bwd step at 2k / 32k): the
 # gated epilogue reordered so that fewer float32 tiles live at once (``dw`` stored right after the
@@ -395,7 +396,10 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
         b_graw = tl.load(g + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
         b_g = tl.cumsum(b_graw, axis=0)
         tl.store(gc + (i_b * T + o_t) * H + i_h, b_g, mask=o_t < T)
-        if PAIR_FACTORED:  # G of the first row is its own gate; of the last valid row, the chunk's sum
+        # G of the first row is its own gate; of the last valid row, the chunk's sum (which may round
+        # differently from the stored cumsum's last row, so near a span of PAIR_SPAN_MAX this kernel
+        # and the later ones may choose different forms: both are accurate to ~5e-6)
+        if PAIR_FACTORED:
             g0 = tl.load(g + (i_b * T + r0) * H + i_h).to(tl.float32)
             b_A = b_A * _pair_decay_through(b_g, b_g, g0, tl.sum(b_graw, axis=0), m_A, False)
         else:
@@ -955,6 +959,7 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
     segments beside the WY kernels before it and the output kernel after it when it has few
     programs (``overlap``). ``g``: the gate, from which ``_kkt_kernel`` fills the empty ``gc``
     (``KKT_CUMSUM``); else ``gc`` is already filled (or None: ungated)."""
+    assert g is None or gc is not None, "the gate's cumsum needs its buffer"
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
@@ -1082,12 +1087,13 @@ class ChunkDeltaRule(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state):
-        if g is not None and KKT_CUMSUM:  # filled by the forward's first kernel
+        kkt_cumsum = g is not None and KKT_CUMSUM
+        if kkt_cumsum:  # filled by the forward's first kernel
             gc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
         else:
             gc = chunk_cumsum(g) if g is not None else None
         o, Ai, w, u, h, vn, ht = forward(q, k, v, gc, beta, h0, scale, output_final_state,
-                                         g if KKT_CUMSUM else None)
+                                         g if kkt_cumsum else None)
         # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64]; fla keeps its
         # inverse too, in the activations' dtype, as WY_INPUT_DTYPE_DOTS does; rebuilding it costs
         # two kernels) and, with KEEP_WU, w (and u, which only the state walk reads: not with

@@ -456,6 +456,31 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 
 @interpreter
+@pytest.mark.parametrize("kkt_cumsum", [True, False])
+def test_interpreter_gated_gate_cumsum_formed_in_kkt(kkt_cumsum, monkeypatch):
+    """``delta.KKT_CUMSUM``: the gated forward launches no ``_cumsum_kernel``, its ``_kkt_kernel``
+    gets the gate and ``CUMSUM`` and fills ``gc`` (the results against the reference: the switch
+    tests); off, one cumsum launch and kkt reading ``gc``. The ungated rule launches neither."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "KKT_CUMSUM", kkt_cumsum)
+    cumsum, kkt = _LaunchSpy(delta._cumsum_kernel), _LaunchSpy(delta._kkt_kernel)
+    monkeypatch.setattr(delta, "_cumsum_kernel", cumsum)
+    monkeypatch.setattr(delta, "_kkt_kernel", kkt)
+    with checked_memory():
+        errs = run_case(chunk_kernel("gated_delta_rule"), "gated_delta_rule", (1, 70, 2, 32, 16), torch.float32,
+                        "random", True, "cpu")
+    assert max(errs.values()) < 2e-5, errs
+    assert len(cumsum.calls) == (0 if kkt_cumsum else 1)
+    assert kkt.calls and all(kw["CUMSUM"] is kkt_cumsum and (args[2] is not None) is kkt_cumsum
+                             for args, kw in kkt.calls)
+    cumsum.calls.clear()
+    kkt.calls.clear()
+    run_case(chunk_kernel("delta_rule"), "delta_rule", (1, 70, 2, 32, 16), torch.float32, "random", True, "cpu")
+    assert not cumsum.calls and all(kw["CUMSUM"] is False and args[2] is None for args, kw in kkt.calls)
+
+
+@interpreter
 @pytest.mark.parametrize("zero_gate", [True, False])
 def test_interpreter_ungated_bwd_dh_runs_on_a_zero_gate(zero_gate, monkeypatch):
     """``delta.UNGATED_DH_ZERO_GATE``: the ungated rule's state-gradient walk is launched as the

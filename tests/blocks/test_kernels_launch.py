@@ -1084,11 +1084,16 @@ def test_step_gaps_splits_idle_time_into_waits_for_the_host_and_the_rest(capsys)
     assert gaps.step_gaps(events, windows[0], min_gap_us=20)["gaps"] == [[60.0, "_c_kernel", "host"]]
     with pytest.raises(ValueError, match="no kernel launched inside the step's window"):
         gaps.step_gaps(events, windows[1])
-    summary = gaps.summarize([row, dict(row, wall_us=1.0, gaps=[]), dict(row, wall_us=999.0, gaps=[])])
+    summary = gaps.summarize([row, dict(row, wall_us=1.0, gaps=[]), dict(row, wall_us=999.0, gaps=[], host_wait_us=5.0)])
     assert summary["wall_us"] == 430 and summary["gaps_of_median_step"] == row["gaps"]
+    assert summary["median_step"] == {"wall_us": 430, "host_wait_us": 60} and summary["host_wait_us"] == 60
     assert "| delta_rule | 2048 |" in gaps.table([dict(summary, family="delta_rule", T=2048, synced_ms=1.0,
                                                         queued_ms=1.0)])
-    for bad in (["--families", "nope"], ["--lengths", "1000"], ["--steps", "0"], ["--traces"]):
+    # a step that synchronizes a stream or an event inside stays one window
+    inner = events[:3] + [call("cudaStreamSynchronize", 100, 5)] + events[3:]
+    assert gaps.step_windows(inner) == [(10, 1000)]
+    for bad in (["--families", "nope"], ["--families", ","], ["--lengths", "1000"], ["--steps", "0"],
+                ["--min-gap-us", "-1"], ["--traces"]):
         with pytest.raises(SystemExit):
             gaps.main(bad)
         assert bad[0] in capsys.readouterr().err
@@ -1106,9 +1111,10 @@ def test_walk_forms_needs_the_interpreter_for_its_check_and_a_gpu_for_its_timing
         with pytest.raises(SystemExit):
             forms.main(["--check"])
         assert "TRITON_INTERPRET=1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        forms.main(["--lengths", "2k"])
-    assert "--lengths" in capsys.readouterr().err
+    for bad in (["--lengths", "2k"], ["--lengths", "1000"], ["--lengths", "0"], ["--reps", "0"]):
+        with pytest.raises(SystemExit):
+            forms.main(bad)
+        assert bad[0] in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert forms.main(["--lengths", "2048"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
