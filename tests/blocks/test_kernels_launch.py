@@ -1135,3 +1135,24 @@ def test_write_report_prints_and_writes_the_command_and_table(tmp_path, monkeypa
     assert md in capsys.readouterr().out
     common.write_report("walk_forms", "t", "b", [], "", [])
     assert not (tmp_path / "walk_forms.md").exists()
+
+
+def test_step_gaps_reads_a_real_h200_trace():
+    """``step_gaps`` on a trace the H200 host wrote (``--traces``, 2026-12-01 19:28: five synced steps
+    of gated_delta_rule at 32k, walks in four segments, before ``KKT_CUMSUM``; kineto's format with
+    its own synchronizes and the driver's ``cuLaunchKernelEx``): one window per step, 36-37 kernels
+    each, and the figures of ``docs/benchmarks/step_gaps.md``: 255 us idle before the first kernel,
+    274 us of waits for the host, the largest after the cumsum kernel, before ``_kkt_kernel``."""
+    import gzip
+
+    gaps = _benchmark("step_gaps")
+    path = ROOT / "tests" / "blocks" / "data" / "step_gaps_trace_gated_delta_rule_32768.json.gz"
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    windows = gaps.step_windows(events)
+    assert len(windows) == 5
+    summary = gaps.summarize([gaps.step_gaps(events, w) for w in windows])
+    assert summary["kernels"] in (36, 37)
+    assert round(summary["idle_before_first_us"]) == 255 and round(summary["host_wait_us"]) == 274
+    idle, kernel, cause = summary["gaps_of_median_step"][0]
+    assert kernel == "_kkt_kernel" and cause == "host" and 200 < idle < 300
