@@ -223,12 +223,11 @@ SOLVE_TRIL_TF32_MERGES = True
 # old form multiplied float32 ``ds`` by a TF32 ``q k^T``; the benchmark's bf16 gate-gradient errors
 # against the float64 reference stayed put (2.5e-3 / 2.0e-3 at 14:33 against 2.6e-3 / 2.3e-3 at 13:30).
 DQKWG_DG_FROM_ROWS = True
-# Also lost in the gated ``_bwd_dqkwg_kernel`` (2026-12-01 19:23, H200, ``benchmarks/train_ab.py``, per
-# fwd+bwd step at 2k / 32k): its
-# gated epilogue reordered so that fewer float32 tiles live at once (``dw`` stored right after the
-# value loop, ``dq`` finished and stored before the ``dk`` side's dot): 255 -> 244 registers in
-# sm_90 compiles, still 2 programs per SM (and still 592 B of spills under a 168 cap), +1.2 / +1.5%
-# (4.982 / 5.428 against 4.923 / 5.345 ms, three passes each).
+# Also lost in the gated ``_bwd_dqkwg_kernel`` (2026-12-01 19:23, H200, ``benchmarks/train_ab.py``,
+# per fwd+bwd step at 2k / 32k): its epilogue reordered so that fewer float32 tiles live at once
+# (``dw`` stored right after the value loop, ``dq`` finished and stored before the ``dk`` side's
+# dot): 255 -> 244 registers in sm_90 compiles, still 2 programs per SM (and still 592 B of spills
+# under a 168 cap), +1.2 / +1.5% (4.982 / 5.428 against 4.923 / 5.345 ms, three passes each).
 # The gated rule's chunk-local cumsum of the gate (``gc``) formed and written by ``_kkt_kernel``, the
 # forward's first kernel, which reads the chunk's gate anyway, instead of by ``_cumsum_kernel``
 # launched before it: one launch less per forward, and in a step from an idle GPU the 0.14-0.27 ms
