@@ -967,6 +967,9 @@ def test_host_orchestration_stubs_the_kernels_and_puts_them_back():
     segments = delta.WALK_SEGMENTS
     assert ho.host_ms("gated_delta_rule", 130, reps=2, segments=2) > 0
     assert {n: getattr(delta, n) for n in kernels} == kernels and delta.WALK_SEGMENTS == segments
+    # the first launch comes after the call and before the forward returns
+    assert 0 < ho.first_launch_us("delta_rule", 130, reps=3) < ho.host_ms("delta_rule", 130, reps=3) * 1e3
+    assert {n: getattr(delta, n) for n in kernels} == kernels
     with pytest.raises(SystemExit):
         ho.main(["--families", "nope"])
 
