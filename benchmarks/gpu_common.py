@@ -79,6 +79,31 @@ def write_report(script: str, title: str, body: str, rows: list, out: str, argv:
     return md
 
 
+def checked_families(ap, text: str) -> list[str]:
+    """The scripts' ``--families`` value (``linear_families``), at least one; else argparse's
+    one-line error through ``ap.error`` (which exits)."""
+    try:
+        families = linear_families(text)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not families:
+        ap.error("--families: name at least one family")
+    return families
+
+
+def checked_lengths(ap, text: str, flag: str = "--lengths", whole_batches: bool = False) -> list[int]:
+    """A comma list of sequence lengths (``flag``'s value); ``whole_batches``: each from 64 and a
+    divisor of ``TOKENS`` (so that a batch holds exactly ``TOKENS`` tokens). Else argparse's one-line
+    error through ``ap.error``."""
+    lengths = comma_ints(text)
+    if whole_batches and lengths and any(T < 64 or TOKENS % T for T in lengths):
+        lengths = None
+    if not lengths or any(T < 1 for T in lengths):
+        what = f"lengths from 64 that divide {TOKENS}" if whole_batches else "positive integers"
+        ap.error(f"{flag}: expected a comma list of {what}, got {text!r}")
+    return lengths
+
+
 def linear_families(text: str) -> list[str]:
     """``"gla,delta_rule"`` -> ``["gla", "delta_rule"]`` (empty items skipped); a family outside
     ``LINEAR_FAMILIES`` raises ValueError with the line the scripts' ``--families`` error shows."""

@@ -34,7 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for blocks/archsearch
 
 from gpu_common import (  # noqa: E402
-    HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, apply_sets, cuda_time, fwd_bwd, graph_time, linear_families,
+    HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, apply_sets, checked_families, cuda_time, fwd_bwd, graph_time,
     kernel_settings, positional, step_inputs, switched, switches_line, train_inputs, train_times,
 )
 
@@ -801,10 +801,7 @@ def main(argv=None) -> int:
                     "rows, plain and compiled (each row's time: the median of its passes)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
-    try:
-        families = tuple(linear_families(a.families))
-    except ValueError as exc:
-        ap.error(str(exc))
+    families = tuple(checked_families(ap, a.families))
     from archsearch.decode_graph import COMPILE_MODES
 
     from archsearch import decode_layer

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import HEAD_DIM, HEADS, fwd_bwd, linear_families, positional, train_inputs  # noqa: E402
+from gpu_common import HEAD_DIM, HEADS, checked_families, fwd_bwd, positional, train_inputs  # noqa: E402
 
 
 class _NoLaunch:
@@ -107,10 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--segments", type=int, default=1, help="the delta rules' WALK_SEGMENTS (default 1)")
     ap.add_argument("--json", default="", help="write the figures here too")
     a = ap.parse_args(argv)
-    try:
-        families = linear_families(a.families)
-    except ValueError as exc:
-        ap.error(str(exc))
+    families = checked_families(ap, a.families)
     if a.T < 1 or a.reps < 1 or a.segments < 1:
         ap.error("--T, --reps and --segments: must be at least 1")
     out = {f: host_ms(f, a.T, a.reps, a.segments) for f in families}

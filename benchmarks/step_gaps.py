@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import TOKENS, comma_ints, cuda_time, linear_families, write_report  # noqa: E402
+from gpu_common import checked_families, checked_lengths, cuda_time, write_report  # noqa: E402
 
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
@@ -57,8 +57,10 @@ def step_gaps(events: list[dict], window: tuple[float, float], min_gap_us: float
     """One step's GPU timeline from chrome-trace ``events`` (kineto's: ``ts`` / ``dur`` in us on one
     clock for host calls and kernels, ``args.correlation`` linking a kernel to its launch call).
 
-    Returns ``{"kernels", "host_to_first_launch_us", "idle_before_first_us", "busy_us", "wall_us",
-    "host_wait_us", "other_gap_us", "gaps": [[idle us, next kernel, "host" | "device"], ...]}``:
+    Returns ``{"kernels", "host_to_first_launch_us", "first_launch_call_us", "launch_spacing_us",
+    "idle_before_first_us", "busy_us", "wall_us", "host_wait_us", "other_gap_us", "gaps": [[idle us,
+    next kernel, "host" | "device"], ...]}``: the first launch call's own duration and the median
+    time between consecutive launch calls (the host's pace),
     ``wall_us`` from the window's start (the synchronize's return) to the last kernel's end,
     ``busy_us`` the union of kernel intervals, gaps of at least ``min_gap_us`` between them
     (``top`` largest listed), "host" when the launch of the kernel after the gap returned after the
@@ -73,7 +75,8 @@ def step_gaps(events: list[dict], window: tuple[float, float], min_gap_us: float
         n_kernels = sum(e.get("cat") == "kernel" for e in events)
         raise ValueError(f"no kernel launched inside the step's window ({len(launches)} launch calls there, "
                          f"{n_kernels} kernels in the trace: was CUDA activity traced?)")
-    first_launch = min(e["ts"] for e in launches.values())
+    calls = sorted(launches.values(), key=lambda e: e["ts"])
+    spacing = [b["ts"] - a["ts"] for a, b in zip(calls, calls[1:])]
     busy = 0.0
     end = kernels[0]["ts"]
     host_wait = other = 0.0
@@ -96,7 +99,9 @@ def step_gaps(events: list[dict], window: tuple[float, float], min_gap_us: float
             busy += k_end - end
             end = k_end
     gaps.sort(key=lambda g: -g[0])
-    return {"kernels": len(kernels), "host_to_first_launch_us": first_launch - t0,
+    return {"kernels": len(kernels), "host_to_first_launch_us": calls[0]["ts"] - t0,
+            "first_launch_call_us": calls[0].get("dur", 0.0),
+            "launch_spacing_us": statistics.median(spacing) if spacing else 0.0,
             "idle_before_first_us": kernels[0]["ts"] - t0, "busy_us": busy, "wall_us": end - t0,
             "host_wait_us": host_wait, "other_gap_us": other, "gaps": gaps[:top]}
 
@@ -105,8 +110,8 @@ def summarize(steps: list[dict]) -> dict:
     """Medians of the per-step figures; the gaps of the step whose wall time is the median, with
     that step's own wall time and waits for the host (the medians of the columns need not come from
     one step)."""
-    keys = ("kernels", "host_to_first_launch_us", "idle_before_first_us", "busy_us", "wall_us",
-            "host_wait_us", "other_gap_us")
+    keys = ("kernels", "host_to_first_launch_us", "first_launch_call_us", "launch_spacing_us",
+            "idle_before_first_us", "busy_us", "wall_us", "host_wait_us", "other_gap_us")
     out = {k: statistics.median(s[k] for s in steps) for k in keys}
     mid = sorted(steps, key=lambda s: s["wall_us"])[len(steps) // 2]
     out["gaps_of_median_step"] = mid["gaps"]
@@ -160,20 +165,38 @@ def measure(family: str, T: int, steps: int, min_gap_us: float, trace_dir: Path 
 
 def table(rows: list[dict]) -> str:
     out = ["| family | T | ms synced / queued (events) | wall ms (profiled) | busy ms | host to 1st launch us | "
-           "idle before 1st kernel us | waits for host us | other gaps us | kernels | "
-           "the median-wall step: wall ms, waits us; its largest gaps (us, next kernel, cause) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "1st launch call us / launch spacing us | idle before 1st kernel us | waits for host us | other gaps us | "
+           "kernels | the median-wall step: wall ms, waits us; its largest gaps (us, next kernel, cause) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['family']} | {r['T']} | {r['error']} |||||||||")
+            out.append(f"| {r['family']} | {r['T']} | {r['error']} ||||||||||")
             continue
         gaps = "; ".join(f"{g[0]:.0f} {g[1].strip('_')[:28]} ({g[2]})" for g in r["gaps_of_median_step"][:3])
         step = r.get("median_step", {"wall_us": r["wall_us"], "host_wait_us": r["host_wait_us"]})
-        out.append(f"| {r['family']} | {r['T']} | {r['synced_ms']:.3f} / {r['queued_ms']:.3f} | "
+        timed = f"{r['synced_ms']:.3f} / {r['queued_ms']:.3f}" if "synced_ms" in r else "- (from a trace)"
+        out.append(f"| {r['family']} | {r['T']} | {timed} | "
                    f"{r['wall_us'] / 1e3:.3f} | {r['busy_us'] / 1e3:.3f} | {r['host_to_first_launch_us']:.0f} | "
+                   f"{r.get('first_launch_call_us', 0):.0f} / {r.get('launch_spacing_us', 0):.0f} | "
                    f"{r['idle_before_first_us']:.0f} | {r['host_wait_us']:.0f} | {r['other_gap_us']:.0f} | "
                    f"{r['kernels']:.0f} | {step['wall_us'] / 1e3:.3f}, {step['host_wait_us']:.0f}; {gaps} |")
     return "\n".join(out)
+
+
+def from_traces(folder: Path, min_gap_us: float) -> list[dict]:
+    """Rows of every ``trace_<family>_<T>.json.gz`` in ``folder`` (written by ``--traces``): the
+    same figures, without the event timings, and no GPU needed."""
+    rows = []
+    for path in sorted(folder.glob("trace_*_*.json.gz")):
+        family, _, T = path.name[len("trace_"):-len(".json.gz")].rpartition("_")
+        with gzip.open(path, "rt") as f:
+            events = json.load(f)["traceEvents"]
+        try:
+            per_step = [step_gaps(events, w, min_gap_us) for w in step_windows(events)]
+            rows.append({"family": family, "T": int(T), **summarize(per_step)})
+        except (ValueError, statistics.StatisticsError) as exc:
+            rows.append({"family": family, "T": T, "error": f"{path.name}: {exc}"[:200]})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -185,22 +208,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="", help="folder for step_gaps.{json,md} (default: print only)")
     ap.add_argument("--traces", action="store_true",
                     help="also write each case's trace to --out as trace_<family>_<T>.json.gz (chrome://tracing, Perfetto)")
+    ap.add_argument("--from-traces", default="", metavar="DIR",
+                    help="no GPU: the table from the trace_<family>_<T>.json.gz files in DIR (--families, --lengths ignored)")
     a = ap.parse_args(argv)
-    try:
-        families = linear_families(a.families)
-    except ValueError as exc:
-        ap.error(str(exc))
-    lengths = comma_ints(a.lengths)
-    if not lengths or any(T < 64 or TOKENS % T for T in lengths):
-        ap.error(f"--lengths: expected a comma list of lengths from 64 that divide {TOKENS}, got {a.lengths!r}")
-    if a.traces and not a.out:
-        ap.error("--traces: needs --out for its files")
-    if not families:
-        ap.error("--families: name at least one family")
-    if a.steps < 1:
-        ap.error("--steps: must be at least 1")
     if a.min_gap_us < 0:
         ap.error("--min-gap-us: must not be negative")
+    if a.from_traces:
+        rows = from_traces(Path(a.from_traces), a.min_gap_us)
+        if not rows:
+            ap.error(f"--from-traces: no trace_<family>_<T>.json.gz in {a.from_traces}")
+        print(table(rows))
+        return 0
+    families = checked_families(ap, a.families)
+    lengths = checked_lengths(ap, a.lengths, whole_batches=True)
+    if a.traces and not a.out:
+        ap.error("--traces: needs --out for its files")
+    if a.steps < 1:
+        ap.error("--steps: must be at least 1")
     if not torch.cuda.is_available():
         print("step_gaps: needs a CUDA GPU", file=sys.stderr)
         return 2

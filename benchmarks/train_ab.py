@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import TOKENS, comma_ints, cuda_time, host_seconds, keep_gpu_busy, linear_families, write_report  # noqa: E402
+from gpu_common import TOKENS, checked_families, checked_lengths, cuda_time, host_seconds, keep_gpu_busy, write_report  # noqa: E402
 
 
 def parsed(family: str, item: str) -> tuple:
@@ -170,13 +170,8 @@ def main(argv=None) -> int:
                     help="also write host_profile_<family>_<T>.txt to --out: cProfile of 20 launches of the "
                          "first variant's step, the GPU kept busy")
     a = ap.parse_args(argv)
-    try:
-        families = linear_families(a.families)
-    except ValueError as exc:
-        ap.error(str(exc))
-    lengths = comma_ints(a.lengths)
-    if not lengths:
-        ap.error(f"--lengths: expected a comma list of integers, got {a.lengths!r}")
+    families = checked_families(ap, a.families)
+    lengths = checked_lengths(ap, a.lengths)
     if a.rounds < 1:
         ap.error("--rounds: must be at least 1")
     if a.host_profile and not a.out:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import comma_ints, host_seconds, linear_families  # noqa: E402
+from gpu_common import checked_families, checked_lengths, host_seconds  # noqa: E402
 
 
 def host_us(fn, reps: int = 40) -> float:
@@ -126,13 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--T", default="2048", help="comma list of sequence lengths")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
-    try:
-        families = linear_families(a.families)
-    except ValueError as exc:
-        ap.error(str(exc))
-    lengths = comma_ints(a.T)
-    if not lengths:
-        ap.error("--T: expected a comma list of integers")
+    families = checked_families(ap, a.families)
+    lengths = checked_lengths(ap, a.T, flag="--T")
     if not torch.cuda.is_available():
         print("triton_launch_cost: needs a CUDA GPU", file=sys.stderr)
         return 2

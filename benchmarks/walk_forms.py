@@ -33,7 +33,7 @@ import triton.language as tl  # noqa: E402
 
 from blocks.kernels import delta  # noqa: E402
 from blocks.kernels.tiles import load_rows as _load_rows  # noqa: E402
-from gpu_common import HEAD_DIM, HEADS, TOKENS, comma_ints, keep_gpu_busy, write_report  # noqa: E402
+from gpu_common import HEAD_DIM, HEADS, TOKENS, checked_lengths, keep_gpu_busy, write_report  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -174,9 +174,7 @@ def main(argv=None) -> int:
         err = check()
         print(f"transition walk vs walk, relative difference of the states: {err:.2e}")
         return 0 if err < 1e-4 else 1
-    lengths = comma_ints(a.lengths)
-    if not lengths or any(T < 64 or TOKENS % T for T in lengths):
-        ap.error(f"--lengths: expected a comma list of lengths from 64 that divide {TOKENS}, got {a.lengths!r}")
+    lengths = checked_lengths(ap, a.lengths, whole_batches=True)
     if a.reps < 1:
         ap.error("--reps: must be at least 1")
     if not torch.cuda.is_available():

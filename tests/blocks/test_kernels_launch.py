@@ -1096,7 +1096,7 @@ def test_step_gaps_splits_idle_time_into_waits_for_the_host_and_the_rest(capsys)
     inner = events[:3] + [call("cudaStreamSynchronize", 100, 5)] + events[3:]
     assert gaps.step_windows(inner) == [(10, 1000)]
     for bad in (["--families", "nope"], ["--families", ","], ["--lengths", "1000"], ["--steps", "0"],
-                ["--min-gap-us", "-1"], ["--traces"]):
+                ["--min-gap-us", "-1"], ["--traces"], ["--from-traces", str(ROOT / "docs")]):
         with pytest.raises(SystemExit):
             gaps.main(bad)
         assert bad[0] in capsys.readouterr().err
@@ -1149,8 +1149,8 @@ def test_step_gaps_reads_a_real_h200_trace():
     import gzip
 
     gaps = _benchmark("step_gaps")
-    path = ROOT / "tests" / "blocks" / "data" / "step_gaps_trace_gated_delta_rule_32768.json.gz"
-    with gzip.open(path, "rt") as f:
+    folder = ROOT / "tests" / "blocks" / "data" / "step_gaps"
+    with gzip.open(folder / "trace_gated_delta_rule_32768.json.gz", "rt") as f:
         events = json.load(f)["traceEvents"]
     windows = gaps.step_windows(events)
     assert len(windows) == 5
@@ -1159,3 +1159,30 @@ def test_step_gaps_reads_a_real_h200_trace():
     assert round(summary["idle_before_first_us"]) == 255 and round(summary["host_wait_us"]) == 274
     idle, kernel, cause = summary["gaps_of_median_step"][0]
     assert kernel == "_kkt_kernel" and cause == "host" and 200 < idle < 300
+    # the host's pace: its first launch call alone 27 us, launch calls a median 68 us apart
+    assert round(summary["first_launch_call_us"]) == 27 and round(summary["launch_spacing_us"]) == 68
+    # --from-traces: the same table again from the folder, no GPU
+    assert gaps.from_traces(folder, 2.0) == [dict(summary, family="gated_delta_rule", T=32768)]
+    assert gaps.main(["--from-traces", str(folder)]) == 0
+
+
+def test_checked_families_and_lengths_are_the_scripts_one_line_errors(capsys):
+    """``gpu_common.checked_families`` / ``checked_lengths``, the ``--families`` and length options of
+    ``train_ab.py``, ``step_gaps.py``, ``walk_forms.py``, ``triton_launch_cost.py``,
+    ``host_orchestration.py`` and ``gpu_kernels.py``: values through, bad ones argparse's error
+    naming the option (whole batches: lengths from 64 that divide the 64k tokens)."""
+    import argparse
+
+    common = _benchmark("gpu_common")
+    ap = argparse.ArgumentParser()
+    assert common.checked_families(ap, "gla, delta_rule") == ["gla", "delta_rule"]
+    assert common.checked_lengths(ap, "100,2048") == [100, 2048]
+    assert common.checked_lengths(ap, "2048,32768", whole_batches=True) == [2048, 32768]
+    for call, needle in ((lambda: common.checked_families(ap, ","), "--families: name at least one"),
+                         (lambda: common.checked_families(ap, "glaa"), "--families: unknown"),
+                         (lambda: common.checked_lengths(ap, "2k", flag="--T"), "--T: expected a comma list of positive"),
+                         (lambda: common.checked_lengths(ap, "0"), "--lengths: expected"),
+                         (lambda: common.checked_lengths(ap, "1000", whole_batches=True), "that divide 65536")):
+        with pytest.raises(SystemExit):
+            call()
+        assert needle in capsys.readouterr().err
