@@ -53,7 +53,7 @@ def arg_types(act: str) -> dict[str, str]:
     """Triton signature types by argument name: activations and chunk states in ``act``,
     everything else float32, sizes int32."""
     types = {n: f"*{act}" for n in ACTIVATIONS}
-    for n in ("beta", "gc", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x", "P",
+    for n in ("beta", "gc", "span", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x", "P",
               "dbeta", "dg"):
         types[n] = "*fp32"
     if d.WY_INPUT_DTYPE_DOTS:
@@ -121,21 +121,28 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                         STORE_DH0=True, DOT_PREC=prec), *table(sd.LAUNCH, "walk", s))
         yield (f"{tag}.bwd_dqkv", sd._bwd_dqkv_kernel, dict(C, BK=BK, BV=min(64, BV), USE_G=use_g, DOT_PREC=prec),
                *table(sd.LAUNCH, "bwd_dqkv", s))
-    yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK)), *table(g.LAUNCH, "cumsum", s))
+    span_max, units = g.chunk_paths()
+    wc_lowp = g._whole_chunk_lowp(dtype)
+    yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=BK), *table(g.LAUNCH, "cumsum", s))
     yield ("gla.fwd_h", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_H0=True, STORE_HT=True,
                                               DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
     ia_lowp, ia_lowp_diag = g._intra_a_lowp(dtype)
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
                                                   DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX,
-                                                  LOWP=ia_lowp, LOWP_DIAG=ia_lowp_diag),
+                                                  LOWP=ia_lowp, LOWP_DIAG=ia_lowp_diag, SPAN_MAX_CHUNK=span_max,
+                                                  UNITS=units),
            *table(g.LAUNCH, "intra_a", s))
-    yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec), *table(g.LAUNCH, "fwd_o", s))
+    yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
+                                              LOWP=wc_lowp), *table(g.LAUNCH, "fwd_o", s))
     yield ("gla.bwd_dh", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_DHT=True, STORE_DH0=True,
                                                 DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
-    yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec), *table(g.LAUNCH, "bwd_dv", s))
+    yield ("gla.bwd_chunk", g._bwd_chunk_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
+                                                      LOWP=wc_lowp), *table(g.LAUNCH, "bwd_chunk", s))
     yield ("gla.bwd_sub", g._bwd_sub_kernel, dict(C, BC=16, NC=4, BK=min(g.BWD_SUB_BK, BK), BV=min(64, BV), DOT_PREC=prec,
-                                                  SPAN_MAX=g.SPAN_MAX), *table(g.LAUNCH, "bwd_sub", s))
-    yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), NP=4),
+                                                  SPAN_MAX=g.SPAN_MAX, SPAN_MAX_CHUNK=span_max, UNITS=units),
+           *table(g.LAUNCH, "bwd_sub", s))
+    yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), NP=4, SPAN_MAX_CHUNK=span_max,
+                                                        UNITS=units),
            *table(g.LAUNCH, "rev_cumsum", s))
     # the decode step (blocks.kernels.step) of each family: gate none / scalar / per key, delta or not
     for tag, gate, delta in (("linear_attn", st.NO_GATE, False), ("simple_gla", st.SCALAR_GATE, False),

@@ -75,7 +75,7 @@ LAUNCH = {
     "walk": dict(num_warps=4, num_stages=2, maxnreg=104),
     "intra_a": dict(num_warps=4, num_stages=3, maxnreg=128),
     "fwd_o": dict(num_warps=8, num_stages=None),
-    "bwd_dv": dict(num_warps=8, num_stages=None, maxnreg=128),
+    "bwd_chunk": dict(num_warps=8, num_stages=None),
     # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
     # at 19:59 (fewer spills) 4 warps +14.6 / +13.1%, 2 or 3 stages +10%
     "bwd_sub": dict(num_warps=2, num_stages=1),
@@ -144,7 +144,20 @@ BWD_SUB_BK = 64
 # fla's intra-chunk forward does; else float32 operands (TF32 dots). Off measured +1.1 / +1.0% fwd+bwd
 # at 2k / 32k (sweep 19:35), +3.3 / +2.7% (19:59).
 INTRA_A_INPUT_DTYPE_DOTS = True
-SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True)}
+# Whole-chunk kernels: a chunk whose cumulative gate spans less than ``SPAN_MAX_CHUNK`` in every key
+# channel (``_cumsum_kernel``'s ``span``) has its scores and their gradients factored through its
+# first row, ``(q exp(G - G_0)) (k exp(G_0 - G))^T``, as [64, K] tensor-core dots in one program per
+# chunk (``_fwd_o_kernel``, ``_bwd_chunk_kernel``), the way the scalar-decay kernels work. The
+# factors stay within exp(+-60) ~ 1e26 (bf16's and float32's range; products of masked-out pairs
+# up to ~1e26 |q||k| K); steeper chunks (a key channel falling by 60 within 64 rows: ~-0.95 a
+# step; ``logsigmoid`` gates over 64 rows at -0.7 a step stay below) take the sub-chunk kernels,
+# which skip every other chunk (``UNITS`` chunks or sub-chunks per program keep those launches
+# short when few are steep). Off: every chunk takes the sub-chunk kernels, as before this switch.
+SPAN_MAX_CHUNK = 60.0
+WHOLE_CHUNK = True
+STEEP_UNITS = 16
+SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
+            "WHOLE_CHUNK": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -229,16 +242,21 @@ def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
 
 
 # --- kernels ---------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _cumsum_kernel(gk, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """Grid (K/BK, NT, B*H): chunk-local inclusive cumsum of ``gk`` into float32 ``gc``."""
-    i_k = tl.program_id(0)
-    i_t = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+def _cumsum_kernel(gk, gc, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Grid (NT, B*H), BK >= K: chunk-local inclusive cumsum of ``gk`` into float32 ``gc``, and the
+    chunk's ``span: [B*H, NT]`` float32, the largest range (max - min over its rows) of that cumsum
+    in any key channel: the chunk's scores factor through one reference row while it is below
+    ``SPAN_MAX_CHUNK``."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    b_g = _rows(gk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK).to(tl.float32)
-    _store(gc, tl.cumsum(b_g, axis=0), i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    b_c = tl.cumsum(_rows(gk, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK).to(tl.float32), axis=0)
+    _store(gc, b_c, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
+    m_r = ((i_t * BT + tl.arange(0, BT)) < T)[:, None]
+    b_span = tl.max(tl.where(m_r, b_c, float("-inf")), axis=0) - tl.min(tl.where(m_r, b_c, float("inf")), axis=0)
+    tl.store(span + i_bh * NT + i_t, tl.max(b_span, axis=0))
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
@@ -322,50 +340,83 @@ def _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, a, last, g_last,
     _store(A, b_A * scale, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
 
 
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _intra_a_kernel(q, k, gc, A, scale, T,
-                    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                    NC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr, LOWP: tl.constexpr, LOWP_DIAG: tl.constexpr):
-    """Grid (NT*NC, B*H), BK >= K: row block ``i % NC`` of chunk ``i // NC``'s scores ``A: [B, T, H, BT]``
-    float32 (scale included, zero above the diagonal); ``LOWP``: dots on operands in ``q``'s dtype,
-    ``LOWP_DIAG``: on the diagonal blocks too (factors up to exp(SPAN_MAX): bf16 only, float16
-    overflows). One program per 16-row block: a program per chunk walking its four blocks in order
-    was latency-bound (12% occupancy at 243 registers; Nsight Compute 22:59) and measured +4.0 /
-    +3.3% per fwd+bwd step at 2k / 32k (sweep 23:21)."""
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    i_t = tl.program_id(0) // NC
-    last = tl.minimum(i_t * BT + BT, T) - 1
-    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
-    _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, tl.program_id(0) % NC, last, g_last,
-                  H, K, BT, BC, NC, BK, BKD, DOT_PREC, SPAN_MAX, LOWP, LOWP_DIAG)
+@triton.jit
+def _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK: tl.constexpr):
+    """Whether chunk ``i_t`` of sequence-head ``i_bh`` takes the sub-chunk path (its ``span`` at or
+    above ``SPAN_MAX_CHUNK``)."""
+    return tl.load(span + i_bh * NT + i_t) >= SPAN_MAX_CHUNK
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _fwd_o_kernel(q, v, gc, h, A, o, scale, T, NT,
+def _intra_a_kernel(q, k, gc, span, A, scale, T, NT,
+                    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                    NC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr,
+                    SPAN_MAX: tl.constexpr, LOWP: tl.constexpr, LOWP_DIAG: tl.constexpr,
+                    SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr):
+    """Grid (cdiv(NT*NC, UNITS), B*H), BK >= K: row blocks ``u % NC`` of chunks ``u // NC`` (``UNITS``
+    consecutive ``u`` per program) of the steep chunks' scores ``A: [B, T, H, BT]`` float32 (scale
+    included, zero above the diagonal; other chunks' rows are not written); ``LOWP``: dots on
+    operands in ``q``'s dtype, ``LOWP_DIAG``: on the diagonal blocks too (factors up to
+    exp(SPAN_MAX): bf16 only, float16 overflows). One program per 16-row block when every chunk
+    takes this path (``UNITS`` 1): a program per chunk walking its four blocks in order was
+    latency-bound (12% occupancy at 243 registers; Nsight Compute 22:59) and measured +4.0 / +3.3%
+    per fwd+bwd step at 2k / 32k (sweep 23:21)."""
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    u0 = tl.program_id(0) * UNITS
+    for u in range(u0, tl.minimum(u0 + UNITS, NT * NC)):
+        i_t = u // NC
+        if _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK):
+            last = tl.minimum(i_t * BT + BT, T) - 1
+            g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
+            _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, u % NC, last, g_last,
+                          H, K, BT, BC, NC, BK, BKD, DOT_PREC, SPAN_MAX, LOWP, LOWP_DIAG)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (V/BV, NT, B*H): ``o = scale (q * exp(G)) h + A v``."""
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+                  SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr):
+    """Grid (V/BV, NT, B*H): ``o = scale (q * exp(G)) h + A v``, the scores ``A`` of a chunk whose
+    span is below ``SPAN_MAX_CHUNK`` formed here through its first row ``0``, ``A = scale
+    mask((q exp(G - G_0)) (k exp(G_0 - G))^T)`` (factors within exp(+-span)), else read from ``A``
+    (``_intra_a_kernel``); ``LOWP``: those dots on operands in ``q``'s dtype (bf16: float32's
+    exponent range)."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
+    r0 = i_t * BT
+    last = tl.minimum(r0 + BT, T) - 1
+    steep = _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK)
     o_v = i_v * BV + tl.arange(0, BV)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+        b_q = _rows(q, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
         b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                       mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.)
         b_o += tl.dot((b_q * tl.exp(b_g)).to(b_h.dtype), b_h, input_precision=DOT_PREC)
-    b_A = _rows(A, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
-    b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        if not steep:
+            b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, i_k * BK, BK)
+            b_k = _rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
+            b_qf = _op(b_q * tl.exp(b_g - b_g0[None, :]), q, LOWP)
+            b_kf = _op(b_k * tl.exp(b_g0[None, :] - b_g), q, LOWP)
+            b_A += tl.dot(b_qf, tl.trans(b_kf), input_precision=DOT_PREC)
+    if steep:
+        b_A = _rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    else:
+        o_i = tl.arange(0, BT)
+        b_A = tl.where(o_i[:, None] >= o_i[None, :], b_A * scale, 0.)
+    b_v = _rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
     b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=DOT_PREC)
-    _store(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+    _store(o, b_o, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
@@ -401,40 +452,145 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
+@triton.jit
+def _factored_scores_t(q, k, gc, i_b, i_h, r0, last, scale, T,
+                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       DOT_PREC: tl.constexpr, LOWP: tl.constexpr):
+    """A chunk's transposed scores ``A^T[j, i] = scale sum_c k_jc q_ic exp(G_ic - G_jc)`` for
+    ``i >= j``, else 0, ``[BT, BT]`` float32, factored through the chunk's first row (its span
+    below ``SPAN_MAX_CHUNK``), over all keys in slices of ``BK``."""
+    o_i = tl.arange(0, BT)
+    b_At = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        c0 = i_k * BK
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
+        g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, c0, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
+        b_kf = _op(_rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK) * tl.exp(g0[None, :] - b_g), q, LOWP)
+        b_qf = _op(_rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK) * tl.exp(b_g - g0[None, :]), q, LOWP)
+        b_At += tl.dot(b_kf, tl.trans(b_qf), input_precision=DOT_PREC)
+    return tl.where(o_i[:, None] <= o_i[None, :], b_At * scale, 0.)
+
+
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_dv_kernel(k, gc, A, do, dh, dv, T, NT,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (V/BV, NT, B*H): ``dv = A^T do + (k * exp(G_C - G)) dh`` (final)."""
-    i_v = tl.program_id(0)
+def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+                      SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr):
+    """Grid (K/BK, NT, B*H): chunk ``i_t``'s ``dv = A^T do + (k exp(G_C - G)) dh^T`` for the value
+    blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in ``_fwd_o_kernel``: through row 0
+    below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
+    and ``dg`` (final: after the chunk's reverse cumsum) of key slice ``i_k``:
+
+        dq = scale (do h^T) exp(G) + (dA (k exp(G_0 - G))) exp(G - G_0) + diag(dA) k
+        dk = (v dh^T) exp(G_C - G) + (dA^T (q exp(G - G_0))) exp(G_0 - G) + diag(dA) q
+
+    with ``dA = scale do v^T`` strictly lower (the diagonal pairs, exponent 0, apart: no gate
+    gradient). Gate: the row terms ``q.dq - k.dk`` without the ``G_x - G_x`` terms (as
+    ``_bwd_sub_kernel``), their reverse cumsum over the chunk, plus the chunk-wide term
+    ``sum_{j<last} k_j dk_j + exp(G_C) <h, dh>``. Steep chunks' ``dq, dk, dg`` come from
+    ``_bwd_sub_kernel`` and ``_rev_cumsum_kernel``. Key slices, not one program over all keys:
+    [64, 128] float32 tiles at 8 warps spilled (255 registers, 552 B in sm_90 compiles); the
+    slices recompute the chunk's ``A`` and ``dA`` (two [64, 64] dots over 128 channels each)."""
+    i_k = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
+    NK = tl.cdiv(K, BK)
     r0 = i_t * BT
-    o_v = i_v * BV + tl.arange(0, BV)
     last = tl.minimum(r0 + BT, T) - 1
-    b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
-    b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
-    b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
-        b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-        b_k = _rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-        b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_k.dtype)
-        b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
-                       mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.)
-        b_dv += tl.dot(b_kd, b_dh.to(b_kd.dtype), input_precision=DOT_PREC)
-    _store(dv, b_dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+    steep = _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK)
+    o_i = tl.arange(0, BT)
+    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    if steep:
+        b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
+    else:
+        b_At = _factored_scores_t(q, k, gc, i_b, i_h, r0, last, scale, T, H, K, BT, BK, DOT_PREC, LOWP)
+    b_At = b_At.to(do.dtype.element_ty)
+    for i_v in range(i_k, tl.cdiv(V, BV), NK):
+        o_v = i_v * BV + tl.arange(0, BV)
+        b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+        b_dv = tl.dot(b_At, b_do, input_precision=DOT_PREC)
+        for i_kk in range(NK):  # the state write: (k exp(G_C - G)) dh^T over all keys
+            c0 = i_kk * BK
+            o_kk = c0 + tl.arange(0, BK)
+            g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
+            b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
+            b_k = _rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK)
+            b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_k.dtype)
+            b_dh = tl.load(dh + p_h + o_kk[:, None] * V + o_v[None, :],
+                           mask=(o_kk < K)[:, None] & (o_v < V)[None, :], other=0.)  # [BK, BV]
+            b_dv += tl.dot(b_kd, b_dh.to(b_kd.dtype), input_precision=DOT_PREC)
+        _store(dv, b_dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+    if not steep:
+        c0 = i_k * BK
+        o_k = c0 + tl.arange(0, BK)
+        b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+        b_hdh = tl.zeros([BK], dtype=tl.float32)
+        for i_v in range(tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
+            b_v = _rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+            b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+            b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
+            b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
+            b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
+            b_dk += tl.dot(b_v, b_dhT.to(b_v.dtype), input_precision=DOT_PREC)
+            b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+            b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
+        b_dA = b_dA * scale
+        b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_dA, 0.), axis=1)
+        b_dAm = _op(tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.), q, LOWP)
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
+        b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, c0, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
+        b_q = _rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
+        b_k = _rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
+        b_e = tl.exp(b_g - b_g0[None, :])  # exp(G - G_0) in [exp(-span), 1]
+        b_einv = tl.exp(b_g0[None, :] - b_g)
+        # dq without the diagonal pairs: the state read (exp(G) = exp(G - G_0) exp(G_0)), earlier
+        # keys; then dk: the state write (exp(G_C - G) = exp(G_C - G_0) exp(G_0 - G)), later
+        # queries. In this order, each stored once done: 223 registers instead of 254 (sm_90, bf16)
+        b_dq = (b_dq * (tl.exp(b_g0) * scale)[None, :]
+                + tl.dot(b_dAm, _op(b_k * b_einv, q, LOWP), input_precision=DOT_PREC)) * b_e
+        b_dG = b_q * b_dq
+        _store(dq, b_dq + b_diag[:, None] * b_k, i_b, i_h, r0, T, H, K, c0, BT, BK)
+        b_dk = b_dk * b_einv * tl.exp(g_last - b_g0)[None, :]
+        b_moved = tl.where(((r0 + o_i) < last)[:, None], b_dk, 0.)
+        b_P = tl.sum(b_k * b_moved, axis=0) + tl.exp(g_last) * b_hdh
+        b_dk += b_diag[:, None] * b_q
+        b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
+        b_dG -= b_k * (b_moved + b_dki)
+        _store(dk, b_dk + b_dki, i_b, i_h, r0, T, H, K, c0, BT, BK)
+        b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_P[None, :]
+        _store(dg, b_dg, i_b, i_h, r0, T, H, K, c0, BT, BK)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
+def _bwd_sub_kernel(q, k, v, gc, span, h, do, dh, dq, dk, dG, P, scale, T, NT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr):
-    """Grid (K/BK, NT*NC, B*H): the backward of sub-chunk ``a`` (sub-chunk ``i_tc % NC`` of chunk
+                    SPAN_MAX: tl.constexpr, SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr):
+    """Grid (K/BK, cdiv(NT*NC, UNITS), B*H): ``_bwd_sub`` of sub-chunks ``u`` (``UNITS`` consecutive
+    per program) of the steep chunks (span at or above ``SPAN_MAX_CHUNK``)."""
+    i_k = tl.program_id(0)
+    i_bh = tl.program_id(2).to(tl.int64)
+    u0 = tl.program_id(1) * UNITS
+    for i_tc in range(u0, tl.minimum(u0 + UNITS, NT * NC)):
+        if _is_steep(span, i_bh, i_tc // NC, NT, SPAN_MAX_CHUNK):
+            _bwd_sub(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT, i_k, i_tc, i_bh,
+                     H, K, V, BT, BC, NC, BK, BV, DOT_PREC, SPAN_MAX)
+
+
+@triton.jit
+def _bwd_sub(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT, i_k, i_tc, i_bh,
+             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+             NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+             SPAN_MAX: tl.constexpr):
+    """The backward of sub-chunk ``a`` (sub-chunk ``i_tc % NC`` of chunk
     ``i_tc // NC``; key columns ``i_k*BK ..``): the state parts of ``dq, dk`` for its 16 rows from
     ``h, dh``, and the intra-chunk parts from the score gradients it needs (``dA_ab``, ``b <= a``;
     ``dA_ca``, ``c > a``), computed from ``do, v`` here, so neither ``dA`` nor float32 partials of
@@ -442,9 +598,6 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
     Writes ``dq, dk`` (final), ``dG`` (float32, before the reverse cumsum) and ``P: [B, NT*NC, H, K]``
     float32, the sub-chunk's share of the chunk-wide gate term ``sum_{j<last} k_j dk_j + exp(G_C)
     <S, dS'>`` that ``_rev_cumsum_kernel`` adds to every row of the chunk."""
-    i_k = tl.program_id(0)
-    i_tc = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     i_t = i_tc // NC
@@ -510,21 +663,23 @@ def _bwd_sub_kernel(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT,
     _store(dk, b_dk + b_dks + b_diag[:, None] * b_qf, i_b, i_h, ra, T, H, K, c0, BC, BK)
 
 
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
-def _rev_cumsum_kernel(x, P, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                       NP: tl.constexpr):
-    """Grid (K/BK, NT, B*H): in place, ``x[t] <- sum_{s >= t in t's chunk} x[s]`` (float32
-    ``[B, T, H, K]``; rows past ``T`` count as zero) plus the sum of the chunk's ``NP`` rows of
-    ``P: [B, NT*NP, H, K]`` on every row."""
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+def _rev_cumsum_kernel(x, P, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       NP: tl.constexpr, SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr):
+    """Grid (K/BK, cdiv(NT, UNITS), B*H): on the steep chunks (``UNITS`` consecutive per program), in
+    place, ``x[t] <- sum_{s >= t in t's chunk} x[s]`` (float32 ``[B, T, H, K]``; rows past ``T``
+    count as zero) plus the sum of the chunk's ``NP`` rows of ``P: [B, NT*NP, H, K]`` on every row."""
     i_k = tl.program_id(0)
-    i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    b_x = _rows(x, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-    b_rev = tl.sum(b_x, axis=0)[None, :] - tl.cumsum(b_x, axis=0) + b_x
-    b_rev += tl.sum(_rows(P, i_b, i_h, i_t * NP, NT * NP, H, K, i_k * BK, NP, BK), axis=0)[None, :]
-    _store(x, b_rev, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    u0 = tl.program_id(1) * UNITS
+    for i_t in range(u0, tl.minimum(u0 + UNITS, NT)):
+        if _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK):
+            b_x = _rows(x, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+            b_rev = tl.sum(b_x, axis=0)[None, :] - tl.cumsum(b_x, axis=0) + b_x
+            b_rev += tl.sum(_rows(P, i_b, i_h, i_t * NP, NT * NP, H, K, i_k * BK, NP, BK), axis=0)[None, :]
+            _store(x, b_rev, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
 
 
 # --- host side -------------------------------------------------------------------------------
@@ -534,13 +689,23 @@ def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, 
     return BK, walk_bv(x, B * H * _cdiv(K, BK), V)
 
 
-def chunk_cumsum(gk: torch.Tensor) -> torch.Tensor:
+def chunk_cumsum(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gc [B, T, H, K] float32, span [B*H, NT] float32)``: the chunk-local cumsum of ``gk`` and
+    each chunk's largest range of it over one key channel (``_cumsum_kernel``)."""
     B, T, H, K = gk.shape
+    NT = _cdiv(T, BT)
     gc = torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device)
-    BK = min(64, _pow2(K))
-    _cumsum_kernel[(_cdiv(K, BK), _cdiv(T, BT), B * H)](gk, gc, T, H=H, K=K, BT=BT, BK=BK,
-                                                                    **_launch(LAUNCH, "cumsum", gk))
-    return gc
+    span = torch.empty(B * H, NT, dtype=torch.float32, device=gk.device)
+    _cumsum_kernel[(NT, B * H)](gk, gc, span, T, NT, H=H, K=K, BT=BT, BK=_pow2(K), **_launch(LAUNCH, "cumsum", gk))
+    return gc, span
+
+
+def chunk_paths() -> tuple[float, int]:
+    """``(SPAN_MAX_CHUNK, UNITS)`` for the kernels of one call: chunks whose ``span`` is below the
+    first take the whole-chunk kernels, the rest the sub-chunk ones, which run ``UNITS`` sub-chunks
+    (or chunks) per program; without ``WHOLE_CHUNK`` every chunk takes the sub-chunk kernels, one
+    per program as before."""
+    return (SPAN_MAX_CHUNK, STEEP_UNITS) if WHOLE_CHUNK else (-1.0, 1)
 
 
 def fwd_h(k, v, gc, h0, output_final_state):
@@ -564,35 +729,48 @@ def _intra_a_lowp(dtype: torch.dtype) -> tuple[bool, bool]:
             INTRA_A_INPUT_DTYPE_DOTS and dtype == torch.bfloat16)
 
 
-def intra_a(q, k, gc, scale):
+def intra_a(q, k, gc, span, scale, paths):
+    """The steep chunks' scores ``A: [B, T, H, BT]`` float32 (other chunks' rows left unwritten);
+    ``paths``: ``chunk_paths()``."""
     B, T, H, K = q.shape
+    NT = _cdiv(T, BT)
+    span_max, units = paths
     A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
     lowp, lowp_diag = _intra_a_lowp(q.dtype)
-    _intra_a_kernel[(_cdiv(T, BT) * NC, B * H)](
-        q, k, gc, A, scale, T, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K), BKD=min(_pow2(K), BKD),
-        DOT_PREC=_prec(q), SPAN_MAX=SPAN_MAX, LOWP=lowp, LOWP_DIAG=lowp_diag, **_launch(LAUNCH, "intra_a", q))
+    _intra_a_kernel[(_cdiv(NT * NC, units), B * H)](
+        q, k, gc, span, A, scale, T, NT, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K), BKD=min(_pow2(K), BKD),
+        DOT_PREC=_prec(q), SPAN_MAX=SPAN_MAX, LOWP=lowp, LOWP_DIAG=lowp_diag, SPAN_MAX_CHUNK=span_max,
+        UNITS=units, **_launch(LAUNCH, "intra_a", q))
     return A
 
 
-def fwd_o(q, v, gc, h, A, scale):
+def _whole_chunk_lowp(dtype: torch.dtype) -> bool:
+    """Whether the whole-chunk kernels' factored dots take operands in the activations' dtype:
+    bf16 only (factors up to exp(SPAN_MAX_CHUNK), far beyond float16's range)."""
+    return dtype == torch.bfloat16
+
+
+def fwd_o(q, k, v, gc, span, h, A, scale, paths):
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
     BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
     o = torch.empty_like(v)
     _fwd_o_kernel[(_cdiv(V, BV), NT, B * H)](
-        q, v, gc, h, A, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=_prec(q),
-        **_launch(LAUNCH, "fwd_o", q))
+        q, k, v, gc, span, h, A, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=_prec(q),
+        SPAN_MAX_CHUNK=paths[0], LOWP=_whole_chunk_lowp(q.dtype), **_launch(LAUNCH, "fwd_o", q))
     return o
 
 
-def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
-    """``(dq, dk, dv, dgk float32, dh0 | None)``; ``h_kept``: the forward's chunk states, else
+def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None):
+    """``(dq, dk, dv, dgk float32, dh0 | None)``; ``A``: the steep chunks' scores (``intra_a``),
+    ``paths``: the forward's ``chunk_paths()``, ``h_kept``: the forward's chunk states, else
     recomputed."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
     prec = _prec(q)
+    span_max, units = paths
     h = h_kept if h_kept is not None else fwd_h(k, v, gc, h0, False)[0]
     BKw, BVw = _walk_blocks(q, B, H, K, V)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
@@ -600,25 +778,24 @@ def bwd(q, k, v, gc, A, h0, do, dht, scale, need_dh0, h_kept=None):
     _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
         q, do, gc, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
         USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, **_launch(LAUNCH, "walk", q))
-    dv = torch.empty_like(v)
-    # one program per chunk up to V = 128: at V block 64 two programs each loaded the chunk's float32
-    # A and G and k, L2-bound (87% of L2 throughput, Nsight Compute 22:59); 128: -2.3 / -1.3% per
-    # fwd+bwd step at 2k / 32k (sweep 23:21)
-    BVd = min(128, _pow2(V))
-    _bwd_dv_kernel[(_cdiv(V, BVd), NT, B * H)](
-        k, gc, A, do, dh, dv, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd, DOT_PREC=prec,
-        **_launch(LAUNCH, "bwd_dv", q))
-    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    BKc = min(64, _pow2(K))
+    _bwd_chunk_kernel[(_cdiv(K, BKc), NT, B * H)](
+        q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKc,
+        BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
+        **_launch(LAUNCH, "bwd_chunk", q))
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
-    _bwd_sub_kernel[(_cdiv(K, BKf), NT * NC, B * H)](
-        q, k, v, gc, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
-        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, **_launch(LAUNCH, "bwd_sub", q))
+    _bwd_sub_kernel[(_cdiv(K, BKf), _cdiv(NT * NC, units), B * H)](
+        q, k, v, gc, span, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
+        BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, SPAN_MAX_CHUNK=span_max, UNITS=units,
+        **_launch(LAUNCH, "bwd_sub", q))
     del h, dh
     BKr = min(64, _pow2(K))
-    _rev_cumsum_kernel[(_cdiv(K, BKr), NT, B * H)](dg, P, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC,
-                                                         **_launch(LAUNCH, "rev_cumsum", q))
+    _rev_cumsum_kernel[(_cdiv(K, BKr), _cdiv(NT, units), B * H)](
+        dg, P, span, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC, SPAN_MAX_CHUNK=span_max, UNITS=units,
+        **_launch(LAUNCH, "rev_cumsum", q))
     return dq, dk, dv, dg, dh0
 
 
@@ -628,25 +805,30 @@ class ChunkGLASubchunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
-        gc = chunk_cumsum(gk)
+        paths = chunk_paths()
+        gc, span = chunk_cumsum(gk)
         h, ht = fwd_h(k, v, gc, h0, output_final_state)
-        A = intra_a(q, k, gc, scale)
-        o = fwd_o(q, v, gc, h, A, scale)
+        A = intra_a(q, k, gc, span, scale, paths)
+        o = fwd_o(q, k, v, gc, span, h, A, scale, paths)
         # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per
-        # layer); the scores A ([B, T, H, 64] float32) are kept, they cost the exponentials.
-        ctx.keep_h = KEEP_H  # as at forward time: the switch may change before backward
-        ctx.save_for_backward(q, k, v, gk, gc, A, h0, *((h,) if KEEP_H else ()))
+        # layer); the steep chunks' scores are recomputed too (A is [B, T, H, 64] float32 whether
+        # one chunk or all are steep), except without WHOLE_CHUNK, where every chunk is.
+        ctx.keep_h = KEEP_H  # as at forward time: the switches may change before backward
+        ctx.paths = paths
+        ctx.save_for_backward(q, k, v, gk, gc, span, h0, None if WHOLE_CHUNK else A, *((h,) if KEEP_H else ()))
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, gk, gc, A, h0, *kept = ctx.saved_tensors
+        q, k, v, gk, gc, span, h0, A, *kept = ctx.saved_tensors
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
+        if A is None:
+            A = intra_a(q, k, gc, span, ctx.scale, ctx.paths)
         need_dh0 = h0 is not None and ctx.needs_input_grad[5]
-        dq, dk, dv, dg, dh0 = bwd(q, k, v, gc, A, h0, do, dht, ctx.scale, need_dh0,
+        dq, dk, dv, dg, dh0 = bwd(q, k, v, gc, span, A, h0, do, dht, ctx.scale, need_dh0, ctx.paths,
                                   kept[0] if ctx.keep_h else None)
         return dq, dk, dv, dg.to(gk.dtype), None, dh0, None
 

@@ -104,6 +104,16 @@ def make_inputs(family, B, T, H, K, V, decay, with_h0, seed):
         # exact diagonal path) while neighbours still weigh exp(-3) and the other channels decay mildly
         g = F.logsigmoid(rnd(*gate_shape) + 2.0)
         g[..., ::2] = -3.0
+    elif decay == "mixed":  # per chunk, both of gla's paths in one call: random gates, except that
+        # head 0's second chunk falls by 3 a step on half the channels (span 189 > gla.SPAN_MAX_CHUNK:
+        # sub-chunk kernels) and head 1 by 0.93 a step everywhere (span 58.6 over a full chunk, just
+        # under the limit: whole-chunk kernels with factors up to exp(58.6))
+        g = F.logsigmoid(rnd(*gate_shape) + (1.0 if family == "gla" else 0.0))
+        if family == "gla":
+            g[:, 64:128, 0, ::2] = -3.0
+        else:
+            g[:, 64:128, 0] = -3.0
+        g[:, :, 1] = -0.93
     else:
         g = torch.zeros(gate_shape)
     if family == "gla":
@@ -158,7 +168,7 @@ SHAPES = [  # B, T, H, K, V. One head count: H, K and V are compile-time constan
 ]
 # "steep" (added 2026-11-30 night, not yet run on a GPU): gla's exact diagonal path with weights that
 # matter; "strong" reaches it only where they are ~1e-13
-CASES = (("random", True), ("strong", False), ("steep", True), ("none", True))
+CASES = (("random", True), ("strong", False), ("steep", True), ("none", True), ("mixed", True))
 TOL = {torch.float32: 2e-4, torch.bfloat16: 4e-2}
 
 
@@ -340,7 +350,8 @@ INTERPRETER_CASES = [  # family, shape, decay, with_h0
     ("gla", (1, 70, 1, 32, 16), "strong", False),
     ("gla", (1, 70, 1, 64, 16), "random", True),  # two key slices of the diagonal-block tiles
     ("gla", (1, 70, 1, 32, 16), "steep", True),  # the exact diagonal path with weights that matter
-    ("gla", (1, 80, 1, 16, 136), "random", True),  # V > 128: bwd_dv in two value blocks
+    ("gla", (1, 80, 1, 16, 136), "random", True),  # V > 128: dv in three value blocks
+    ("gla", (1, 200, 2, 32, 48), "mixed", True),  # whole-chunk and sub-chunk kernels side by side
 ]
 
 
@@ -533,13 +544,14 @@ def test_interpreter_gla_scores_on_half_precision_dots(monkeypatch):
     float32 operands, also under a decay whose diagonal factors exceed float16's range."""
     from blocks.kernels import gla
 
+    monkeypatch.setattr(gla, "WHOLE_CHUNK", False)  # every chunk's scores from _intra_a_kernel
     (q, k, _, gk, *_), _ = make_inputs("gla", 1, 100, 2, 32, 48, "random", False, seed=0)
     q, k = q.half(), k.half()
-    gc = gla.chunk_cumsum(gk)
+    gc, span = gla.chunk_cumsum(gk)
     scores, worst = {}, {}
     for lowp in (True, False):
         monkeypatch.setattr(gla, "INTRA_A_INPUT_DTYPE_DOTS", lowp)
-        scores[lowp] = gla.intra_a(q, k, gc, 32 ** -0.5)
+        scores[lowp] = gla.intra_a(q, k, gc, span, 32 ** -0.5, gla.chunk_paths())
         with checked_memory():
             errs = run_case(chunk_kernel("gla"), "gla", (1, 100, 2, 32, 48), torch.float16, "random", True, "cpu")
         worst[lowp] = max(errs.values())
@@ -551,6 +563,43 @@ def test_interpreter_gla_scores_on_half_precision_dots(monkeypatch):
     monkeypatch.setattr(gla, "INTRA_A_INPUT_DTYPE_DOTS", True)
     errs = run_case(chunk_kernel("gla"), "gla", (1, 64, 1, 32, 16), torch.float16, "moderate", False, "cpu")
     assert max(errs.values()) < 3e-3, errs
+
+
+@interpreter
+def test_interpreter_gla_chunk_spans_pick_each_chunks_path(monkeypatch):
+    """``_cumsum_kernel``'s ``span`` per chunk is the largest range of the chunk-local cumsum over
+    one key channel (rows past ``T`` left out), and it alone decides the path: with the sub-chunk
+    kernels stubbed out (launched, doing nothing), a call whose chunks all span less than
+    ``SPAN_MAX_CHUNK`` still matches the reference, so the whole-chunk kernels computed every
+    output; one with a steep chunk then does not, and with them in place it does."""
+    from blocks.kernels import gla
+
+    (*_, gk), _ = make_inputs("gla", 1, 200, 2, 32, 48, "mixed", False, seed=0)
+    gc, span = gla.chunk_cumsum(gk)
+    want = torch.empty(2, 4)  # [B*H, NT]; the last chunk has 8 rows
+    for h in range(2):
+        for t in range(4):
+            G = gk[0, t * 64:t * 64 + 64, h].cumsum(0)
+            want[h, t] = (G.amax(0) - G.amin(0)).max()
+    assert torch.allclose(span, want, rtol=1e-5, atol=1e-4), (span, want)
+    assert span[0, 1] > gla.SPAN_MAX_CHUNK and (span[0, [0, 2, 3]] < gla.SPAN_MAX_CHUNK).all()
+    assert 55 < span[1, 0] < gla.SPAN_MAX_CHUNK  # head 1: 0.93 a step, 63 steps
+
+    class _Stub:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    for name in ("_intra_a_kernel", "_bwd_sub_kernel", "_rev_cumsum_kernel"):
+        monkeypatch.setattr(gla, name, _Stub())
+    errs = run_case(chunk_kernel("gla"), "gla", (1, 200, 2, 32, 48), torch.float32, "random", True, "cpu")
+    assert max(errs.values()) < 2e-5, errs
+    torch.manual_seed(0)
+    with pytest.raises(AssertionError):  # garbage (or NaN) where the stubs should have written
+        errs = run_case(chunk_kernel("gla"), "gla", (1, 200, 2, 32, 48), torch.float32, "mixed", True, "cpu")
+        assert max(errs.values()) < 2e-5, errs
+    monkeypatch.undo()
+    errs = run_case(chunk_kernel("gla"), "gla", (1, 200, 2, 32, 48), torch.float32, "mixed", True, "cpu")
+    assert max(errs.values()) < 2e-5, errs
 
 
 # --- CPU, anywhere triton imports ---------------------------------------------------------------
