@@ -1,12 +1,25 @@
 """Triton chunk kernels, forward and backward, for gated linear attention with a decay per key
-channel (``gla``), with fla's secondary chunking of the intra-chunk scores.
+channel (``gla``): whole-chunk kernels where a chunk's decay allows, fla's secondary chunking of the
+intra-chunk scores where it does not.
 
     S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T       S: [K, V] per (batch, head), float32 carry
     o_t = scale * S_t^T q_t
 
 Shapes: ``q, k, gk: [B, T, H, K]``, ``v: [B, T, H, V]``, state ``[B, H, K, V]`` float32.
 
-A chunk of ``BT = 64`` positions is cut into four sub-chunks of ``BC = 16``. With chunk-local
+Two paths, chosen per chunk on the GPU (no host sync) by the chunk's ``span``, the largest range of
+its chunk-local cumulative gate ``G`` in one key channel (``_cumsum_kernel``):
+
+* below ``SPAN_MAX_CHUNK`` (60; every chunk of gates like ``logsigmoid(x) / 16``, fla's GLA
+  default, and of plain ``logsigmoid`` over 64 rows unless a channel averages below -0.95 a step):
+  the scores factor through the chunk's first row, ``A = scale mask((q exp(G - G_0)) (k exp(G_0 -
+  G))^T)`` with factors within exp(+-60), so the forward's ``_fwd_o_kernel`` forms them beside the
+  state read and the backward's ``_bwd_chunk_kernel`` gives dv, dq, dk and the gate's gradient of
+  a chunk in one program per key slice, as [64, K] tensor-core dots;
+* at or above it, the sub-chunk kernels below (``_intra_a_kernel``, ``_bwd_sub_kernel``,
+  ``_rev_cumsum_kernel``), which skip the other chunks.
+
+The sub-chunk path: a chunk of ``BT = 64`` positions is cut into four sub-chunks of ``BC = 16``. With chunk-local
 inclusive prefix sums ``G`` (per channel), the intra-chunk score ``A_ij = sum_c q_ic k_jc
 exp(G_ic - G_jc)`` is
 
@@ -74,8 +87,11 @@ LAUNCH = {
     "cumsum": dict(num_warps=4, num_stages=3),
     "walk": dict(num_warps=4, num_stages=2, maxnreg=104),
     "intra_a": dict(num_warps=4, num_stages=3, maxnreg=128),
-    "fwd_o": dict(num_warps=8, num_stages=None),
-    "bwd_chunk": dict(num_warps=8, num_stages=None),
+    # the whole-chunk kernels at 4 warps (2 programs per SM, 255 registers with 40 / 552 B of
+    # spills in sm_90 compiles) against 8 (1 program, no spills): fwd_o 0.78 vs 1.05 ms, bwd_chunk
+    # 3.81 vs 4.60 ms per fwd+bwd step at 2k (H200 2026-12-01 22:47, benchmarks/gla_whole_chunk.md)
+    "fwd_o": dict(num_warps=4, num_stages=None),
+    "bwd_chunk": dict(num_warps=4, num_stages=None),
     # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
     # at 19:59 (fewer spills) 4 warps +14.6 / +13.1%, 2 or 3 stages +10%
     "bwd_sub": dict(num_warps=2, num_stages=1),
@@ -155,9 +171,11 @@ INTRA_A_INPUT_DTYPE_DOTS = True
 # short when few are steep). Off: every chunk takes the sub-chunk kernels, as before this switch.
 SPAN_MAX_CHUNK = 60.0
 WHOLE_CHUNK = True
+BWD_CHUNK_BK = 64
+FWD_O_BK = 64
 STEEP_UNITS = 16
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
-            "WHOLE_CHUNK": (False, True)}
+            "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -754,7 +772,7 @@ def fwd_o(q, k, v, gc, span, h, A, scale, paths):
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
-    BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
+    BK, BV = min(FWD_O_BK, _pow2(K)), min(128, _pow2(V))
     o = torch.empty_like(v)
     _fwd_o_kernel[(_cdiv(V, BV), NT, B * H)](
         q, k, v, gc, span, h, A, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=_prec(q),
@@ -780,7 +798,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None):
         USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, **_launch(LAUNCH, "walk", q))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-    BKc = min(64, _pow2(K))
+    BKc = min(BWD_CHUNK_BK, _pow2(K))
     _bwd_chunk_kernel[(_cdiv(K, BKc), NT, B * H)](
         q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKc,
         BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
