@@ -89,7 +89,7 @@ LAUNCH = {
     "intra_a": dict(num_warps=4, num_stages=3, maxnreg=128),
     # the whole-chunk kernels at 4 warps (2 programs per SM, 255 registers with 40 / 552 B of
     # spills in sm_90 compiles) against 8 (1 program, no spills): fwd_o 0.78 vs 1.05 ms, bwd_chunk
-    # 3.81 vs 4.60 ms per fwd+bwd step at 2k (H200 2026-12-01 22:47, benchmarks/gla_whole_chunk.md)
+    # 3.81 vs 4.60 ms per fwd+bwd step at 2k (H200 2026-12-01 21:37, docs/benchmarks/gla_whole_chunk.md)
     "fwd_o": dict(num_warps=4, num_stages=None),
     "bwd_chunk": dict(num_warps=4, num_stages=None),
     # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
@@ -173,6 +173,10 @@ SPAN_MAX_CHUNK = 60.0
 WHOLE_CHUNK = True
 BWD_CHUNK_BK = 64
 FWD_O_BK = 64
+# Also lost (H200 21:54, benchmarks/train_ab.py, docs/benchmarks/gla_whole_chunk.md): the chunk's
+# A^T and the state write's dv term of a program's first value block from one pass over the keys
+# (k and G tiles read once, k exp(G_C - G) = (k exp(G_0 - G)) exp(G_C - G_0) without exponentials
+# of its own) instead of two: +1.9 / +1.3% per fwd+bwd step at 2k / 32k (608 B of spills vs 568).
 STEEP_UNITS = 16
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64)}

@@ -602,6 +602,20 @@ def test_interpreter_gla_chunk_spans_pick_each_chunks_path(monkeypatch):
     assert max(errs.values()) < 2e-5, errs
 
 
+@interpreter
+def test_interpreter_gla_whole_chunk_over_key_slices(monkeypatch):
+    """``_bwd_chunk_kernel`` runs one program per key slice: with ``BWD_CHUNK_BK`` 16 at K = 32 (two
+    slices, each forming the chunk's scores over both) and V = 136 (three value blocks: slice 0
+    writes dv's blocks 0 and 2, slice 1 block 1), on both paths (the "mixed" decay). The
+    interpreter cases above have one slice (K <= 64)."""
+    from blocks.kernels import gla
+
+    monkeypatch.setattr(gla, "BWD_CHUNK_BK", 16)
+    with checked_memory():
+        errs = run_case(chunk_kernel("gla"), "gla", (1, 130, 2, 32, 136), torch.float32, "mixed", True, "cpu")
+    assert max(errs.values()) < 2e-5, errs
+
+
 # --- CPU, anywhere triton imports ---------------------------------------------------------------
 @needs_triton
 @pytest.mark.parametrize("family", FAMILIES)
