@@ -71,7 +71,8 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is 
 # one-at-a-time variants on the H200 (docs/benchmarks/kernel_launch_sweep.md).
 # ``maxnreg``: a cap on registers per thread (ptxas; bf16 inputs only, ``tiles.launch``) that lets
 # one more program onto each SM: ``intra_a`` 156 -> 128 registers (3 -> 4 programs of 4 warps, 64 B
-# of spills in sm_90 compiles), ``bwd_dv`` 132 -> 128 (1 -> 2 programs of 8 warps, 16 B), the
+# of spills in sm_90 compiles), ``bwd_dv`` (replaced by ``bwd_chunk`` since 21:40) 132 -> 128
+# (1 -> 2 programs of 8 warps, 16 B), the
 # reverse cumsum 139 -> 128 (3 -> 4, no spills; ``benchmarks/kernels_aot_regs.py --maxnreg``). The
 # walks' 104 does not change their programs per SM (4 at V block 64: shared memory holds them to 4;
 # at 32: 104 registers still give 4) and spills 40 B (forward) / 24 B (reverse) at block 64; yet
