@@ -132,7 +132,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                   LOWP=ia_lowp, LOWP_DIAG=ia_lowp_diag, SPAN_MAX_CHUNK=span_max,
                                                   UNITS=units),
            *table(g.LAUNCH, "intra_a", s))
-    yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
+    yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(g.FWD_O_BK, BK), BV=min(128, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
                                               LOWP=wc_lowp), *table(g.LAUNCH, "fwd_o", s))
     yield ("gla.bwd_dh", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_DHT=True, STORE_DH0=True,
                                                 DOT_PREC=prec), *table(g.LAUNCH, "walk", s))

@@ -34,7 +34,8 @@ So the exponentials per chunk are ``O(64 K)``, and at most ``4 * 16 * 16 * K`` o
 steep decay, a quarter of the ``64 * 64 * K`` that exact pairwise scores over the whole chunk take;
 the rest is tensor-core matmuls. The forward's scores run one program per 16-row block
 (``_intra_a_kernel``); the backward of dq, dk and the gate one per 16-row block and 64-key slice
-(``_bwd_sub_kernel``). The chunk states come from one sequential walk over the chunks inside a
+(``_bwd_sub_kernel``); with the whole-chunk kernels on, ``UNITS`` of them per program, steep chunks
+only. On both paths the chunk states come from one sequential walk over the chunks inside a
 kernel (``_fwd_h``), kept for the backward (``KEEP_H``; recomputed under
 ``ARCHSEARCH_LOW_MEMORY_KERNELS=1``); a reverse walk gives their gradients.
 
@@ -98,8 +99,10 @@ LAUNCH = {
     "bwd_sub": dict(num_warps=2, num_stages=1),
     "rev_cumsum": dict(num_warps=4, num_stages=3, maxnreg=128),
 }
-# The backward of dq, dk and the gate runs one program per 16-row sub-chunk (``_bwd_sub_kernel``)
-# plus a reverse-cumsum pass (``_rev_cumsum_kernel``). Removed after H200 sweeps (2026-11-30, ms per
+# On the sub-chunk path (steep chunks; every chunk without ``WHOLE_CHUNK``) the backward of dq, dk
+# and the gate runs one program per 16-row sub-chunk (``_bwd_sub_kernel``) plus a reverse-cumsum
+# pass (``_rev_cumsum_kernel``); the notes down to ``INTRA_A_INPUT_DTYPE_DOTS`` are about that path,
+# from before the whole-chunk kernels. Removed after H200 sweeps (2026-11-30, ms per
 # fwd+bwd step at 2k / 32k): a one-program-per-chunk intra backward (+13..21% in three sweeps); the
 # sub-chunk kernel launched once per sub-chunk position (+1.1%, 16:49); the split pair this kernel
 # fuses, ``_bwd_inter_kernel`` per chunk writing float32 partials of dq, dk, dg (1.5 KB per token
@@ -365,9 +368,9 @@ def _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, a, last, g_last,
 
 @triton.jit
 def _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK: tl.constexpr):
-    """Whether chunk ``i_t`` of sequence-head ``i_bh`` takes the sub-chunk path (its ``span`` at or
-    above ``SPAN_MAX_CHUNK``)."""
-    return tl.load(span + i_bh * NT + i_t) >= SPAN_MAX_CHUNK
+    """Whether chunk ``i_t`` of sequence-head ``i_bh`` takes the sub-chunk path: its ``span`` not
+    below ``SPAN_MAX_CHUNK`` (a NaN span, from a NaN or infinite gate, too)."""
+    return ~(tl.load(span + i_bh * NT + i_t) < SPAN_MAX_CHUNK)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length

@@ -525,6 +525,7 @@ def test_interpreter_gla_backward_per_sub_chunk(key_slice, monkeypatch):
     negligible); over two key slices (``BWD_SUB_BK`` 16 at K = 32) and over all keys in one."""
     from blocks.kernels import gla
 
+    monkeypatch.setattr(gla, "WHOLE_CHUNK", False)  # else only "steep" has chunks for this kernel
     monkeypatch.setattr(gla, "BWD_SUB_BK", key_slice)
     spy = _LaunchSpy(gla._bwd_sub_kernel)
     monkeypatch.setattr(gla, "_bwd_sub_kernel", spy)
@@ -604,16 +605,33 @@ def test_interpreter_gla_chunk_spans_pick_each_chunks_path(monkeypatch):
 
 @interpreter
 def test_interpreter_gla_whole_chunk_over_key_slices(monkeypatch):
-    """``_bwd_chunk_kernel`` runs one program per key slice: with ``BWD_CHUNK_BK`` 16 at K = 32 (two
-    slices, each forming the chunk's scores over both) and V = 136 (three value blocks: slice 0
-    writes dv's blocks 0 and 2, slice 1 block 1), on both paths (the "mixed" decay). The
-    interpreter cases above have one slice (K <= 64)."""
+    """``_bwd_chunk_kernel`` runs one program per key slice: with ``BWD_CHUNK_BK`` 16 at K = 40 (three
+    slices, the last half masked, each forming the chunk's scores over all of them) and V = 136
+    (three value blocks: slice i writes dv's block i), on both paths (the "mixed" decay); and
+    ``_fwd_o_kernel`` over key slices of 16 (``FWD_O_BK``). The interpreter cases above have one
+    slice (K <= 64) and powers of two."""
     from blocks.kernels import gla
 
     monkeypatch.setattr(gla, "BWD_CHUNK_BK", 16)
+    monkeypatch.setattr(gla, "FWD_O_BK", 16)
     with checked_memory():
-        errs = run_case(chunk_kernel("gla"), "gla", (1, 130, 2, 32, 136), torch.float32, "mixed", True, "cpu")
+        errs = run_case(chunk_kernel("gla"), "gla", (1, 130, 2, 40, 136), torch.float32, "mixed", True, "cpu")
     assert max(errs.values()) < 2e-5, errs
+
+
+@interpreter
+@pytest.mark.parametrize("shape,decay,with_h0", [c[1:] for c in INTERPRETER_CASES if c[0] == "gla"],
+                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
+def test_interpreter_gla_sub_chunk_path_on_every_case(shape, decay, with_h0, monkeypatch):
+    """The gla cases above mostly run the whole-chunk kernels (only "strong", "steep" and one chunk
+    of "mixed" are steep); here every chunk takes the sub-chunk kernels (``WHOLE_CHUNK`` off),
+    the path steep gates take."""
+    from blocks.kernels import gla
+
+    monkeypatch.setattr(gla, "WHOLE_CHUNK", False)
+    with checked_memory():
+        errs = run_case(chunk_kernel("gla"), "gla", shape, torch.float32, decay, with_h0, "cpu")
+    assert max(errs.values()) < 2e-5, (decay, errs)
 
 
 # --- CPU, anywhere triton imports ---------------------------------------------------------------
