@@ -137,7 +137,11 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     yield ("gla.bwd_dh", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_DHT=True, STORE_DH0=True,
                                                 DOT_PREC=prec), *table(g.LAUNCH, "walk", s))
     yield ("gla.bwd_chunk", g._bwd_chunk_kernel, dict(C, BK=min(g.BWD_CHUNK_BK, BK), BV=min(64, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
-                                                      LOWP=wc_lowp), *table(g.LAUNCH, "bwd_chunk", s))
+                                                      LOWP=wc_lowp, WITH_DV=not g.BWD_DV_SEPARATE),
+           *table(g.LAUNCH, "bwd_chunk", s))
+    if g.BWD_DV_SEPARATE:
+        yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec,
+                                                    SPAN_MAX_CHUNK=span_max, LOWP=wc_lowp), *table(g.LAUNCH, "bwd_dv", s))
     yield ("gla.bwd_sub", g._bwd_sub_kernel, dict(C, BC=16, NC=4, BK=min(g.BWD_SUB_BK, BK), BV=min(64, BV), DOT_PREC=prec,
                                                   SPAN_MAX=g.SPAN_MAX, SPAN_MAX_CHUNK=span_max, UNITS=units),
            *table(g.LAUNCH, "bwd_sub", s))

@@ -94,6 +94,7 @@ LAUNCH = {
     # 3.81 vs 4.60 ms per fwd+bwd step at 2k (H200 2026-12-01 21:37, docs/benchmarks/gla_whole_chunk.md)
     "fwd_o": dict(num_warps=4, num_stages=None),
     "bwd_chunk": dict(num_warps=4, num_stages=None),
+    "bwd_dv": dict(num_warps=8, num_stages=None),  # with BWD_DV_SEPARATE only; not yet timed
     # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
     # at 19:59 (fewer spills) 4 warps +14.6 / +13.1%, 2 or 3 stages +10%
     "bwd_sub": dict(num_warps=2, num_stages=1),
@@ -177,13 +178,19 @@ SPAN_MAX_CHUNK = 60.0
 WHOLE_CHUNK = True
 BWD_CHUNK_BK = 64
 FWD_O_BK = 64
+# dv from its own kernel (``_bwd_dv_kernel``, one program per chunk and 128 value columns: the
+# chunk's A^T formed once instead of once per key slice) and ``_bwd_chunk_kernel`` the dq, dk and
+# gate part only (a shorter chain per program). Not yet timed (written after the last device call
+# of 2026-12-01): predicted ~-0.5 ms of the 5.78 at 2k.
+BWD_DV_SEPARATE = False
 # Also lost (H200 21:54, benchmarks/train_ab.py, docs/benchmarks/gla_whole_chunk.md): the chunk's
 # A^T and the state write's dv term of a program's first value block from one pass over the keys
 # (k and G tiles read once, k exp(G_C - G) = (k exp(G_0 - G)) exp(G_C - G_0) without exponentials
 # of its own) instead of two: +1.9 / +1.3% per fwd+bwd step at 2k / 32k (608 B of spills vs 568).
 STEEP_UNITS = 16
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
-            "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64)}
+            "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
+            "BWD_DV_SEPARATE": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -498,43 +505,19 @@ def _factored_scores_t(q, k, gc, i_b, i_h, r0, last, scale, T,
     return tl.where(o_i[:, None] <= o_i[None, :], b_At * scale, 0.)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                      SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr):
-    """Grid (K/BK, NT, B*H): chunk ``i_t``'s ``dv = A^T do + (k exp(G_C - G)) dh^T`` for the value
-    blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in ``_fwd_o_kernel``: through row 0
-    below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
-    and ``dg`` (final: after the chunk's reverse cumsum) of key slice ``i_k``:
-
-        dq = scale (do h^T) exp(G) + (dA (k exp(G_0 - G))) exp(G - G_0) + diag(dA) k
-        dk = (v dh^T) exp(G_C - G) + (dA^T (q exp(G - G_0))) exp(G_0 - G) + diag(dA) q
-
-    with ``dA = scale do v^T`` strictly lower (the diagonal pairs, exponent 0, apart: no gate
-    gradient). Gate: the row terms ``q.dq - k.dk`` without the ``G_x - G_x`` terms (as
-    ``_bwd_sub_kernel``), their reverse cumsum over the chunk, plus the chunk-wide term
-    ``sum_{j<last} k_j dk_j + exp(G_C) <h, dh>``. Steep chunks' ``dq, dk, dg`` come from
-    ``_bwd_sub_kernel`` and ``_rev_cumsum_kernel``. Key slices, not one program over all keys:
-    [64, 128] float32 tiles at 8 warps spilled (255 registers, 552 B in sm_90 compiles); the
-    slices recompute the chunk's ``A`` and ``dA`` (two [64, 64] dots over 128 channels each)."""
-    i_k = tl.program_id(0)
-    i_t = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+@triton.jit
+def _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, v0, v_step,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, DOT_PREC: tl.constexpr, LOWP: tl.constexpr):
+    """A chunk's ``dv = A^T do + (k exp(G_C - G)) dh^T`` for value blocks ``v0, v0 + v_step, ..``
+    (``A`` through row 0, or read from ``A`` on a steep chunk)."""
     NK = tl.cdiv(K, BK)
-    r0 = i_t * BT
-    last = tl.minimum(r0 + BT, T) - 1
-    steep = _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK)
-    o_i = tl.arange(0, BT)
-    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
     if steep:
         b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
     else:
         b_At = _factored_scores_t(q, k, gc, i_b, i_h, r0, last, scale, T, H, K, BT, BK, DOT_PREC, LOWP)
     b_At = b_At.to(do.dtype.element_ty)
-    for i_v in range(i_k, tl.cdiv(V, BV), NK):
+    for i_v in range(v0, tl.cdiv(V, BV), v_step):
         o_v = i_v * BV + tl.arange(0, BV)
         b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
         b_dv = tl.dot(b_At, b_do, input_precision=DOT_PREC)
@@ -549,6 +532,65 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
                            mask=(o_kk < K)[:, None] & (o_v < V)[None, :], other=0.)  # [BK, BV]
             b_dv += tl.dot(b_kd, b_dh.to(b_kd.dtype), input_precision=DOT_PREC)
         _store(dv, b_dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+                   SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr):
+    """Grid (V/BV, NT, B*H) (``BWD_DV_SEPARATE``): chunk ``i_t``'s dv for value block ``i_v``, every
+    chunk: the chunk's ``A^T`` formed once per value block instead of once per key slice of
+    ``_bwd_chunk_kernel``, which then does the dq, dk and gate part only."""
+    i_v = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    r0 = i_t * BT
+    last = tl.minimum(r0 + BT, T) - 1
+    steep = _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK)
+    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, i_v, tl.cdiv(V, BV),
+               H, K, V, BT, BK, BV, DOT_PREC, LOWP)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+                      SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr):
+    """Grid (K/BK, NT, B*H): chunk ``i_t``'s ``dv = A^T do + (k exp(G_C - G)) dh^T`` for the value
+    blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in ``_fwd_o_kernel``: through row 0
+    below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
+    and ``dg`` (final: after the chunk's reverse cumsum) of key slice ``i_k``:
+
+        dq = scale (do h^T) exp(G) + (dA (k exp(G_0 - G))) exp(G - G_0) + diag(dA) k
+        dk = (v dh^T) exp(G_C - G) + (dA^T (q exp(G - G_0))) exp(G_0 - G) + diag(dA) q
+
+    with ``dA = scale do v^T`` strictly lower (the diagonal pairs, exponent 0, apart: no gate
+    gradient). Gate: the row terms ``q.dq - k.dk`` without the ``G_x - G_x`` terms (as
+    ``_bwd_sub_kernel``), their reverse cumsum over the chunk, plus the chunk-wide term
+    ``sum_{j<last} k_j dk_j + exp(G_C) <h, dh>``. Steep chunks' ``dq, dk, dg`` come from
+    ``_bwd_sub_kernel`` and ``_rev_cumsum_kernel``. Key slices, not one program over all keys:
+    [64, 128] float32 tiles at 8 warps spilled (255 registers, 552 B in sm_90 compiles); the
+    slices recompute the chunk's ``A`` and ``dA`` (two [64, 64] dots over 128 channels each).
+    Without ``WITH_DV`` (``BWD_DV_SEPARATE``: ``_bwd_dv_kernel`` gives dv), the dq, dk and gate part
+    only."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    NK = tl.cdiv(K, BK)
+    r0 = i_t * BT
+    last = tl.minimum(r0 + BT, T) - 1
+    steep = _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK)
+    o_i = tl.arange(0, BT)
+    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    if WITH_DV:
+        _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, i_k, NK,
+                   H, K, V, BT, BK, BV, DOT_PREC, LOWP)
     if not steep:
         c0 = i_k * BK
         o_k = c0 + tl.arange(0, BK)
@@ -806,11 +848,17 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None):
         USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, **_launch(LAUNCH, "walk", q))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    dv_separate = BWD_DV_SEPARATE
+    if dv_separate:
+        BVd = min(128, _pow2(V))
+        _bwd_dv_kernel[(_cdiv(V, BVd), NT, B * H)](
+            q, k, gc, span, A, do, dh, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd,
+            DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype), **_launch(LAUNCH, "bwd_dv", q))
     BKc = min(BWD_CHUNK_BK, _pow2(K))
     _bwd_chunk_kernel[(_cdiv(K, BKc), NT, B * H)](
         q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKc,
         BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
-        **_launch(LAUNCH, "bwd_chunk", q))
+        WITH_DV=not dv_separate, **_launch(LAUNCH, "bwd_chunk", q))
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(_cdiv(K, BKf), _cdiv(NT * NC, units), B * H)](

@@ -604,14 +604,17 @@ def test_interpreter_gla_chunk_spans_pick_each_chunks_path(monkeypatch):
 
 
 @interpreter
-def test_interpreter_gla_whole_chunk_over_key_slices(monkeypatch):
+@pytest.mark.parametrize("dv_separate", [False, True])
+def test_interpreter_gla_whole_chunk_over_key_slices(dv_separate, monkeypatch):
     """``_bwd_chunk_kernel`` runs one program per key slice: with ``BWD_CHUNK_BK`` 16 at K = 40 (three
     slices, the last half masked, each forming the chunk's scores over all of them) and V = 136
     (three value blocks: slice i writes dv's block i), on both paths (the "mixed" decay); and
-    ``_fwd_o_kernel`` over key slices of 16 (``FWD_O_BK``). The interpreter cases above have one
-    slice (K <= 64) and powers of two."""
+    ``_fwd_o_kernel`` over key slices of 16 (``FWD_O_BK``); dv from ``_bwd_chunk_kernel`` or from
+    ``_bwd_dv_kernel`` (``BWD_DV_SEPARATE``). The interpreter cases above have one slice (K <= 64)
+    and powers of two."""
     from blocks.kernels import gla
 
+    monkeypatch.setattr(gla, "BWD_DV_SEPARATE", dv_separate)
     monkeypatch.setattr(gla, "BWD_CHUNK_BK", 16)
     monkeypatch.setattr(gla, "FWD_O_BK", 16)
     with checked_memory():
