@@ -167,8 +167,9 @@ BWD_SUB_BK = 64
 INTRA_A_INPUT_DTYPE_DOTS = True
 # Whole-chunk kernels: a chunk whose cumulative gate spans less than ``SPAN_MAX_CHUNK`` in every key
 # channel (``_cumsum_kernel``'s ``span``) has its scores and their gradients factored through its
-# first row, ``(q exp(G - G_0)) (k exp(G_0 - G))^T``, as [64, K] tensor-core dots in one program per
-# chunk (``_fwd_o_kernel``, ``_bwd_chunk_kernel``), the way the scalar-decay kernels work. The
+# first row, ``(q exp(G - G_0)) (k exp(G_0 - G))^T``, as [64, K] tensor-core dots (``_fwd_o_kernel``
+# one program per chunk, ``_bwd_chunk_kernel`` one per chunk and key slice), the way the
+# scalar-decay kernels work. The
 # factors stay within exp(+-60) ~ 1e26 (bf16's and float32's range; products of masked-out pairs
 # up to ~1e26 |q||k| K); steeper chunks (a key channel falling by 60 within 64 rows: ~-0.95 a
 # step; ``logsigmoid`` gates over 64 rows at -0.7 a step stay below) take the sub-chunk kernels,
@@ -176,6 +177,9 @@ INTRA_A_INPUT_DTYPE_DOTS = True
 # short when few are steep). Off: every chunk takes the sub-chunk kernels, as before this switch.
 SPAN_MAX_CHUNK = 60.0
 WHOLE_CHUNK = True
+# key slices of _bwd_chunk_kernel (128: one program per chunk, +151% at 4 warps, -12% at 8) and of
+# _fwd_o_kernel's loop (32: 0.84-0.86 vs 0.78 ms); H200 21:31-21:37, docs/benchmarks/gla_whole_chunk.md.
+# _bwd_chunk_kernel at 32 hit an illegal memory access on the H200 (not understood; not offered).
 BWD_CHUNK_BK = 64
 FWD_O_BK = 64
 # dv from its own kernel (``_bwd_dv_kernel``, one program per chunk and 128 value columns: the
@@ -187,7 +191,7 @@ BWD_DV_SEPARATE = False
 # A^T and the state write's dv term of a program's first value block from one pass over the keys
 # (k and G tiles read once, k exp(G_C - G) = (k exp(G_0 - G)) exp(G_C - G_0) without exponentials
 # of its own) instead of two: +1.9 / +1.3% per fwd+bwd step at 2k / 32k (608 B of spills vs 568).
-STEEP_UNITS = 16
+STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks are steep (not swept)
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True)}
