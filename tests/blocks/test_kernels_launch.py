@@ -1186,3 +1186,30 @@ def test_checked_families_and_lengths_are_the_scripts_one_line_errors(capsys):
         with pytest.raises(SystemExit):
             call()
         assert needle in capsys.readouterr().err
+
+
+def test_kernel_parts_edits_follow_gla_and_bad_arguments_are_one_line_errors(capsys):
+    """``benchmarks/kernel_parts.py`` (gla's kernels timed with parts taken out): every edit applies
+    to today's ``gla.py`` (``--check``), changes the kernel it names, and builds as a module; an edit
+    whose lines are gone says so; bad arguments are one-line errors; without CUDA the timing says so
+    and returns 2."""
+    parts = _benchmark("kernel_parts")
+    assert parts.main(["--check"]) == 0
+    assert f"{len(parts.EDITS)} of {len(parts.EDITS)} edits apply" in capsys.readouterr().out
+    src = parts.GLA.read_text()
+    for name in parts.EDITS:
+        edited = parts.edited_source(name)
+        assert '@register_kernel("gla", "chunk")' not in edited
+        assert (edited == src.replace('@register_kernel("gla", "chunk")\n', "")) == (name == "base"), name
+    mod = parts.build("test_no_dv", parts.edited_source("no_dv"))
+    assert "if False:\n        _dv_blocks(" in mod._bwd_chunk_kernel.src
+    with pytest.raises(ValueError, match="no longer applies"):
+        parts.edited_source("no_cumsum", src.replace("tl.cumsum(b_dG, axis=0)", "tl.cumsum(b_dG, 0)"))
+    for bad, flag in ((["--variants", "no_such"], "--variants"), (["--variants", "old"], "--old"),
+                      (["--lengths", "2k"], "--lengths"), (["--set", "NO_SUCH=1"], "--set")):
+        with pytest.raises(SystemExit):
+            parts.main(bad)
+        assert flag in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert parts.main(["--variants", "base"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
