@@ -440,7 +440,7 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT,
         b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                       mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.)
         b_o += tl.dot((b_q * tl.exp(b_g)).to(b_h.dtype), b_h, input_precision=DOT_PREC)
-        if not steep:
+        if not steep:  # _factored_scores_t's sum, untransposed, on the q and G tiles read above
             b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, i_k * BK, BK)
             b_k = _rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
             b_qf = _op(b_q * tl.exp(b_g - b_g0[None, :]), q, LOWP)

@@ -113,6 +113,8 @@ def make_inputs(family, B, T, H, K, V, decay, with_h0, seed):
             g[:, 64:128, 0, ::2] = -3.0
         else:
             g[:, 64:128, 0] = -3.0
+        if H < 2:
+            raise ValueError('make_inputs: decay "mixed" needs H >= 2 (head 1 is the near-limit one)')
         g[:, :, 1] = -0.93
     else:
         g = torch.zeros(gate_shape)
