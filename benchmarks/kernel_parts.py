@@ -60,8 +60,8 @@ EDITS = {
                   lambda s: _replace(s, "b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_P[None, :]",
                                      "b_dg = b_dG + b_P[None, :]")),
     "fwd_no_scores": ("_fwd_o_kernel's factored scores (A stays zero)",
-                      lambda s: _replace(s, "        if not steep:\n            b_g0 = _g_row(gc, i_b, i_h, r0, last",
-                                         "        if False:\n            b_g0 = _g_row(gc, i_b, i_h, r0, last")),
+                      lambda s: _replace(s, "        if not steep:  # _factored_scores_t's sum",
+                                         "        if False:  # _factored_scores_t's sum")),
 }
 SWAPPED = ("_bwd_chunk_kernel", "_fwd_o_kernel")
 
