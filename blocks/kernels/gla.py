@@ -187,6 +187,12 @@ FWD_O_BK = 64
 # gate part only (a shorter chain per program). Not yet timed (written after the last device call
 # of 2026-12-01): predicted ~-0.5 ms of the 5.78 at 2k.
 BWD_DV_SEPARATE = False
+# Keep every chunk's scores A from the forward for the backward's dv (``_fwd_o_kernel`` stores the
+# whole-chunk ones it forms; ``[B, T, H, 64]`` in the activations' dtype: 2 KB per token and layer
+# at 16 heads in bf16) instead of forming A^T again in the backward (in every key slice's program of
+# ``_bwd_chunk_kernel``, or once per chunk with ``BWD_DV_SEPARATE``). Not yet timed (written
+# 2026-12-01 23:30). Off under ARCHSEARCH_LOW_MEMORY_KERNELS=1.
+KEEP_A = False
 # Also lost (H200 21:54, benchmarks/train_ab.py, docs/benchmarks/gla_whole_chunk.md): the chunk's
 # A^T and the state write's dv term of a program's first value block from one pass over the keys
 # (k and G tiles read once, k exp(G_C - G) = (k exp(G_0 - G)) exp(G_C - G_0) without exponentials
@@ -194,7 +200,7 @@ BWD_DV_SEPARATE = False
 STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks are steep (not swept)
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
-            "BWD_DV_SEPARATE": (False, True)}
+            "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -415,12 +421,13 @@ def _intra_a_kernel(q, k, gc, span, A, scale, T, NT,
 def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                  SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr):
+                  SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, STORE_A: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``o = scale (q * exp(G)) h + A v``, the scores ``A`` of a chunk whose
     span is below ``SPAN_MAX_CHUNK`` formed here through its first row ``0``, ``A = scale
     mask((q exp(G - G_0)) (k exp(G_0 - G))^T)`` (factors within exp(+-span)), else read from ``A``
     (``_intra_a_kernel``); ``LOWP``: those dots on operands in ``q``'s dtype (bf16: float32's
-    exponent range)."""
+    exponent range); ``STORE_A`` (``KEEP_A``): the scores it forms also written to ``A`` (by the
+    programs of value block 0), for the backward."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -451,6 +458,9 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT,
     else:
         o_i = tl.arange(0, BT)
         b_A = tl.where(o_i[:, None] >= o_i[None, :], b_A * scale, 0.)
+        if STORE_A:
+            if i_v == 0:
+                _store(A, b_A, i_b, i_h, r0, T, H, BT, 0, BT, BT)
     b_v = _rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
     b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=DOT_PREC)
     _store(o, b_o, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
@@ -512,11 +522,12 @@ def _factored_scores_t(q, k, gc, i_b, i_h, r0, last, scale, T,
 @triton.jit
 def _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, v0, v_step,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               BV: tl.constexpr, DOT_PREC: tl.constexpr, LOWP: tl.constexpr):
+               BV: tl.constexpr, DOT_PREC: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr):
     """A chunk's ``dv = A^T do + (k exp(G_C - G)) dh^T`` for value blocks ``v0, v0 + v_step, ..``
-    (``A`` through row 0, or read from ``A`` on a steep chunk)."""
+    (``A`` through row 0, or read from ``A`` on a steep chunk or, with ``READ_A`` (``KEEP_A``),
+    on every chunk)."""
     NK = tl.cdiv(K, BK)
-    if steep:
+    if READ_A or steep:
         b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
     else:
         b_At = _factored_scores_t(q, k, gc, i_b, i_h, r0, last, scale, T, H, K, BT, BK, DOT_PREC, LOWP)
@@ -542,7 +553,7 @@ def _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T
 def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                   SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr):
+                   SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr):
     """Grid (V/BV, NT, B*H) (``BWD_DV_SEPARATE``): chunk ``i_t``'s dv for value block ``i_v``, every
     chunk: the chunk's ``A^T`` formed once per value block instead of once per key slice of
     ``_bwd_chunk_kernel``, which then does the dq, dk and gate part only."""
@@ -556,14 +567,15 @@ def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT,
     steep = _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK)
     p_h = ((i_b * NT + i_t) * H + i_h) * K * V
     _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, i_v, tl.cdiv(V, BV),
-               H, K, V, BT, BK, BV, DOT_PREC, LOWP)
+               H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                      SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr):
+                      SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
+                      READ_A: tl.constexpr):
     """Grid (K/BK, NT, B*H): chunk ``i_t``'s ``dv = A^T do + (k exp(G_C - G)) dh^T`` for the value
     blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in ``_fwd_o_kernel``: through row 0
     below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
@@ -580,7 +592,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
     [64, 128] float32 tiles at 8 warps spilled (255 registers, 552 B in sm_90 compiles); the
     slices recompute the chunk's ``A`` and ``dA`` (two [64, 64] dots over 128 channels each).
     Without ``WITH_DV`` (``BWD_DV_SEPARATE``: ``_bwd_dv_kernel`` gives dv), the dq, dk and gate part
-    only."""
+    only. ``READ_A``: every chunk's ``A`` read (``KEEP_A``)."""
     i_k = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -594,7 +606,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
     p_h = ((i_b * NT + i_t) * H + i_h) * K * V
     if WITH_DV:
         _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, i_k, NK,
-                   H, K, V, BT, BK, BV, DOT_PREC, LOWP)
+                   H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A)
     if not steep:
         c0 = i_k * BK
         o_k = c0 + tl.arange(0, BK)
@@ -801,13 +813,13 @@ def _intra_a_lowp(dtype: torch.dtype) -> tuple[bool, bool]:
             INTRA_A_INPUT_DTYPE_DOTS and dtype == torch.bfloat16)
 
 
-def intra_a(q, k, gc, span, scale, paths):
-    """The steep chunks' scores ``A: [B, T, H, BT]`` float32 (other chunks' rows left unwritten);
-    ``paths``: ``chunk_paths()``."""
+def intra_a(q, k, gc, span, scale, paths, dtype=torch.float32):
+    """The steep chunks' scores ``A: [B, T, H, BT]`` in ``dtype`` (other chunks' rows left
+    unwritten); ``paths``: ``chunk_paths()``."""
     B, T, H, K = q.shape
     NT = _cdiv(T, BT)
     span_max, units = paths
-    A = torch.empty(B, T, H, BT, dtype=torch.float32, device=q.device)
+    A = torch.empty(B, T, H, BT, dtype=dtype, device=q.device)
     lowp, lowp_diag = _intra_a_lowp(q.dtype)
     _intra_a_kernel[(_cdiv(NT * NC, units), B * H)](
         q, k, gc, span, A, scale, T, NT, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K), BKD=min(_pow2(K), BKD),
@@ -822,7 +834,8 @@ def _whole_chunk_lowp(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16
 
 
-def fwd_o(q, k, v, gc, span, h, A, scale, paths):
+def fwd_o(q, k, v, gc, span, h, A, scale, paths, store_a=False):
+    """``o: [B, T, H, V]``; ``store_a``: the whole-chunk scores it forms written to ``A`` too."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
@@ -830,14 +843,14 @@ def fwd_o(q, k, v, gc, span, h, A, scale, paths):
     o = torch.empty_like(v)
     _fwd_o_kernel[(_cdiv(V, BV), NT, B * H)](
         q, k, v, gc, span, h, A, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=_prec(q),
-        SPAN_MAX_CHUNK=paths[0], LOWP=_whole_chunk_lowp(q.dtype), **_launch(LAUNCH, "fwd_o", q))
+        SPAN_MAX_CHUNK=paths[0], LOWP=_whole_chunk_lowp(q.dtype), STORE_A=store_a, **_launch(LAUNCH, "fwd_o", q))
     return o
 
 
-def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None):
+def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, read_a=False):
     """``(dq, dk, dv, dgk float32, dh0 | None)``; ``A``: the steep chunks' scores (``intra_a``),
-    ``paths``: the forward's ``chunk_paths()``, ``h_kept``: the forward's chunk states, else
-    recomputed."""
+    every chunk's with ``read_a`` (``KEEP_A``), ``paths``: the forward's ``chunk_paths()``,
+    ``h_kept``: the forward's chunk states, else recomputed."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
@@ -857,12 +870,13 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None):
         BVd = min(128, _pow2(V))
         _bwd_dv_kernel[(_cdiv(V, BVd), NT, B * H)](
             q, k, gc, span, A, do, dh, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd,
-            DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype), **_launch(LAUNCH, "bwd_dv", q))
+            DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype), READ_A=read_a,
+            **_launch(LAUNCH, "bwd_dv", q))
     BKc = min(BWD_CHUNK_BK, _pow2(K))
     _bwd_chunk_kernel[(_cdiv(K, BKc), NT, B * H)](
         q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKc,
         BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
-        WITH_DV=not dv_separate, **_launch(LAUNCH, "bwd_chunk", q))
+        WITH_DV=not dv_separate, READ_A=read_a, **_launch(LAUNCH, "bwd_chunk", q))
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(_cdiv(K, BKf), _cdiv(NT * NC, units), B * H)](
@@ -884,16 +898,21 @@ class ChunkGLASubchunk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
         paths = chunk_paths()
+        keep_a = KEEP_A and WHOLE_CHUNK  # without WHOLE_CHUNK every chunk's A comes from intra_a
         gc, span = chunk_cumsum(gk)
         h, ht = fwd_h(k, v, gc, h0, output_final_state)
-        A = intra_a(q, k, gc, span, scale, paths)
-        o = fwd_o(q, k, v, gc, span, h, A, scale, paths)
+        # kept A in v's dtype: both readers cast it to that for their dots (same bits as float32)
+        A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
+        o = fwd_o(q, k, v, gc, span, h, A, scale, paths, store_a=keep_a)
         # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per
         # layer); the steep chunks' scores are recomputed too (A is [B, T, H, 64] float32 whether
-        # one chunk or all are steep), except without WHOLE_CHUNK, where every chunk is.
+        # one chunk or all are steep), except with KEEP_A (every chunk's A, kept) or without
+        # WHOLE_CHUNK (every chunk is steep).
         ctx.keep_h = KEEP_H  # as at forward time: the switches may change before backward
         ctx.paths = paths
-        ctx.save_for_backward(q, k, v, gk, gc, span, h0, None if WHOLE_CHUNK else A, *((h,) if KEEP_H else ()))
+        ctx.read_a = keep_a
+        ctx.save_for_backward(q, k, v, gk, gc, span, h0, A if keep_a or not WHOLE_CHUNK else None,
+                              *((h,) if KEEP_H else ()))
         ctx.scale = scale
         return o, ht
 
@@ -907,7 +926,7 @@ class ChunkGLASubchunk(torch.autograd.Function):
             A = intra_a(q, k, gc, span, ctx.scale, ctx.paths)
         need_dh0 = h0 is not None and ctx.needs_input_grad[5]
         dq, dk, dv, dg, dh0 = bwd(q, k, v, gc, span, A, h0, do, dht, ctx.scale, need_dh0, ctx.paths,
-                                  kept[0] if ctx.keep_h else None)
+                                  kept[0] if ctx.keep_h else None, read_a=ctx.read_a)
         return dq, dk, dv, dg.to(gk.dtype), None, dh0, None
 
 

@@ -607,21 +607,46 @@ def test_interpreter_gla_chunk_spans_pick_each_chunks_path(monkeypatch):
 
 @interpreter
 @pytest.mark.parametrize("dv_separate", [False, True])
-def test_interpreter_gla_whole_chunk_over_key_slices(dv_separate, monkeypatch):
+@pytest.mark.parametrize("keep_a", [False, True], ids=["recompute_a", "keep_a"])
+def test_interpreter_gla_whole_chunk_over_key_slices(dv_separate, keep_a, monkeypatch):
     """``_bwd_chunk_kernel`` runs one program per key slice: with ``BWD_CHUNK_BK`` 16 at K = 40 (three
     slices, the last half masked, each forming the chunk's scores over all of them) and V = 136
     (three value blocks: slice i writes dv's block i), on both paths (the "mixed" decay); and
     ``_fwd_o_kernel`` over key slices of 16 (``FWD_O_BK``); dv from ``_bwd_chunk_kernel`` or from
-    ``_bwd_dv_kernel`` (``BWD_DV_SEPARATE``). The interpreter cases above have one slice (K <= 64)
-    and powers of two."""
+    ``_bwd_dv_kernel`` (``BWD_DV_SEPARATE``), on scores formed again or kept from the forward
+    (``KEEP_A``: ``_fwd_o_kernel`` stores them over its key slices). The interpreter cases above
+    have one slice (K <= 64) and powers of two."""
     from blocks.kernels import gla
 
     monkeypatch.setattr(gla, "BWD_DV_SEPARATE", dv_separate)
+    monkeypatch.setattr(gla, "KEEP_A", keep_a)
     monkeypatch.setattr(gla, "BWD_CHUNK_BK", 16)
     monkeypatch.setattr(gla, "FWD_O_BK", 16)
     with checked_memory():
         errs = run_case(chunk_kernel("gla"), "gla", (1, 130, 2, 40, 136), torch.float32, "mixed", True, "cpu")
     assert max(errs.values()) < 2e-5, errs
+
+
+@interpreter
+@pytest.mark.parametrize("keep_a", [False, True], ids=["recompute_a", "keep_a"])
+def test_interpreter_gla_keep_a_skips_the_backwards_scores(keep_a, monkeypatch):
+    """With ``KEEP_A`` the backward reads the forward's scores (``intra_a`` runs once, in the
+    forward, and the kept ``A`` is in the activations' dtype); without it the backward forms the
+    steep chunks' again (a second call, float32)."""
+    from blocks.kernels import gla
+
+    monkeypatch.setattr(gla, "KEEP_A", keep_a)
+    made = []
+    real = gla.intra_a
+
+    def counted(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(gla, "intra_a", counted)
+    errs = run_case(chunk_kernel("gla"), "gla", (1, 130, 2, 32, 48), torch.float16, "mixed", True, "cpu")
+    assert max(errs.values()) < 3e-3, errs
+    assert [a.dtype for a in made] == ([torch.float16] if keep_a else [torch.float32, torch.float32])
 
 
 @interpreter
