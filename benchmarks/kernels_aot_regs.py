@@ -49,15 +49,18 @@ ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", 
                "k_cache", "v_cache")
 
 
-def arg_types(act: str) -> dict[str, str]:
-    """Triton signature types by argument name: activations and chunk states in ``act``,
-    everything else float32, sizes int32."""
+def arg_types(act: str, fn=None) -> dict[str, str]:
+    """Triton signature types by argument name for kernel ``fn``: activations and chunk states in
+    ``act``, everything else float32 (gla's scores ``A`` in ``act`` when kept, as the host
+    allocates them), sizes int32."""
     types = {n: f"*{act}" for n in ACTIVATIONS}
     for n in ("beta", "gc", "span", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x", "P",
               "dbeta", "dg"):
         types[n] = "*fp32"
     if d.WY_INPUT_DTYPE_DOTS:
         types["Ai"] = f"*{act}"
+    if g.KEEP_A and g.WHOLE_CHUNK and fn is not None and getattr(fn, "fn", fn).__module__ == g.__name__:
+        types["A"] = f"*{act}"
     types.update(inv_freq="*fp32", pos_ptr="*i64", valid="*u8", part="*fp32", part_ml="*fp32", cap="i32",
                  scale_log2="fp32")
     types.update(T="i32", NT="i32", B="i32", C0="i32", C1="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
@@ -319,7 +322,7 @@ def main() -> int:
             continue
         t0 = time.time()
         try:
-            kernel = compile_one(fn, arg_types(act), cx, warps, stages, opts.arch, cap)
+            kernel = compile_one(fn, arg_types(act, fn), cx, warps, stages, opts.arch, cap)
             res = resources(kernel)
             copies, carried = pipelining(kernel)
             sass = " / ".join(map(str, sass_counts(kernel)))

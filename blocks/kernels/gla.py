@@ -453,8 +453,8 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT,
             b_qf = _op(b_q * tl.exp(b_g - b_g0[None, :]), q, LOWP)
             b_kf = _op(b_k * tl.exp(b_g0[None, :] - b_g), q, LOWP)
             b_A += tl.dot(b_qf, tl.trans(b_kf), input_precision=DOT_PREC)
-    if steep:
-        b_A = _rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    if steep:  # float32 as the other branch's (a kept A is in v's dtype)
+        b_A = _rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT).to(tl.float32)
     else:
         o_i = tl.arange(0, BT)
         b_A = tl.where(o_i[:, None] >= o_i[None, :], b_A * scale, 0.)
@@ -527,8 +527,8 @@ def _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T
     (``A`` through row 0, or read from ``A`` on a steep chunk or, with ``READ_A`` (``KEEP_A``),
     on every chunk)."""
     NK = tl.cdiv(K, BK)
-    if READ_A or steep:
-        b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT))  # [j, i]
+    if READ_A or steep:  # float32 as the other branch's (a kept A is in v's dtype)
+        b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT).to(tl.float32))  # [j, i]
     else:
         b_At = _factored_scores_t(q, k, gc, i_b, i_h, r0, last, scale, T, H, K, BT, BK, DOT_PREC, LOWP)
     b_At = b_At.to(do.dtype.element_ty)

@@ -425,6 +425,26 @@ print(sum(sum(c.values()) for c in by_line.values()), aot.sass_counts(k)[0], by_
     assert attributed == total > 500 and mufu >= 16, out
 
 
+def test_gla_kept_scores_compile_for_sm90():
+    """gla's ``KEEP_A`` gives the kernels that read ``A`` a pointer in the activations' dtype; a
+    branch that loads it must cast to the float32 of its other branch (Triton refuses a runtime
+    ``if`` whose branches give a variable two types: the interpreter does not check this, the GPU's
+    compile does: ``CompilationError`` at ``_fwd_o_kernel``'s ``if steep``, H200 2026-12-01 23:42).
+    Every whole-chunk kernel compiles for sm_90 with the switch on, with dv in ``_bwd_chunk_kernel``
+    or in ``_bwd_dv_kernel``, for bf16 and float32."""
+    code = """
+import sys, kernels_aot_regs as aot
+for sets in ("KEEP_A=True", "KEEP_A=True,BWD_DV_SEPARATE=True"):
+    sys.argv = ["kernels_aot_regs.py", "--kernels", "gla.fwd_o,gla.bwd_chunk,gla.bwd_dv", "--dtype", "both",
+                "--set", sets]
+    print("RC", aot.main())
+"""
+    out = _python(code, {"TRITON_INTERPRET": None})
+    assert out.count("RC 0") == 2 and "FAILED" not in out, out
+    rows = [line for line in out.splitlines() if line.startswith("| gla.")]
+    assert len(rows) == 2 * 2 + 2 * 3, out  # fwd_o, bwd_chunk (+ bwd_dv when separate) x bf16, fp32
+
+
 def test_aot_tool_set_gives_switches_other_values_first():
     """``kernels_aot_regs.py --set``: compile the kernels a switch's other value runs (the launch
     sweep's ``apply_sets``); an unknown switch is a usage error."""
