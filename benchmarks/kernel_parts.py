@@ -13,7 +13,9 @@ one whose lines are gone from ``gla.py`` is an error (``--check``, also a CPU te
 follow the kernels or say that they no longer apply. ``--set`` takes ``train_ab.py``'s items
 (switches and ``LAUNCH.entry.field=N``), applied to every variant. Made for the 2026-12-01
 whole-chunk work (``docs/benchmarks/gla_whole_chunk.md``); its figures came from an earlier,
-uncommitted form of this script.
+uncommitted form of this script, with dv inside ``_bwd_chunk_kernel``: since ``BWD_DV_SEPARATE``
+and ``KEEP_A`` became the defaults (2026-12-01 23:53) ``no_dv`` and ``dv_only`` act on that layout
+only, so pass ``--set BWD_DV_SEPARATE=False,KEEP_A=False`` to measure them.
 """
 from __future__ import annotations
 

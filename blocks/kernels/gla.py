@@ -14,8 +14,9 @@ its chunk-local cumulative gate ``G`` in one key channel (``_cumsum_kernel``):
   default, and of plain ``logsigmoid`` over 64 rows unless a channel averages below -0.95 a step):
   the scores factor through the chunk's first row, ``A = scale mask((q exp(G - G_0)) (k exp(G_0 -
   G))^T)`` with factors within exp(+-60), so the forward's ``_fwd_o_kernel`` forms them beside the
-  state read and the backward's ``_bwd_chunk_kernel`` gives dv, dq, dk and the gate's gradient of
-  a chunk in one program per key slice, as [64, K] tensor-core dots;
+  state read (and keeps them for the backward, ``KEEP_A``), the backward's ``_bwd_dv_kernel``
+  gives dv from them (every chunk) and ``_bwd_chunk_kernel`` dq, dk and the gate's gradient of a
+  chunk in one program per key slice, as [64, K] tensor-core dots;
 * at or above it, the sub-chunk kernels below (``_intra_a_kernel``, ``_bwd_sub_kernel``,
   ``_rev_cumsum_kernel``), which skip the other chunks.
 
@@ -94,7 +95,7 @@ LAUNCH = {
     # 3.81 vs 4.60 ms per fwd+bwd step at 2k (H200 2026-12-01 21:37, docs/benchmarks/gla_whole_chunk.md)
     "fwd_o": dict(num_warps=4, num_stages=None),
     "bwd_chunk": dict(num_warps=4, num_stages=None),
-    "bwd_dv": dict(num_warps=8, num_stages=None),  # with BWD_DV_SEPARATE only; not yet timed
+    "bwd_dv": dict(num_warps=8, num_stages=None),  # with BWD_DV_SEPARATE; 4 warps within 0.2% (23:53)
     # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
     # at 19:59 (fewer spills) 4 warps +14.6 / +13.1%, 2 or 3 stages +10%
     "bwd_sub": dict(num_warps=2, num_stages=1),
@@ -182,17 +183,20 @@ WHOLE_CHUNK = True
 # _bwd_chunk_kernel at 32 hit an illegal memory access on the H200 (not understood; not offered).
 BWD_CHUNK_BK = 64
 FWD_O_BK = 64
-# dv from its own kernel (``_bwd_dv_kernel``, one program per chunk and 128 value columns: the
-# chunk's A^T formed once instead of once per key slice) and ``_bwd_chunk_kernel`` the dq, dk and
-# gate part only (a shorter chain per program). Not yet timed (written after the last device call
-# of 2026-12-01): predicted ~-0.5 ms of the 5.78 at 2k.
-BWD_DV_SEPARATE = False
-# Keep every chunk's scores A from the forward for the backward's dv (``_fwd_o_kernel`` stores the
+# dv from its own kernel (``_bwd_dv_kernel``, one program per chunk and 128 value columns) and
+# ``_bwd_chunk_kernel`` the dq, dk and gate part only (a shorter chain per program: 464 B of spills
+# instead of 568-592 in sm_90 compiles), and
+# keep every chunk's scores A from the forward for that dv (``_fwd_o_kernel`` stores the
 # whole-chunk ones it forms; ``[B, T, H, 64]`` in the activations' dtype: 2 KB per token and layer
 # at 16 heads in bf16) instead of forming A^T again in the backward (in every key slice's program of
-# ``_bwd_chunk_kernel``, or once per chunk with ``BWD_DV_SEPARATE``). Not yet timed (written
-# 2026-12-01 23:30). Off under ARCHSEARCH_LOW_MEMORY_KERNELS=1.
-KEEP_A = False
+# ``_bwd_chunk_kernel``, or once per chunk in ``_bwd_dv_kernel``). ms per fwd+bwd step at 2k / 32k
+# (H200 2026-12-01 23:53, ``benchmarks/train_ab.py``, docs/benchmarks/gla_whole_chunk.md): both off
+# 5.954 / 6.911; BWD_DV_SEPARATE 5.313 / 6.282 (-10.8 / -9.1%); KEEP_A 5.308 / 6.278 (-10.8 /
+# -9.2%); both 5.068 / 6.053 (-14.9 / -12.4%). Then ``_bwd_dv_kernel`` at 4 warps 5.055 / 6.046
+# (-0.2 / -0.1% more: within the noise, not taken); ``_bwd_chunk_kernel`` at 8 warps 5.212 / 6.197.
+# KEEP_A is off under ARCHSEARCH_LOW_MEMORY_KERNELS=1.
+BWD_DV_SEPARATE = True
+KEEP_A = not LOW_MEMORY
 # Also lost (H200 21:54, benchmarks/train_ab.py, docs/benchmarks/gla_whole_chunk.md): the chunk's
 # A^T and the state write's dv term of a program's first value block from one pass over the keys
 # (k and G tiles read once, k exp(G_C - G) = (k exp(G_0 - G)) exp(G_C - G_0) without exponentials

@@ -198,9 +198,9 @@ def _python(code: str, env: dict[str, str | None]) -> str:
 @pytest.mark.parametrize("env, kept", [("1", False), ("", True)])
 def test_low_memory_environment_turns_every_keep_off(env, kept):
     code = ("from blocks.kernels import delta, gla, scalar_decay; "
-            "print(delta.KEEP_WU, delta.KEEP_H, gla.KEEP_H, scalar_decay.KEEP_H, delta.WALK_SEGMENTS > 1)")
+            "print(delta.KEEP_WU, delta.KEEP_H, gla.KEEP_H, gla.KEEP_A, scalar_decay.KEEP_H, delta.WALK_SEGMENTS > 1)")
     out = _python(code, {"ARCHSEARCH_LOW_MEMORY_KERNELS": env})
-    assert out.split() == [str(kept)] * 5  # segmented walks hold more transient memory
+    assert out.split() == [str(kept)] * 6  # segmented walks hold more transient memory
 
 
 def test_benchmarks_record_the_switches_they_ran_with():
@@ -434,7 +434,7 @@ def test_gla_kept_scores_compile_for_sm90():
     or in ``_bwd_dv_kernel``, for bf16 and float32."""
     code = """
 import sys, kernels_aot_regs as aot
-for sets in ("KEEP_A=True", "KEEP_A=True,BWD_DV_SEPARATE=True"):
+for sets in ("KEEP_A=True,BWD_DV_SEPARATE=False", "KEEP_A=True,BWD_DV_SEPARATE=True"):
     sys.argv = ["kernels_aot_regs.py", "--kernels", "gla.fwd_o,gla.bwd_chunk,gla.bwd_dv", "--dtype", "both",
                 "--set", sets]
     print("RC", aot.main())
