@@ -551,8 +551,11 @@ def _md_header(res: dict) -> list[str]:
     if "copy_bytes_per_s" in ceil:
         parts += [f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s",
                   f"bf16 matmul {ceil['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s"]
+    carried = res.get("carried", {})  # benchmarks/carry_sections.py: sections this run did not reach
     return [f"# GPU benchmark: {env['device']}", "", " · ".join(parts), "",
-            *([f"Kernel switches: {switches_line(res['kernel_settings'])}", ""] if "kernel_settings" in res else [])]
+            *([f"Kernel switches: {switches_line(res['kernel_settings'])}", ""] if "kernel_settings" in res else []),
+            *([f"Carried from earlier runs (not measured in this one): "
+               f"{', '.join(f'{name} ({when})' for name, when in carried.items())}", ""] if carried else [])]
 
 
 def _md_train(res: dict) -> list[str]:

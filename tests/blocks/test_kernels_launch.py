@@ -241,6 +241,46 @@ def test_benchmark_plots_only_what_the_run_measured(tmp_path):
     assert (tmp_path / "gpu_train.png").stat().st_size > 0
 
 
+def test_carried_sections_fill_what_a_run_skipped_and_say_so(tmp_path):
+    """``benchmarks/carry_sections.py``: a run that skipped the step and decode sections (past its
+    deadline) gets them from an earlier results file, named with that run's date in the report's
+    header; what the new run measured (a failed section too) stays; carrying twice keeps the first
+    date; bad files and section names are one-line errors."""
+    import json
+
+    pytest.importorskip("matplotlib")
+    carry_sections, gpu_kernels = _benchmark("carry_sections"), _benchmark("gpu_kernels")
+    old = json.loads((ROOT / "docs/benchmarks/gpu_results.json").read_text())
+    old.pop("carried", None)
+    new = {k: v for k, v in old.items() if k not in ("step", "softmax_decode")}
+    new = dict(new, env=dict(old["env"], when="2030-01-01 00:00 UTC"), train={"error": "RuntimeError: boom"})
+    merged = carry_sections.carry(new, old)
+    assert merged["step"] == old["step"] and merged["softmax_decode"] == old["softmax_decode"]
+    assert merged["train"] == {"error": "RuntimeError: boom"}  # measured (and failed) here: not replaced
+    assert merged["carried"] == {"step": old["env"]["when"], "softmax_decode": old["env"]["when"]}
+    header = gpu_kernels.markdown(merged).split("## ")[0]
+    assert f"step ({old['env']['when']}), softmax_decode ({old['env']['when']})" in header
+    assert "Carried" not in gpu_kernels.markdown(old).split("## ")[0]
+    again = carry_sections.carry({k: v for k, v in new.items()}, dict(merged, env=dict(old["env"], when="LATER")))
+    assert again["carried"]["step"] == old["env"]["when"]
+    # the script: merged files and plots written; bad input named in one line
+    (tmp_path / "new.json").write_text(json.dumps(dict(new, train=old["train"])))
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert carry_sections.main([str(tmp_path / "new.json"), "--carry-from", str(tmp_path / "old.json"),
+                                "--out", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out/gpu_results.json").read_text())
+    assert set(written["carried"]) == {"step", "softmax_decode"} and written["plots"] == ["gpu_train.png", "gpu_decode.png"]
+    assert "Carried from earlier runs" in (tmp_path / "out/gpu_results.md").read_text()
+    with pytest.raises(SystemExit, match="--carry-from: no such file"):
+        carry_sections.main([str(tmp_path / "new.json"), "--carry-from", str(tmp_path / "nope.json"), "--out", "x"])
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(SystemExit, match="new: .*bad.json is not JSON"):
+        carry_sections.main([str(tmp_path / "bad.json"), "--carry-from", str(tmp_path / "old.json"), "--out", "x"])
+    with pytest.raises(SystemExit):
+        carry_sections.main([str(tmp_path / "new.json"), "--carry-from", str(tmp_path / "old.json"), "--out", "x",
+                             "--sections", "step,nonsense"])
+
+
 def test_benchmark_reports_queued_training_beside_idle_start():
     """Training steps are timed from an idle GPU and back to back (``gpu_common.train_times``);
     the report has a table for each, and results without the queued timing keep one table."""
