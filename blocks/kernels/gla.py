@@ -559,8 +559,8 @@ def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                    SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr):
     """Grid (V/BV, NT, B*H) (``BWD_DV_SEPARATE``): chunk ``i_t``'s dv for value block ``i_v``, every
-    chunk: the chunk's ``A^T`` formed once per value block instead of once per key slice of
-    ``_bwd_chunk_kernel``, which then does the dq, dk and gate part only."""
+    chunk: the chunk's ``A^T`` read (``READ_A``, ``KEEP_A``) or formed once per value block instead
+    of once per key slice of ``_bwd_chunk_kernel``, which then does the dq, dk and gate part only."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
