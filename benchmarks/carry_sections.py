@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # the measured sections of gpu_kernels.main, in its order (the header's env/settings are the run's own)
-SECTIONS = ("correctness", "ceilings", "train", "step", "softmax_decode", "kernel_breakdown", "model_decode", "fla",
+SECTIONS = ("ceilings", "train", "step", "softmax_decode", "kernel_breakdown", "model_decode", "correctness", "fla",
             "model_compiled")
 
 

@@ -16,8 +16,9 @@
 #
 # Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
 # step), so a step that overruns costs only itself. Steps 1-2 take ~5 min on the H200 and step 3
-# ~4.5 min (most of it compiling for its correctness section), hence two calls: flip the switches
-# the sweep shows winning in the modules, then run the benchmark.
+# ~5 min (most of it compiling for its correctness section, which runs after the measurements),
+# hence two calls: flip the switches the sweep shows winning in the modules, then run the
+# benchmark. (On 2026-12-01 23:55 the tests step alone reached a 240 s cap: give it ~300.)
 #
 #   OUT=$OUT bash benchmarks/gpu_session.sh               # from the repository root: tests, sweep
 #   OUT=$OUT STEPS=bench bash benchmarks/gpu_session.sh   # then the benchmark
