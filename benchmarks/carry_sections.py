@@ -22,9 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# the measured sections of gpu_kernels.main, in its order (the header's env/settings are the run's own)
-SECTIONS = ("ceilings", "train", "step", "softmax_decode", "kernel_breakdown", "model_decode", "correctness", "fla",
-            "model_compiled")
+from gpu_kernels import SECTIONS, write_results  # noqa: E402 - the measured sections; env/settings are the run's own
 
 
 def carry(new: dict, old: dict, sections=SECTIONS) -> dict:
@@ -68,15 +66,11 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"--sections: unknown {unknown}; known: {', '.join(SECTIONS)}")
     res = carry(_load(a.new, "new"), _load(a.carry_from, "--carry-from"), sections)
-    import gpu_kernels  # after the argument checks: it imports torch
-
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = gpu_kernels.markdown(res)
-    (out / "gpu_results.md").write_text(text)
-    res["plots"] = gpu_kernels.plots(res, out)
-    (out / "gpu_results.json").write_text(json.dumps(res, indent=1))
-    print(f"carried: {res.get('carried', {}) or 'nothing'}; wrote {out / 'gpu_results.md'}, {', '.join(res['plots'])}")
+    write_results(res, out)
+    print(f"carried: {res.get('carried', {}) or 'nothing'}; wrote {out / 'gpu_results.md'}, "
+          f"{', '.join(res.get('plots', []))}")
     return 0
 
 

@@ -768,6 +768,29 @@ def plots(res: dict, out: Path) -> list[str]:
     return files
 
 
+# The order the sections run in: the measurements first, the correctness check after them (it
+# compiles every family's kernels for its own shape in two dtypes, ~3 min on the H200 host, while
+# step, softmax decode, breakdown and model decode take ~20 s together once training has compiled
+# its kernels; ahead of them it pushed those past a run's --deadline, 2026-12-01 23:59).
+SECTIONS = ("ceilings", "train", "step", "softmax_decode", "kernel_breakdown", "model_decode", "correctness", "fla",
+            "model_compiled")
+
+
+def write_results(res: dict, out: Path, quiet: bool = False) -> str:
+    """``gpu_results.md``, the plots (their names in ``res["plots"]``) and ``gpu_results.json`` in
+    ``out``; returns the markdown. A plot that fails is left out (its traceback printed unless
+    ``quiet``): the tables matter more."""
+    text = markdown(res)
+    (out / "gpu_results.md").write_text(text)
+    try:
+        res["plots"] = plots(res, out)
+    except Exception:
+        if not quiet:
+            traceback.print_exc()
+    (out / "gpu_results.json").write_text(json.dumps(res, indent=1))
+    return text
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for gpu_results.json/.md and the plots")
@@ -852,28 +875,22 @@ def main(argv=None) -> int:
                  "kernels": {f: kernels.has_kernel(f, "chunk") for f in LINEAR_FAMILIES},
                  "kernel_settings": kernel_settings()}
 
-    def save():
-        (out / "gpu_results.json").write_text(json.dumps(res, indent=1))
-
-    # The measurements first, the correctness check after them: the check compiles every family's
-    # kernels for its own shape in two dtypes (~3 min on the H200 host, most of a capped run), while
-    # step, softmax decode, breakdown and model decode take ~20 s together once training has
-    # compiled its kernels; ahead of them it pushed those past a run's --deadline (2026-12-01 23:59)
-    sections = [("ceilings", lambda: ceilings()),
-                ("train", lambda: train_bench(lengths, families)),
-                ("step", step_bench),
-                ("softmax_decode", lambda: softmax_decode_bench(contexts)),
-                ("kernel_breakdown", lambda: kernel_breakdown(families)),
-                ("model_decode", lambda: model_decode_bench(res["ceilings"]["copy_bytes_per_s"], rounds=a.rounds)),
-                ("correctness", correctness),
-                ("fla", lambda: fla_bench(a.fla_timeout, [int(x) for x in a.fla_lengths.split(",")] if a.fla_lengths
-                                          else lengths, a.fla_families)),
-                ("model_compiled", lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"],
-                                                                cases=a.compiled_cases, modes=a.compile_modes,
-                                                                mixers=a.decode_mixers, layers=a.decode_layers,
-                                                                sets=a.compiled_sets, rounds=a.rounds,
-                                                                contexts=a.compiled_contexts))]
-    for name, fn in sections:
+    sections = {"ceilings": lambda: ceilings(),
+                "train": lambda: train_bench(lengths, families),
+                "step": step_bench,
+                "softmax_decode": lambda: softmax_decode_bench(contexts),
+                "kernel_breakdown": lambda: kernel_breakdown(families),
+                "model_decode": lambda: model_decode_bench(res["ceilings"]["copy_bytes_per_s"], rounds=a.rounds),
+                "correctness": correctness,
+                "fla": lambda: fla_bench(a.fla_timeout, [int(x) for x in a.fla_lengths.split(",")] if a.fla_lengths
+                                         else lengths, a.fla_families),
+                "model_compiled": lambda: model_compiled_bench(res["ceilings"]["copy_bytes_per_s"],
+                                                               cases=a.compiled_cases, modes=a.compile_modes,
+                                                               mixers=a.decode_mixers, layers=a.decode_layers,
+                                                               sets=a.compiled_sets, rounds=a.rounds,
+                                                               contexts=a.compiled_contexts)}
+    for name in SECTIONS:
+        fn = sections[name]
         if name in skip or (name == "softmax_decode" and "softmax" in skip) or (name == "model_decode" and "model" in skip):
             continue
         if a.deadline and time.time() - started > a.deadline:
@@ -887,20 +904,8 @@ def main(argv=None) -> int:
             res[name] = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()
         res.setdefault("seconds", {})[name] = time.time() - t0
-        save()
-        (out / "gpu_results.md").write_text(markdown(res))  # partial tables survive a time limit
-        try:
-            res["plots"] = plots(res, out)
-        except Exception:
-            pass
-    text = markdown(res)
-    (out / "gpu_results.md").write_text(text)
-    try:
-        res["plots"] = plots(res, out)
-    except Exception:
-        traceback.print_exc()
-    save()
-    print(text)
+        write_results(res, out, quiet=True)  # partial tables survive a time limit
+    print(write_results(res, out))
     return 0
 
 
