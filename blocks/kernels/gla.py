@@ -54,7 +54,7 @@ import triton.language as tl
 
 from blocks.ops.utils import check_gate, check_qkv
 
-from . import low_memory_from_env, register_kernel
+from . import low_memory_from_env, overlap as _overlap, register_kernel
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv
@@ -180,7 +180,9 @@ SPAN_MAX_CHUNK = 60.0
 WHOLE_CHUNK = True
 # key slices of _bwd_chunk_kernel (128: one program per chunk, +151% at 4 warps, -12% at 8) and of
 # _fwd_o_kernel's loop (32: 0.84-0.86 vs 0.78 ms); H200 21:31-21:37, docs/benchmarks/gla_whole_chunk.md.
-# _bwd_chunk_kernel at 32 hit an illegal memory access on the H200 (not understood; not offered).
+# _bwd_chunk_kernel at 32 hit an illegal memory access on the H200 at 21:34 (with dv in the same
+# kernel; not understood); with dv separate it runs, and loses: +5.8 / +5.3% per fwd+bwd step at
+# 2k / 32k synced (H200 2026-12-02 00:53, ``train_ab.py``).
 BWD_CHUNK_BK = 64
 FWD_O_BK = 64
 # dv from its own kernel (``_bwd_dv_kernel``, one program per chunk and 128 value columns) and
@@ -202,9 +204,27 @@ KEEP_A = not LOW_MEMORY
 # (k and G tiles read once, k exp(G_C - G) = (k exp(G_0 - G)) exp(G_C - G_0) without exponentials
 # of its own) instead of two: +1.9 / +1.3% per fwd+bwd step at 2k / 32k (608 B of spills vs 568).
 STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks are steep (not swept)
+# The state walks (``_fwd_h_kernel``, ``_bwd_dh_kernel``) in segments of chunks on a high-priority
+# stream, the per-chunk kernels after them (``_fwd_o_kernel``; ``_bwd_dv_kernel``,
+# ``_bwd_chunk_kernel``) running on the current stream as each segment's chunks are ready
+# (``overlap``, as delta's walks), when a walk has fewer than WALK_OVERLAP_BELOW_PER_SM programs
+# per SM: long sequences, where each walk program is a chain of T/64 dependent steps at low
+# occupancy (H200 2026-12-02 00:52, ms per fwd+bwd step: the two walks 0.97 + 0.85 at 32k
+# against 0.44 + 0.43 at 2k, the whole step's difference). WALK_SEGMENTS = 1: one launch of each
+# kernel over every chunk. Small gains: H200 2026-12-02 01:01 (``train_ab.py``,
+# docs/benchmarks/train_ab_1202_gla_segments.md), ms per fwd+bwd step synced / queued against one
+# segment: 2 segments -0.5 / -0.8% at 16k, -1.3 / -2.6% at 32k (4: +1.0 / -0.4%, -0.7 / -1.9%; 8:
+# +6.3 / +2.5%, -0.3 / -1.3%); at 2k and 8k forced to 4 segments +5.5 / +4.7%, +3.7 / +3.4%
+# (2k / 8k have 15 / 3.9 walk programs per SM; 16k and 32k 1.9 at V block 64 / 32). The
+# per-chunk kernels fill the SMs (2 programs of 255 registers each), so the walks get few slots
+# beside them. Memory: with segments every buffer of the forward / backward exists before the
+# first walk (``overlap.run``), so the backward's dq, dk, dv, dg sit beside dh at once.
+# ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment.
+WALK_SEGMENTS = 1 if LOW_MEMORY else 2
+WALK_OVERLAP_BELOW_PER_SM = 2.5
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
-            "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True)}
+            "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -306,12 +326,13 @@ def _cumsum_kernel(gk, gc, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl
     tl.store(span + i_bh * NT + i_t, tl.max(b_span, axis=0))
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
+def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (K/BK, V/BV, B*H): walk the chunks in order; ``h[b, t, h]`` = state before chunk t."""
+    """Grid (K/BK, V/BV, B*H): walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (zero without
+    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -324,7 +345,7 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT,
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    for i_t in range(NT):
+    for i_t in range(C0, C1):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
@@ -421,19 +442,19 @@ def _intra_a_kernel(q, k, gc, span, A, scale, T, NT,
                           H, K, BT, BC, NC, BK, BKD, DOT_PREC, SPAN_MAX, LOWP, LOWP_DIAG)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
+def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                   SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, STORE_A: tl.constexpr):
-    """Grid (V/BV, NT, B*H): ``o = scale (q * exp(G)) h + A v``, the scores ``A`` of a chunk whose
-    span is below ``SPAN_MAX_CHUNK`` formed here through its first row ``0``, ``A = scale
+    """Grid (V/BV, C1 - C0, B*H), chunks from ``C0``: ``o = scale (q * exp(G)) h + A v``, the
+    scores ``A`` of a chunk whose span is below ``SPAN_MAX_CHUNK`` formed here through its first row ``0``, ``A = scale
     mask((q exp(G - G_0)) (k exp(G_0 - G))^T)`` (factors within exp(+-span)), else read from ``A``
     (``_intra_a_kernel``); ``LOWP``: those dots on operands in ``q``'s dtype (bf16: float32's
     exponent range); ``STORE_A`` (``KEEP_A``): the scores it forms also written to ``A`` (by the
     programs of value block 0), for the backward."""
     i_v = tl.program_id(0)
-    i_t = tl.program_id(1)
+    i_t = C0 + tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -470,12 +491,14 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT,
     _store(o, b_o, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
+def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (K/BK, V/BV, B*H): reverse walk; ``dh[b, t, h]`` = dLoss/d(state after chunk t)."""
+    """Grid (K/BK, V/BV, B*H): reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (zero without
+    ``USE_DHT``); ``dh[b, t, h]`` = dLoss/d(state after chunk t); ``dh0``: the gradient of the state
+    before chunk ``C0``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -488,8 +511,8 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    for i_r in range(NT):
-        i_t = NT - 1 - i_r
+    for i_r in range(C1 - C0):
+        i_t = C1 - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
@@ -553,16 +576,16 @@ def _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T
         _store(dv, b_dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
+def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT, C0,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                    SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr):
-    """Grid (V/BV, NT, B*H) (``BWD_DV_SEPARATE``): chunk ``i_t``'s dv for value block ``i_v``, every
-    chunk: the chunk's ``A^T`` read (``READ_A``, ``KEEP_A``) or formed once per value block instead
+    """Grid (V/BV, C1 - C0, B*H), chunks from ``C0`` (``BWD_DV_SEPARATE``): chunk ``i_t``'s dv for
+    value block ``i_v``, every chunk: the chunk's ``A^T`` read (``READ_A``, ``KEEP_A``) or formed once per value block instead
     of once per key slice of ``_bwd_chunk_kernel``, which then does the dq, dk and gate part only."""
     i_v = tl.program_id(0)
-    i_t = tl.program_id(1)
+    i_t = C0 + tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -574,14 +597,14 @@ def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT,
                H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
+def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, C0,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                       SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
                       READ_A: tl.constexpr):
-    """Grid (K/BK, NT, B*H): chunk ``i_t``'s ``dv = A^T do + (k exp(G_C - G)) dh^T`` for the value
-    blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in ``_fwd_o_kernel``: through row 0
+    """Grid (K/BK, C1 - C0, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
+    G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in ``_fwd_o_kernel``: through row 0
     below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
     and ``dg`` (final: after the chunk's reverse cumsum) of key slice ``i_k``:
 
@@ -598,7 +621,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
     Without ``WITH_DV`` (``BWD_DV_SEPARATE``: ``_bwd_dv_kernel`` gives dv), the dq, dk and gate part
     only. ``READ_A``: every chunk's ``A`` read (``KEEP_A``)."""
     i_k = tl.program_id(0)
-    i_t = tl.program_id(1)
+    i_t = C0 + tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -796,16 +819,39 @@ def chunk_paths() -> tuple[float, int]:
     return (SPAN_MAX_CHUNK, STEEP_UNITS) if WHOLE_CHUNK else (-1.0, 1)
 
 
-def fwd_h(k, v, gc, h0, output_final_state):
+def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
+    """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``,
+    ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
+    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM)
+
+
+def _walk_programs(x: torch.Tensor, B: int, H: int, K: int, V: int) -> int:
+    BK, BV = _walk_blocks(x, B, H, K, V)
+    return _cdiv(K, BK) * _cdiv(V, BV) * B * H
+
+
+def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1):
+    """The forward walk over chunks ``c0 .. c1 - 1`` into ``h [B, NT, H, K, V]``, from ``h_in``
+    (None: zero) to ``h_out`` (None: not stored), both ``[B, H, K, V]`` float32, possibly one buffer."""
     B, T, H, K = k.shape
     V = v.shape[-1]
-    NT = _cdiv(T, BT)
     BK, BV = _walk_blocks(k, B, H, K, V)
-    h = k.new_empty(B, NT, H, K, V, dtype=_state_dtype(k))
-    ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
     _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H)](
-        k, v, gc, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None,
-        STORE_HT=output_final_state, DOT_PREC=_prec(k), **_launch(LAUNCH, "walk", k))
+        k, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "walk", k))
+
+
+def _walk_buffers(k, V, output_final_state):
+    """``(h [B, NT, H, K, V] in the state dtype, ht [B, H, K, V] float32 | None)``, empty."""
+    B, T, H, K = k.shape
+    h = k.new_empty(B, _cdiv(T, BT), H, K, V, dtype=_state_dtype(k))
+    return h, (k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None)
+
+
+def fwd_h(k, v, gc, h0, output_final_state):
+    """``(h, ht | None)`` from one walk over every chunk (the backward's recomputation)."""
+    h, ht = _walk_buffers(k, v.shape[-1], output_final_state)
+    _fwd_h_walk(k, v, gc, h, h0, ht, 0, h.shape[1])
     return h, ht
 
 
@@ -838,23 +884,52 @@ def _whole_chunk_lowp(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16
 
 
-def fwd_o(q, k, v, gc, span, h, A, scale, paths, store_a=False):
-    """``o: [B, T, H, V]``; ``store_a``: the whole-chunk scores it forms written to ``A`` too."""
+def _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, store_a, c0, c1):
+    """The output of chunks ``c0 .. c1 - 1`` into ``o``; ``store_a``: the whole-chunk scores it
+    forms written to ``A`` too."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = _cdiv(T, BT)
     BK, BV = min(FWD_O_BK, _pow2(K)), min(128, _pow2(V))
+    _fwd_o_kernel[(_cdiv(V, BV), c1 - c0, B * H)](
+        q, k, v, gc, span, h, A, o, scale, T, h.shape[1], c0, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        DOT_PREC=_prec(q), SPAN_MAX_CHUNK=paths[0], LOWP=_whole_chunk_lowp(q.dtype), STORE_A=store_a,
+        **_launch(LAUNCH, "fwd_o", q))
+
+
+def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a):
+    """``(o [B, T, H, V], h, ht | None, A)`` after ``chunk_cumsum``: the state walk, the steep
+    chunks' scores (``intra_a``; ``A`` in v's dtype with ``keep_a``, where ``_fwd_o_kernel`` stores
+    the other chunks' too) and the output. The walk runs in segments beside the output kernel when
+    it has few programs (``overlap``)."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    NT = _cdiv(T, BT)
+    segments = _segments(NT, _walk_programs(k, B, H, K, V), k)
+    if len(segments) == 1:  # the walk launched first: host time before it is GPU idle time
+        h, ht = fwd_h(k, v, gc, h0, output_final_state)
+        A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
+        o = torch.empty_like(v)
+        _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, 0, NT)
+        return o, h, ht, A
+    h, ht = _walk_buffers(k, V, output_final_state)
+    A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
     o = torch.empty_like(v)
-    _fwd_o_kernel[(_cdiv(V, BV), NT, B * H)](
-        q, k, v, gc, span, h, A, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT_PREC=_prec(q),
-        SPAN_MAX_CHUNK=paths[0], LOWP=_whole_chunk_lowp(q.dtype), STORE_A=store_a, **_launch(LAUNCH, "fwd_o", q))
-    return o
+    carry = k.new_empty(B, H, K, V, dtype=torch.float32)
+
+    def walk(c0, c1, i):
+        _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1)
+
+    _overlap.run(segments, lambda c0, c1: None, walk,
+                 lambda c0, c1: _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, c0, c1), k)
+    return o, h, ht, A
 
 
 def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, read_a=False):
     """``(dq, dk, dv, dgk float32, dh0 | None)``; ``A``: the steep chunks' scores (``intra_a``),
     every chunk's with ``read_a`` (``KEEP_A``), ``paths``: the forward's ``chunk_paths()``,
-    ``h_kept``: the forward's chunk states, else recomputed."""
+    ``h_kept``: the forward's chunk states, else recomputed. The reverse state walk runs in
+    segments (from the last chunks) beside the per-chunk kernels after it when it has few programs
+    (``overlap``); the steep chunks' kernels run after the last segment."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
@@ -862,25 +937,41 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
     span_max, units = paths
     h = h_kept if h_kept is not None else fwd_h(k, v, gc, h0, False)[0]
     BKw, BVw = _walk_blocks(q, B, H, K, V)
+    segments = _segments(NT, _walk_programs(q, B, H, K, V), q)[::-1]  # walk order: the last chunks first
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
-    _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
-        q, do, gc, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
-        USE_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=prec, **_launch(LAUNCH, "walk", q))
+    carry = None if len(segments) == 1 else q.new_empty(B, H, K, V, dtype=torch.float32)
+
+    def walk(c0, c1, i):
+        d_in = dht if i == 0 else carry
+        d_out = dh0 if i == len(segments) - 1 else carry
+        _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
+            q, do, gc, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
+            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, **_launch(LAUNCH, "walk", q))
+
+    dv_separate = BWD_DV_SEPARATE
+    BKc = min(BWD_CHUNK_BK, _pow2(K))
+
+    def per_chunk(c0, c1):
+        if dv_separate:
+            BVd = min(128, _pow2(V))
+            _bwd_dv_kernel[(_cdiv(V, BVd), c1 - c0, B * H)](
+                q, k, gc, span, A, do, dh, dv, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)),
+                BV=BVd, DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype), READ_A=read_a,
+                **_launch(LAUNCH, "bwd_dv", q))
+        _bwd_chunk_kernel[(_cdiv(K, BKc), c1 - c0, B * H)](
+            q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=BKc,
+            BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
+            WITH_DV=not dv_separate, READ_A=read_a, **_launch(LAUNCH, "bwd_chunk", q))
+
+    if len(segments) == 1:  # the walk launched before the other buffers are allocated
+        walk(0, NT, 0)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-    dv_separate = BWD_DV_SEPARATE
-    if dv_separate:
-        BVd = min(128, _pow2(V))
-        _bwd_dv_kernel[(_cdiv(V, BVd), NT, B * H)](
-            q, k, gc, span, A, do, dh, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=BVd,
-            DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype), READ_A=read_a,
-            **_launch(LAUNCH, "bwd_dv", q))
-    BKc = min(BWD_CHUNK_BK, _pow2(K))
-    _bwd_chunk_kernel[(_cdiv(K, BKc), NT, B * H)](
-        q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BKc,
-        BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
-        WITH_DV=not dv_separate, READ_A=read_a, **_launch(LAUNCH, "bwd_chunk", q))
+    if len(segments) == 1:
+        per_chunk(0, NT)
+    else:  # every buffer exists before the first walk (``overlap.run``'s contract)
+        _overlap.run(segments, lambda c0, c1: None, walk, per_chunk, q)
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(_cdiv(K, BKf), _cdiv(NT * NC, units), B * H)](
@@ -904,10 +995,8 @@ class ChunkGLASubchunk(torch.autograd.Function):
         paths = chunk_paths()
         keep_a = KEEP_A and WHOLE_CHUNK  # without WHOLE_CHUNK every chunk's A comes from intra_a
         gc, span = chunk_cumsum(gk)
-        h, ht = fwd_h(k, v, gc, h0, output_final_state)
         # kept A in v's dtype: both readers cast it to that for their dots (same bits as float32)
-        A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
-        o = fwd_o(q, k, v, gc, span, h, A, scale, paths, store_a=keep_a)
+        o, h, ht, A = forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a)
         # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per
         # layer); the steep chunks' scores are recomputed too (A is [B, T, H, 64] float32 whether
         # one chunk or all are steep), except with KEEP_A (every chunk's A, kept) or without

@@ -235,18 +235,20 @@ def test_gpu_kernels_with_switches_flipped_match_reference(family, shape, dtype,
         assert not bad, f"{flipped} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
-def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=False):
-    """The delta kernel's ``o``, final state and every input gradient (with ``h0`` and a final-state
-    gradient) with its walks in ``segments`` segments (``delta.WALK_SEGMENTS``; cut at any walk size).
+def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=False, decay="random"):
+    """The family's kernel's ``o``, final state and every input gradient (with ``h0`` and a
+    final-state gradient) with its walks in ``segments`` segments (``WALK_SEGMENTS`` of delta or gla;
+    cut at any walk size).
     ``junk``: right after the forward and the backward return, without waiting for the GPU, fill
     fresh memory with NaN and free it (the allocator hands out what the call freed: a walk still
     reading it on its stream would see the NaN)."""
-    from blocks.kernels import delta
+    from blocks.kernels import kernel_module
 
-    monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
-    monkeypatch.setattr(delta, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
+    mod = kernel_module(family)
+    monkeypatch.setattr(mod, "WALK_SEGMENTS", segments)
+    monkeypatch.setattr(mod, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
     B, T, H, K, V = shape
-    args, h0 = make_inputs(family, B, T, H, K, V, "random", True, seed=3)
+    args, h0 = make_inputs(family, B, T, H, K, V, decay, True, seed=3)
     leaves = [a.to(device=device, dtype=dtype if i < 3 else torch.float32).requires_grad_(True)
               for i, a in enumerate(args)]
     s0 = h0.to(device).requires_grad_(True)
@@ -263,16 +265,18 @@ def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=
 
 
 @gpu
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-def test_gpu_delta_walk_segments_give_the_same_bits(family, monkeypatch):
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule", "gla"])
+def test_gpu_walk_segments_give_the_same_bits(family, monkeypatch):
     """The walks in segments on their own stream, beside the per-chunk kernels on the current one
     (``overlap``), must give exactly the unsegmented results: same kernels per chunk, the state
     carried in float32 between segments. Uneven segments (31 chunks in 4 and 7), bf16, and fresh
     memory filled with NaN right after the forward and the backward return (``junk``)."""
     shape = (2, 1984 - 10, 4, 128, 128)
-    ref = segmented_outputs(family, shape, torch.bfloat16, "cuda", 1, monkeypatch)
+    decay = "mixed" if family == "gla" else "random"  # gla: steep chunks too (kernels after the walks)
+    ref = segmented_outputs(family, shape, torch.bfloat16, "cuda", 1, monkeypatch, decay=decay)
     for segments in (4, 7):
-        got = segmented_outputs(family, shape, torch.bfloat16, "cuda", segments, monkeypatch, junk=True)
+        got = segmented_outputs(family, shape, torch.bfloat16, "cuda", segments, monkeypatch, junk=True,
+                                decay=decay)
         for i, (a, b) in enumerate(zip(got, ref)):
             assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
 
@@ -466,6 +470,35 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
             ([(0, 1), (1, 3), (3, 5)] if segments == 3 else [(c, c + 1) for c in range(5)])
         for i, (a, b) in enumerate(zip(got, ref)):
             assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
+
+
+@interpreter
+@pytest.mark.parametrize("keep_h", [True, False])
+def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, monkeypatch):
+    """gla's walks in segments (5 chunks: ranges 1, 2, 2 and five of 1), both chunk paths ("mixed":
+    head 0's second chunk steep, its sub-chunk kernels after the last segment), the carried state
+    through ``h0``/``ht`` and ``dht``/``dh0``, the per-chunk kernels from their segment's first
+    chunk, with the forward's states kept or recomputed in one walk: the unsegmented bits."""
+    from blocks.kernels import gla
+
+    monkeypatch.setattr(gla, "KEEP_H", keep_h)
+    shape = (1, 300, 2, 32, 16)
+    ref = segmented_outputs("gla", shape, torch.float32, "cpu", 1, monkeypatch, decay="mixed")
+    for segments in (3, 5):
+        fwd, bwd = _LaunchSpy(gla._fwd_h_kernel), _LaunchSpy(gla._bwd_dh_kernel)
+        chunk = _LaunchSpy(gla._bwd_chunk_kernel)
+        monkeypatch.setattr(gla, "_fwd_h_kernel", fwd)
+        monkeypatch.setattr(gla, "_bwd_dh_kernel", bwd)
+        monkeypatch.setattr(gla, "_bwd_chunk_kernel", chunk)
+        with checked_memory():
+            got = segmented_outputs("gla", shape, torch.float32, "cpu", segments, monkeypatch, decay="mixed")
+        cuts = [(0, 1), (1, 3), (3, 5)] if segments == 3 else [(c, c + 1) for c in range(5)]
+        recompute = [] if keep_h else [(0, 5)]  # the backward's walk for the states: one segment
+        assert [args[8:10] for args, _ in fwd.calls] == cuts + recompute
+        assert [args[9:11] for args, _ in bwd.calls] == cuts[::-1]
+        assert [args[16] for args, _ in chunk.calls] == [c0 for c0, _ in cuts[::-1]]
+        for i, (a, b) in enumerate(zip(got, ref)):
+            assert torch.equal(a, b), f"segments={segments}: output {i} differs"
 
 
 @interpreter
