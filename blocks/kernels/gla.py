@@ -214,12 +214,16 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 # kernel over every chunk. Small gains: H200 2026-12-02 01:01 (``train_ab.py``,
 # docs/benchmarks/train_ab_1202_gla_segments.md), ms per fwd+bwd step synced / queued against one
 # segment: 2 segments -0.5 / -0.8% at 16k, -1.3 / -2.6% at 32k (4: +1.0 / -0.4%, -0.7 / -1.9%; 8:
-# +6.3 / +2.5%, -0.3 / -1.3%); at 2k and 8k forced to 4 segments +5.5 / +4.7%, +3.7 / +3.4%
+# +6.3 / +2.6%, -0.3 / -1.3%); at 2k and 8k forced to 4 segments +5.5 / +4.7%, +3.7 / +3.4%
 # (2k / 8k have 15 / 3.9 walk programs per SM; 16k and 32k 1.9 at V block 64 / 32). The
 # per-chunk kernels fill the SMs (2 programs of 255 registers each), so the walks get few slots
 # beside them. Memory: with segments every buffer of the forward / backward exists before the
 # first walk (``overlap.run``), so the backward's dq, dk, dv, dg sit beside dh at once.
-# ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment.
+# ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment. Also lost (H200 2026-12-02 01:13,
+# docs/benchmarks/gla_walks_1202.md): the walks on operands decayed beforehand (``_cumsum_kernel``
+# writing ``k exp(G_C - G)``, ``_fwd_o_kernel`` keeping ``scale q exp(G)``, so that a walk step reads
+# one row of ``gc`` instead of 64): +7.3 / +6.0 / +0.9% per step at 2k / 16k / 32k synced. L2 serves
+# the walk programs' repeated reads of k and ``gc``; the extra traffic only costs.
 WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),

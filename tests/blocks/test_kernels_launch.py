@@ -1166,6 +1166,19 @@ def test_step_gaps_splits_idle_time_into_waits_for_the_host_and_the_rest(capsys)
         assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+def test_host_launch_marks_checks_its_arguments_and_needs_a_gpu(capsys):
+    """``benchmarks/host_launch_marks.py``: a bad family, length or step count is a one-line error
+    naming the flag; without CUDA it says so and returns 2."""
+    marks = _benchmark("host_launch_marks")
+    for bad in (["--families", "nope"], ["--lengths", "1000"], ["--steps", "0"]):
+        with pytest.raises(SystemExit):
+            marks.main(bad)
+        assert bad[0] in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert marks.main(["--families", "gla", "--lengths", "2048"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_walk_forms_needs_the_interpreter_for_its_check_and_a_gpu_for_its_timing(capsys):
     """``benchmarks/walk_forms.py`` (the delta walk's transition form, screened): ``--check`` outside
     Triton's interpreter and a bad length list are one-line errors; without CUDA the timing says so
