@@ -76,6 +76,9 @@ LAUNCH = {
     # the gated rule's own entries for its two largest kernels, whose gate terms change their
     # registers (sm_90 compiles, 4 warps: bwd_dqkwg 242 gated vs 164 ungated; swept 05:24, the
     # shared settings stay best)
+    # (at 8 warps capped to 128 registers, 2 programs of 8 warps per SM: bwd_dqkwg_gated +2.5 / +3.0%,
+    # wy_bwd_gated +10.0 / +9.1% per fwd+bwd step at 2k / 32k synced, H200 2026-12-02 01:33,
+    # docs/benchmarks/train_ab_1202_caps.md)
     "bwd_dqkwg_gated": dict(num_warps=4, num_stages=3),
     "wy_bwd_gated": dict(num_warps=4, num_stages=3),
 }
