@@ -41,8 +41,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from triton_check import require_triton  # noqa: E402
+
+require_triton("decode_gemm")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 

@@ -38,6 +38,8 @@ from gpu_common import (  # noqa: E402
     kernel_settings, positional, step_inputs, switched, switches_line, train_inputs, train_times,
 )
 
+from triton_check import require_triton  # noqa: E402
+
 import blocks.kernels as kernels  # noqa: E402
 
 TARGET_MTOK = 15.0
@@ -828,6 +830,7 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(checked_families(ap, a.families))
+    require_triton("gpu_kernels")  # the argument checks below read the kernel modules
     from archsearch.decode_graph import COMPILE_MODES
 
     from archsearch import decode_layer

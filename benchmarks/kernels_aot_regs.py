@@ -26,6 +26,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for blocks
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from triton_check import require_triton  # noqa: E402
+
+require_triton("kernels_aot_regs")
 
 import torch  # noqa: E402
 import triton  # noqa: E402
