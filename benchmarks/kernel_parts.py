@@ -11,11 +11,11 @@ An edited kernel computes wrong results, on purpose: its time says what the part
 that kernel, not what a correct kernel could save. Each edit names the source lines it replaces;
 one whose lines are gone from ``gla.py`` is an error (``--check``, also a CPU test), so the edits
 follow the kernels or say that they no longer apply. ``--set`` takes ``train_ab.py``'s items
-(switches and ``LAUNCH.entry.field=N``), applied to every variant. Made for the 2026-12-01
-whole-chunk work (``docs/benchmarks/gla_whole_chunk.md``); its figures came from an earlier,
-uncommitted form of this script, with dv inside ``_bwd_chunk_kernel``: since ``BWD_DV_SEPARATE``
-and ``KEEP_A`` became the defaults (2026-12-01 23:53) ``no_dv`` and ``dv_only`` act on that layout
-only, so pass ``--set BWD_DV_SEPARATE=False,KEEP_A=False`` to measure them.
+(switches and ``LAUNCH.entry.field=N``), applied to every variant; an edit may carry items of its
+own, applied on top for that variant only: ``no_dv`` and ``dv_only`` act on the layout with dv
+inside ``_bwd_chunk_kernel``, so they turn ``BWD_DV_SEPARATE`` and ``KEEP_A`` off themselves (the
+report names each variant's own items). Made for the 2026-12-01 whole-chunk work
+(``docs/benchmarks/gla_whole_chunk.md``), whose figures came from an earlier, uncommitted form.
 """
 from __future__ import annotations
 
@@ -46,14 +46,18 @@ def _cut(src: str, start: str, end: str, new: str) -> str:
     return src[:a] + new + src[src.index(end, a):]
 
 
-# name -> (what it takes out, edit of gla.py's source). The replacements keep each kernel's other
-# results live (stores of sums), so that the compiler does not drop more than the named part.
+# name -> (what it takes out, edit of gla.py's source[, train_ab.py items the variant runs with]).
+# The replacements keep each kernel's other results live (stores of sums), so that the compiler does
+# not drop more than the named part.
+OLD_DV_LAYOUT = "BWD_DV_SEPARATE=False,KEEP_A=False"  # dv inside _bwd_chunk_kernel, from A formed again
 EDITS = {
     "base": ("nothing (the kernels as they are, built the same way as the edits)", lambda s: s),
     "no_dv": ("_bwd_chunk_kernel's dv (its factored A^T and the state write's term)",
-              lambda s: _replace(s, "    if WITH_DV:\n        _dv_blocks(", "    if False:\n        _dv_blocks(")),
+              lambda s: _replace(s, "    if WITH_DV:\n        _dv_blocks(", "    if False:\n        _dv_blocks("),
+              OLD_DV_LAYOUT),
     "dv_only": ("_bwd_chunk_kernel's dq, dk and gate part (value loop and epilogue)",
-                lambda s: _replace(s, "    if not steep:\n        c0 = i_k * BK", "    if False:\n        c0 = i_k * BK")),
+                lambda s: _replace(s, "    if not steep:\n        c0 = i_k * BK", "    if False:\n        c0 = i_k * BK"),
+                OLD_DV_LAYOUT),
     "no_epilogue": ("_bwd_chunk_kernel's epilogue: dq, dk and the gate from the accumulators",
                     lambda s: _cut(s, "        b_dA = b_dA * scale\n        b_diag", "        _store(dg, b_dg",
                                    "        b_dg = b_dq + b_dk + b_hdh[None, :]\n"
@@ -66,6 +70,11 @@ EDITS = {
                                          "        if False:  # _factored_scores_t's sum")),
 }
 SWAPPED = ("_bwd_chunk_kernel", "_fwd_o_kernel")
+
+
+def own_items(name: str) -> str:
+    """The ``train_ab.py`` items variant ``name`` runs with on top of ``--set`` ("" for none)."""
+    return EDITS[name][2] if name in EDITS and len(EDITS[name]) > 2 else ""
 
 
 def edited_source(name: str, src: str | None = None) -> str:
@@ -149,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in variants:
         kept = {n: getattr(gla, n) for n in SWAPPED}
-        with train_ab.applied("gla", sets):  # the --set items, undone after each variant
+        # the --set items, then the variant's own, undone after each variant
+        with train_ab.applied("gla", sets), train_ab.applied("gla", own_items(name) or "-"):
             try:
                 if name == "old":
                     old_src = subprocess.run(["git", "show", f"{args.old}:blocks/kernels/gla.py"], cwd=ROOT,
@@ -168,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| variant | takes out | T | busy ms | largest kernels (ms) |", "|---|---|---|---|---|"]
     for r in rows:
         what = EDITS[r["variant"]][0] if r["variant"] in EDITS else f"gla.py of {args.old}"
+        if own_items(r["variant"]):
+            what += f" (with {own_items(r['variant'])})"
         top = ", ".join(f"{k.strip('_')} {v:.3f}" for k, v in list(r["kernels_ms"].items())[:5])
         lines.append(f"| {r['variant']} | {what} | {r['T']} | {r['busy_ms']:.3f} | {top} |")
     write_report("kernel_parts", "gla's kernels with parts taken out", "\n".join(lines), rows, args.out,

@@ -1278,6 +1278,12 @@ def test_kernel_parts_edits_follow_gla_and_bad_arguments_are_one_line_errors(cap
     mod = parts.build("test_no_dv", parts.edited_source("no_dv"))
     assert mod._bwd_chunk_kernel is not gla._bwd_chunk_kernel  # a kernel of its own, from the edited file
     assert "if False:\n        _dv_blocks(" in Path(mod.__file__).read_text()
+    ab = _benchmark("train_ab")
+    for name in parts.EDITS:  # each variant's own items parse as train_ab.py's; the dv edits' say the old layout
+        for item in filter(None, parts.own_items(name).split(",")):
+            ab.parsed("gla", item)
+    assert parts.own_items("no_dv") == parts.own_items("dv_only") == "BWD_DV_SEPARATE=False,KEEP_A=False"
+    assert parts.own_items("base") == "" and parts.own_items("old") == ""
     with pytest.raises(ValueError, match="no longer applies"):
         parts.edited_source("no_cumsum", src.replace("tl.cumsum(b_dG, axis=0)", "tl.cumsum(b_dG, 0)"))
     for bad, flag in ((["--variants", "no_such"], "--variants"), (["--variants", "old"], "--old"),
