@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 import torch  # noqa: E402
 
 from gpu_common import TOKENS, checked_families, checked_lengths, fwd_bwd, positional, train_inputs  # noqa: E402
+from triton_check import require_triton  # noqa: E402
 
 MARKS: list[tuple[str, float, float]] = []  # (kernel, host clock before, after) per launch
 
@@ -62,6 +63,8 @@ def marks_of(step, synced: bool, steps: int) -> str:
         t0 = time.perf_counter()
         step()
         totals.append((time.perf_counter() - t0) * 1e6)
+        if not MARKS:
+            raise RuntimeError("no Triton launch in the step (the op ran its PyTorch form)")
         firsts.append((MARKS[0][1] - t0) * 1e6)
         launches.append(sum(b - a for _, a, b in MARKS) * 1e6)
         gaps.append([(MARKS[j + 1][1] - MARKS[j][2]) * 1e6 for j in range(len(MARKS) - 1)])
@@ -86,6 +89,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("host_launch_marks: needs a CUDA GPU", file=sys.stderr)
         return 2
+    require_triton("host_launch_marks")
     wrap_triton_launches()
     lines = []
     for family in families:
@@ -97,7 +101,12 @@ def main(argv=None) -> int:
             for _ in range(3):
                 step()
             for synced in (True, False):
-                lines.append(f"{family} T={T} {'synced' if synced else 'queued'}: {marks_of(step, synced, a.steps)}")
+                try:
+                    marks = marks_of(step, synced, a.steps)
+                except RuntimeError as exc:
+                    print(f"host_launch_marks: {family} T={T}: {exc}", file=sys.stderr)
+                    return 2
+                lines.append(f"{family} T={T} {'synced' if synced else 'queued'}: {marks}")
                 print(lines[-1], flush=True)
             prof = cProfile.Profile()
             for _ in range(5):

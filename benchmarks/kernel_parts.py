@@ -13,8 +13,9 @@ one whose lines are gone from ``gla.py`` is an error (``--check``, also a CPU te
 follow the kernels or say that they no longer apply. ``--set`` takes ``train_ab.py``'s items
 (switches and ``LAUNCH.entry.field=N``), applied to every variant; an edit may carry items of its
 own, applied on top for that variant only: ``no_dv`` and ``dv_only`` act on the layout with dv
-inside ``_bwd_chunk_kernel``, so they turn ``BWD_DV_SEPARATE`` and ``KEEP_A`` off themselves (the
-report names each variant's own items). Made for the 2026-12-01 whole-chunk work
+inside ``_bwd_chunk_kernel``, so they turn ``BWD_DV_SEPARATE`` and ``KEEP_A`` off themselves, as
+``base_old_dv`` (nothing taken out) does for their reference (the report names each variant's own
+items; a ``--set`` item naming the same setting is an error). Made for the 2026-12-01 whole-chunk work
 (``docs/benchmarks/gla_whole_chunk.md``), whose figures came from an earlier, uncommitted form.
 """
 from __future__ import annotations
@@ -52,6 +53,7 @@ def _cut(src: str, start: str, end: str, new: str) -> str:
 OLD_DV_LAYOUT = "BWD_DV_SEPARATE=False,KEEP_A=False"  # dv inside _bwd_chunk_kernel, from A formed again
 EDITS = {
     "base": ("nothing (the kernels as they are, built the same way as the edits)", lambda s: s),
+    "base_old_dv": ("nothing, on the layout the dv edits need (their reference)", lambda s: s, OLD_DV_LAYOUT),
     "no_dv": ("_bwd_chunk_kernel's dv (its factored A^T and the state write's term)",
               lambda s: _replace(s, "    if WITH_DV:\n        _dv_blocks(", "    if False:\n        _dv_blocks("),
               OLD_DV_LAYOUT),
@@ -148,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
             train_ab.parsed("gla", item)
     except ValueError as e:
         ap.error(f"--set: {e}")
+    set_names = {item.partition("=")[0] for item in sets.split(",")}
+    for name in variants:
+        clash = sorted(set_names & {item.partition("=")[0] for item in own_items(name).split(",") if item})
+        if clash:
+            ap.error(f"--set: {', '.join(clash)} is set by variant {name} itself ({own_items(name)})")
     import torch
 
     if not torch.cuda.is_available():

@@ -37,8 +37,12 @@ the rest is tensor-core matmuls. The forward's scores run one program per 16-row
 (``_intra_a_kernel``); the backward of dq, dk and the gate one per 16-row block and 64-key slice
 (``_bwd_sub_kernel``); with the whole-chunk kernels on, ``UNITS`` of them per program, steep chunks
 only. On both paths the chunk states come from one sequential walk over the chunks inside a
-kernel (``_fwd_h``), kept for the backward (``KEEP_H``; recomputed under
-``ARCHSEARCH_LOW_MEMORY_KERNELS=1``); a reverse walk gives their gradients.
+kernel (``_fwd_h_kernel``), kept for the backward (``KEEP_H``; recomputed under
+``ARCHSEARCH_LOW_MEMORY_KERNELS=1``); a reverse walk gives their gradients. The walks take a chunk
+range ``[C0, C1)`` with the state carried in and out in float32, and the per-chunk kernels a first
+chunk ``C0``: at long sequences (few walk programs) the walks run in segments on a side stream
+while the per-chunk kernels of the segments already walked run beside them (``WALK_SEGMENTS``,
+``overlap``), with the same results bit for bit.
 
 Gate gradient: chunk-local, term by term (through ``exp(G) q`` for the state read, ``exp(G_C - G) k``
 and ``exp(G_C)`` for the state write, and the strictly lower pairs of the scores), then a reverse
@@ -220,10 +224,11 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 # segment: 2 segments -0.5 / -0.8% at 16k, -1.3 / -2.6% at 32k (4: +1.0 / -0.4%, -0.7 / -1.9%; 8:
 # +6.3 / +2.6%, -0.3 / -1.3%); at 2k and 8k forced to 4 segments +5.5 / +4.7%, +3.7 / +3.4%
 # (2k / 8k have 15 / 3.9 walk programs per SM; 16k and 32k 1.9 at V block 64 / 32). The
-# per-chunk kernels fill the SMs (2 programs of 255 registers each), so the walks get few slots
-# beside them. Memory: with segments every buffer of the forward / backward exists before the
-# first walk (``overlap.run``), so the backward's dq, dk, dv, dg sit beside dh at once.
-# ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment. Also lost (H200 2026-12-02 01:13,
+# per-chunk kernels fill the SMs (``fwd_o`` and, at the time, ``bwd_chunk`` 2 programs of 255
+# registers per SM), so the walks get few slots beside them. Memory: one [B, H, K, V] float32
+# carry more (every other buffer coexists with the walks' outputs either way: ``dh`` lives until
+# ``_bwd_sub_kernel``); ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment all the same, as for
+# delta. Also lost (H200 2026-12-02 01:13,
 # docs/benchmarks/gla_walks_1202.md): the walks on operands decayed beforehand (``_cumsum_kernel``
 # writing ``k exp(G_C - G)``, ``_fwd_o_kernel`` keeping ``scale q exp(G)``, so that a walk step reads
 # one row of ``gc`` instead of 64): +7.3 / +6.0 / +0.9% per step at 2k / 16k / 32k synced. L2 serves
@@ -455,7 +460,7 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                   SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, STORE_A: tl.constexpr):
-    """Grid (V/BV, C1 - C0, B*H), chunks from ``C0``: ``o = scale (q * exp(G)) h + A v``, the
+    """Grid (V/BV, chunks, B*H), chunks from ``C0``: ``o = scale (q * exp(G)) h + A v``, the
     scores ``A`` of a chunk whose span is below ``SPAN_MAX_CHUNK`` formed here through its first row ``0``, ``A = scale
     mask((q exp(G - G_0)) (k exp(G_0 - G))^T)`` (factors within exp(+-span)), else read from ``A``
     (``_intra_a_kernel``); ``LOWP``: those dots on operands in ``q``'s dtype (bf16: float32's
@@ -589,7 +594,7 @@ def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT, C0,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                    SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr):
-    """Grid (V/BV, C1 - C0, B*H), chunks from ``C0`` (``BWD_DV_SEPARATE``): chunk ``i_t``'s dv for
+    """Grid (V/BV, chunks, B*H), chunks from ``C0`` (``BWD_DV_SEPARATE``): chunk ``i_t``'s dv for
     value block ``i_v``, every chunk: the chunk's ``A^T`` read (``READ_A``, ``KEEP_A``) or formed once per value block instead
     of once per key slice of ``_bwd_chunk_kernel``, which then does the dq, dk and gate part only."""
     i_v = tl.program_id(0)
@@ -611,7 +616,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                       SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
                       READ_A: tl.constexpr):
-    """Grid (K/BK, C1 - C0, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
+    """Grid (K/BK, chunks, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
     G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in ``_fwd_o_kernel``: through row 0
     below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
     and ``dg`` (final: after the chunk's reverse cumsum) of key slice ``i_k``:
@@ -857,7 +862,8 @@ def _walk_buffers(k, V, output_final_state):
 
 
 def fwd_h(k, v, gc, h0, output_final_state):
-    """``(h, ht | None)`` from one walk over every chunk (the backward's recomputation)."""
+    """``(h, ht | None)`` from one walk over every chunk (the forward's unsegmented walk and the
+    backward's recomputation)."""
     h, ht = _walk_buffers(k, v.shape[-1], output_final_state)
     _fwd_h_walk(k, v, gc, h, h0, ht, 0, h.shape[1])
     return h, ht
@@ -871,13 +877,13 @@ def _intra_a_lowp(dtype: torch.dtype) -> tuple[bool, bool]:
             INTRA_A_INPUT_DTYPE_DOTS and dtype == torch.bfloat16)
 
 
-def intra_a(q, k, gc, span, scale, paths, dtype=torch.float32):
+def intra_a(q, k, gc, span, scale, paths, dtype=torch.float32, out=None):
     """The steep chunks' scores ``A: [B, T, H, BT]`` in ``dtype`` (other chunks' rows left
-    unwritten); ``paths``: ``chunk_paths()``."""
+    unwritten), into ``out`` if given; ``paths``: ``chunk_paths()``."""
     B, T, H, K = q.shape
     NT = _cdiv(T, BT)
     span_max, units = paths
-    A = torch.empty(B, T, H, BT, dtype=dtype, device=q.device)
+    A = torch.empty(B, T, H, BT, dtype=dtype, device=q.device) if out is None else out
     lowp, lowp_diag = _intra_a_lowp(q.dtype)
     _intra_a_kernel[(_cdiv(NT * NC, units), B * H)](
         q, k, gc, span, A, scale, T, NT, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K), BKD=min(_pow2(K), BKD),
@@ -920,14 +926,20 @@ def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a):
         _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, 0, NT)
         return o, h, ht, A
     h, ht = _walk_buffers(k, V, output_final_state)
-    A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
+    A = torch.empty(B, T, H, BT, dtype=v.dtype if keep_a else torch.float32, device=k.device)
     o = torch.empty_like(v)
     carry = k.new_empty(B, H, K, V, dtype=torch.float32)
+
+    def steep_scores(c0, c1):
+        # launched after the first segments' events, so that only the last walk segment waits
+        # for it (the walks need gc alone); every _fwd_o_kernel launch comes after it
+        if c1 == NT:
+            intra_a(q, k, gc, span, scale, paths, A.dtype, out=A)
 
     def walk(c0, c1, i):
         _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1)
 
-    _overlap.run(segments, lambda c0, c1: None, walk,
+    _overlap.run(segments, steep_scores, walk,
                  lambda c0, c1: _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, c0, c1), k)
     return o, h, ht, A
 
@@ -943,6 +955,8 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
     NT = _cdiv(T, BT)
     prec = _prec(q)
     span_max, units = paths
+    # (without KEEP_H this recomputing walk runs whole before the reverse walk's segments, both
+    # at low occupancy at long sequences; they are independent and could overlap: not built)
     h = h_kept if h_kept is not None else fwd_h(k, v, gc, h0, False)[0]
     BKw, BVw = _walk_blocks(q, B, H, K, V)
     segments = _segments(NT, _walk_programs(q, B, H, K, V), q)[::-1]  # walk order: the last chunks first

@@ -235,10 +235,11 @@ def test_gpu_kernels_with_switches_flipped_match_reference(family, shape, dtype,
         assert not bad, f"{flipped} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
-def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=False, decay="random"):
+def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=False, decay="random",
+                      states=True):
     """The family's kernel's ``o``, final state and every input gradient (with ``h0`` and a
-    final-state gradient) with its walks in ``segments`` segments (``WALK_SEGMENTS`` of delta or gla;
-    cut at any walk size).
+    final-state gradient; ``states=False``: neither, ``o`` and the inputs' gradients only) with its
+    walks in ``segments`` segments (``WALK_SEGMENTS`` of delta or gla; cut at any walk size).
     ``junk``: right after the forward and the backward return, without waiting for the GPU, fill
     fresh memory with NaN and free it (the allocator hands out what the call freed: a walk still
     reading it on its stream would see the NaN)."""
@@ -255,6 +256,9 @@ def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=
     gen = torch.Generator().manual_seed(4)
     do = torch.randn((B, T, H, V), generator=gen).to(device)
     dht = torch.randn((B, H, K, V), generator=gen).to(device)
+    if not states:
+        o, _ = chunk_kernel(family)(*leaves)
+        return [o.detach(), *torch.autograd.grad((o.float() * do).sum(), leaves)]
     o, ht = chunk_kernel(family)(*leaves, initial_state=s0, output_final_state=True)
     if junk:
         torch.full((1 << 26,), float("nan"), device=device)
@@ -279,6 +283,10 @@ def test_gpu_walk_segments_give_the_same_bits(family, monkeypatch):
                                 decay=decay)
         for i, (a, b) in enumerate(zip(got, ref)):
             assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
+    ref = segmented_outputs(family, shape, torch.bfloat16, "cuda", 1, monkeypatch, decay=decay, states=False)
+    got = segmented_outputs(family, shape, torch.bfloat16, "cuda", 4, monkeypatch, decay=decay, states=False)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert torch.equal(a, b), f"{family} segments=4 without states: output {i} differs"
 
 
 @gpu
@@ -477,8 +485,9 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, monkeypatch):
     """gla's walks in segments (5 chunks: ranges 1, 2, 2 and five of 1), both chunk paths ("mixed":
     head 0's second chunk steep, its sub-chunk kernels after the last segment), the carried state
-    through ``h0``/``ht`` and ``dht``/``dh0``, the per-chunk kernels from their segment's first
-    chunk, with the forward's states kept or recomputed in one walk: the unsegmented bits."""
+    through ``h0``/``ht`` and ``dht``/``dh0`` (and without either), the per-chunk kernels from their
+    segment's first chunk, with the forward's states kept or recomputed in one walk: the unsegmented
+    bits. (Off the GPU the segments run one after another: the streams' ordering is the GPU test's.)"""
     from blocks.kernels import gla
 
     monkeypatch.setattr(gla, "KEEP_H", keep_h)
@@ -499,6 +508,11 @@ def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, monkeypatch):
         assert [args[16] for args, _ in chunk.calls] == [c0 for c0, _ in cuts[::-1]]
         for i, (a, b) in enumerate(zip(got, ref)):
             assert torch.equal(a, b), f"segments={segments}: output {i} differs"
+    # no initial state, no final state: the first and last segments' walks read / write no carry
+    ref = segmented_outputs("gla", shape, torch.float32, "cpu", 1, monkeypatch, decay="mixed", states=False)
+    got = segmented_outputs("gla", shape, torch.float32, "cpu", 3, monkeypatch, decay="mixed", states=False)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert torch.equal(a, b), f"segments=3 without states: output {i} differs"
 
 
 @interpreter
