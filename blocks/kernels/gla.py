@@ -877,13 +877,13 @@ def _intra_a_lowp(dtype: torch.dtype) -> tuple[bool, bool]:
             INTRA_A_INPUT_DTYPE_DOTS and dtype == torch.bfloat16)
 
 
-def intra_a(q, k, gc, span, scale, paths, dtype=torch.float32, out=None):
+def intra_a(q, k, gc, span, scale, paths, dtype=torch.float32):
     """The steep chunks' scores ``A: [B, T, H, BT]`` in ``dtype`` (other chunks' rows left
-    unwritten), into ``out`` if given; ``paths``: ``chunk_paths()``."""
+    unwritten); ``paths``: ``chunk_paths()``."""
     B, T, H, K = q.shape
     NT = _cdiv(T, BT)
     span_max, units = paths
-    A = torch.empty(B, T, H, BT, dtype=dtype, device=q.device) if out is None else out
+    A = torch.empty(B, T, H, BT, dtype=dtype, device=q.device)
     lowp, lowp_diag = _intra_a_lowp(q.dtype)
     _intra_a_kernel[(_cdiv(NT * NC, units), B * H)](
         q, k, gc, span, A, scale, T, NT, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K), BKD=min(_pow2(K), BKD),
@@ -926,20 +926,17 @@ def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a):
         _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, 0, NT)
         return o, h, ht, A
     h, ht = _walk_buffers(k, V, output_final_state)
-    A = torch.empty(B, T, H, BT, dtype=v.dtype if keep_a else torch.float32, device=k.device)
+    # (launched before the walks, so the first segment also waits for it, though it needs gc only:
+    # ~0.02 ms while no chunk is steep; launching it with the last segment's "before" would spare
+    # that wait: not yet run on a GPU)
+    A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
     o = torch.empty_like(v)
     carry = k.new_empty(B, H, K, V, dtype=torch.float32)
-
-    def steep_scores(c0, c1):
-        # launched after the first segments' events, so that only the last walk segment waits
-        # for it (the walks need gc alone); every _fwd_o_kernel launch comes after it
-        if c1 == NT:
-            intra_a(q, k, gc, span, scale, paths, A.dtype, out=A)
 
     def walk(c0, c1, i):
         _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1)
 
-    _overlap.run(segments, steep_scores, walk,
+    _overlap.run(segments, lambda c0, c1: None, walk,
                  lambda c0, c1: _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, c0, c1), k)
     return o, h, ht, A
 
