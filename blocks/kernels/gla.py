@@ -461,9 +461,9 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                   SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, STORE_A: tl.constexpr):
     """Grid (V/BV, chunks, B*H), chunks from ``C0``: ``o = scale (q * exp(G)) h + A v``, the
-    scores ``A`` of a chunk whose span is below ``SPAN_MAX_CHUNK`` formed here through its first row ``0``, ``A = scale
-    mask((q exp(G - G_0)) (k exp(G_0 - G))^T)`` (factors within exp(+-span)), else read from ``A``
-    (``_intra_a_kernel``); ``LOWP``: those dots on operands in ``q``'s dtype (bf16: float32's
+    scores ``A`` of a chunk whose span is below ``SPAN_MAX_CHUNK`` formed here through its first
+    row ``0``, ``A = scale mask((q exp(G - G_0)) (k exp(G_0 - G))^T)`` (factors within
+    exp(+-span)), else read from ``A`` (``_intra_a_kernel``); ``LOWP``: those dots on operands in ``q``'s dtype (bf16: float32's
     exponent range); ``STORE_A`` (``KEEP_A``): the scores it forms also written to ``A`` (by the
     programs of value block 0), for the backward."""
     i_v = tl.program_id(0)
@@ -595,8 +595,9 @@ def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT, C0,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                    SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr):
     """Grid (V/BV, chunks, B*H), chunks from ``C0`` (``BWD_DV_SEPARATE``): chunk ``i_t``'s dv for
-    value block ``i_v``, every chunk: the chunk's ``A^T`` read (``READ_A``, ``KEEP_A``) or formed once per value block instead
-    of once per key slice of ``_bwd_chunk_kernel``, which then does the dq, dk and gate part only."""
+    value block ``i_v``, every chunk: the chunk's ``A^T`` read (``READ_A``, ``KEEP_A``) or formed
+    once per value block instead of once per key slice of ``_bwd_chunk_kernel``, which then does
+    the dq, dk and gate part only."""
     i_v = tl.program_id(0)
     i_t = C0 + tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -617,8 +618,8 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
                       SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
                       READ_A: tl.constexpr):
     """Grid (K/BK, chunks, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
-    G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in ``_fwd_o_kernel``: through row 0
-    below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
+    G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in
+    ``_fwd_o_kernel``: through row 0 below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
     and ``dg`` (final: after the chunk's reverse cumsum) of key slice ``i_k``:
 
         dq = scale (do h^T) exp(G) + (dA (k exp(G_0 - G))) exp(G - G_0) + diag(dA) k
