@@ -863,8 +863,7 @@ def _walk_buffers(k, V, output_final_state):
 
 
 def fwd_h(k, v, gc, h0, output_final_state):
-    """``(h, ht | None)`` from one walk over every chunk (the forward's unsegmented walk and the
-    backward's recomputation)."""
+    """``(h, ht | None)`` from one walk over every chunk (the backward's recomputation)."""
     h, ht = _walk_buffers(k, v.shape[-1], output_final_state)
     _fwd_h_walk(k, v, gc, h, h0, ht, 0, h.shape[1])
     return h, ht
@@ -920,25 +919,27 @@ def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a):
     V = v.shape[-1]
     NT = _cdiv(T, BT)
     segments = _segments(NT, _walk_programs(k, B, H, K, V), k)
-    if len(segments) == 1:  # the walk launched first: host time before it is GPU idle time
-        h, ht = fwd_h(k, v, gc, h0, output_final_state)
-        A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
-        o = torch.empty_like(v)
-        _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, 0, NT)
-        return o, h, ht, A
     h, ht = _walk_buffers(k, V, output_final_state)
-    # (launched before the walks, so the first segment also waits for it, though it needs gc only:
-    # ~0.02 ms while no chunk is steep; launching it with the last segment's "before" would spare
-    # that wait: not yet run on a GPU)
-    A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
-    o = torch.empty_like(v)
-    carry = k.new_empty(B, H, K, V, dtype=torch.float32)
+    carry = None if len(segments) == 1 else k.new_empty(B, H, K, V, dtype=torch.float32)
 
     def walk(c0, c1, i):
         _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1)
 
-    _overlap.run(segments, lambda c0, c1: None, walk,
-                 lambda c0, c1: _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, c0, c1), k)
+    if len(segments) == 1:  # the walk launched first: host time before it is GPU idle time
+        walk(0, NT, 0)
+    # (with segments launched before the walks, so the first segment also waits for it, though it
+    # needs gc only: ~0.02 ms while no chunk is steep; launching it with the last segment's
+    # "before" would spare that wait: not yet run on a GPU)
+    A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
+    o = torch.empty_like(v)
+
+    def output(c0, c1):
+        _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, c0, c1)
+
+    if len(segments) == 1:
+        output(0, NT)
+    else:  # every buffer exists before the first walk (``overlap.run``'s contract)
+        _overlap.run(segments, lambda c0, c1: None, walk, output, k)
     return o, h, ht, A
 
 
