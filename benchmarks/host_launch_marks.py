@@ -7,19 +7,16 @@ batch): the host clock at each Triton launch, no profiler.
 Every ``JITFunction.run`` (a Triton launch from Python) is wrapped to note ``perf_counter`` before
 and after it. Per family and length, 20 steps each way: "synced" (each step after a
 ``torch.cuda.synchronize()``, from an idle GPU, as ``gpu_common.cuda_time`` times a synced step)
-and "queued" (back to back). Printed per way: the host's time for the step, from the step's start
-to its first Triton launch, the launches' own time, and the gap before each launch (medians). Then
-a ``cProfile`` of five synced steps, by own time. ``step_gaps.py`` gives the GPU side (idle time
-and what it waited for) from a profiler trace; this one the host side without one.
-``--out`` also writes ``host_launch_marks.txt``.
+and "queued" (back to back). A table row per way: the host's time for the step, from the step's
+start to its first Triton launch, the launches' own time, and the gap before each launch
+(medians). Then a ``cProfile`` of five synced steps, by own time (``train_ab.host_profile``).
+``step_gaps.py`` gives the GPU side (idle time and what it waited for) from a profiler trace; this
+one the host side without one. ``--out`` also writes ``host_launch_marks.{md,json}``.
 """
 from __future__ import annotations
 
 import argparse
-import cProfile
 import importlib
-import io
-import pstats
 import statistics
 import sys
 import time
@@ -30,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import TOKENS, checked_families, checked_lengths, fwd_bwd, positional, train_inputs  # noqa: E402
+from gpu_common import (  # noqa: E402
+    TOKENS, checked_families, checked_lengths, fwd_bwd, positional, train_inputs, write_report,
+)
 from triton_check import require_triton  # noqa: E402
 
 MARKS: list[tuple[str, float, float]] = []  # (kernel, host clock before, after) per launch
@@ -52,14 +51,16 @@ def wrap_triton_launches() -> None:
     jit.JITFunction.run = noted
 
 
-def marks_of(step, synced: bool, steps: int) -> str:
-    """One line: medians over ``steps`` steps of the host's step time, its time to the first
-    launch, the launches' own time and the gap before each launch after the first (us)."""
+def marks_of(step, synced: bool, steps: int, sync=None) -> dict:
+    """Medians over ``steps`` steps (us): the host's step time, its time to the first launch, the
+    launches' own time and the gap before each launch after the first, by kernel. ``sync``: the
+    device synchronize (``torch.cuda.synchronize``), before each synced step and after the last."""
+    sync = torch.cuda.synchronize if sync is None else sync
     totals, firsts, launches, gaps = [], [], [], []
     for _ in range(steps):
         MARKS.clear()
         if synced:
-            torch.cuda.synchronize()
+            sync()
         t0 = time.perf_counter()
         step()
         totals.append((time.perf_counter() - t0) * 1e6)
@@ -68,20 +69,31 @@ def marks_of(step, synced: bool, steps: int) -> str:
         firsts.append((MARKS[0][1] - t0) * 1e6)
         launches.append(sum(b - a for _, a, b in MARKS) * 1e6)
         gaps.append([(MARKS[j + 1][1] - MARKS[j][2]) * 1e6 for j in range(len(MARKS) - 1)])
-    torch.cuda.synchronize()
+    sync()
     med = statistics.median
-    per_gap = [med(g[j] for g in gaps) for j in range(len(gaps[0]))]
-    names = " ".join(f"{n.strip('_')}>{g:.1f}" for (n, _, _), g in zip(MARKS[1:], per_gap))
-    return (f"host step {med(totals):.0f} us, to first launch {med(firsts):.0f} us, in {len(MARKS)} Triton "
-            f"launches {med(launches):.0f} us; gap before each launch (us): {names}")
+    return {"host_step_us": med(totals), "to_first_launch_us": med(firsts), "launches": len(MARKS),
+            "launches_us": med(launches),
+            "gap_before_us": [[n.strip("_"), med(g[j] for g in gaps)] for j, (n, _, _) in enumerate(MARKS[1:])]}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| family | T | step | host step us | to first launch us | Triton launches (us) | gap before each launch (us) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        gaps = " ".join(f"{n}>{g:.1f}" for n, g in r["gap_before_us"])
+        lines.append(f"| {r['family']} | {r['T']} | {r['mode']} | {r['host_step_us']:.0f} | "
+                     f"{r['to_first_launch_us']:.0f} | {r['launches']} ({r['launches_us']:.0f}) | {gaps} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
+    from train_ab import host_profile
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default="gla,delta_rule,gated_delta_rule")
     ap.add_argument("--lengths", default="2048,32768")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--out", default="", help="folder for host_launch_marks.txt")
+    ap.add_argument("--out", default="", help="folder for host_launch_marks.{md,json}")
     a = ap.parse_args(argv)
     families, lengths = checked_families(ap, a.families), checked_lengths(ap, a.lengths, whole_batches=True)
     if a.steps < 1:
@@ -91,7 +103,7 @@ def main(argv=None) -> int:
         return 2
     require_triton("host_launch_marks")
     wrap_triton_launches()
-    lines = []
+    rows, profiles = [], []
     for family in families:
         for T in lengths:
             args = train_inputs(family, TOKENS // T, T)
@@ -106,22 +118,13 @@ def main(argv=None) -> int:
                 except RuntimeError as exc:
                     print(f"host_launch_marks: {family} T={T}: {exc}", file=sys.stderr)
                     return 2
-                lines.append(f"{family} T={T} {'synced' if synced else 'queued'}: {marks}")
-                print(lines[-1], flush=True)
-            prof = cProfile.Profile()
-            for _ in range(5):
-                torch.cuda.synchronize()
-                prof.enable()
-                step()
-                prof.disable()
+                rows.append({"family": family, "T": T, "mode": "synced" if synced else "queued", **marks})
+            # five synced steps (a synchronize before each), functions by their own time
+            text = host_profile(step, steps=5, top=12, busy=torch.cuda.synchronize)
             torch.cuda.synchronize()
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
-            lines.append(text.getvalue())
-            print(lines[-1])
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "host_launch_marks.txt").write_text("\n".join(lines) + "\n")
+            profiles.append(f"### cProfile, {family} T={T}, five synced steps\n\n```\n{text.strip()}\n```")
+    write_report("host_launch_marks", "Host time of a training step, Triton launch by launch",
+                 table(rows) + "\n\n" + "\n\n".join(profiles), rows, a.out, argv)
     return 0
 
 

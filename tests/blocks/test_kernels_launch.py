@@ -1166,9 +1166,10 @@ def test_step_gaps_splits_idle_time_into_waits_for_the_host_and_the_rest(capsys)
         assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-def test_host_launch_marks_checks_its_arguments_and_needs_a_gpu(capsys):
+def test_host_launch_marks_checks_its_arguments_and_needs_a_gpu(capsys, monkeypatch):
     """``benchmarks/host_launch_marks.py``: a bad family, length or step count is a one-line error
-    naming the flag; without CUDA it says so and returns 2."""
+    naming the flag; without CUDA it says so and returns 2; its medians and table row from a step
+    of two stub launches on a stub clock; a step without a Triton launch is an error."""
     marks = _benchmark("host_launch_marks")
     for bad in (["--families", "nope"], ["--lengths", "1000"], ["--steps", "0"]):
         with pytest.raises(SystemExit):
@@ -1177,6 +1178,25 @@ def test_host_launch_marks_checks_its_arguments_and_needs_a_gpu(capsys):
     if not torch.cuda.is_available():
         assert marks.main(["--families", "gla", "--lengths", "2048"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+    # the marks of a step with two launches, 1 ms apart on the host clock, as a table row
+    clock = iter(range(100))
+
+    def step():
+        for name in ("_first_kernel", "_second_kernel"):
+            t0 = next(clock) * 1e-3
+            marks.MARKS.append((name, t0, t0 + 0.5e-3))
+
+    monkeypatch.setattr(marks.time, "perf_counter", lambda: next(clock) * 1e-3)
+    row = marks.marks_of(step, synced=True, steps=3, sync=lambda: None)
+    monkeypatch.undo()
+    # per step: start at t, launches at t+1 (to t+1.5) and t+2 (to t+2.5), end at t+3
+    assert row["launches"] == 2 and row["to_first_launch_us"] == pytest.approx(1000)
+    assert row["host_step_us"] == pytest.approx(3000) and row["launches_us"] == pytest.approx(1000)
+    assert row["gap_before_us"] == [["second_kernel", pytest.approx(500)]]
+    assert "| gla | 2048 | synced | 3000 | 1000 | 2 (1000) | second_kernel>500.0 |" in marks.table(
+        [{"family": "gla", "T": 2048, "mode": "synced", **row}])
+    with pytest.raises(RuntimeError, match="no Triton launch"):
+        marks.marks_of(lambda: None, synced=False, steps=1, sync=lambda: None)
 
 
 def test_walk_forms_needs_the_interpreter_for_its_check_and_a_gpu_for_its_timing(capsys):
