@@ -101,8 +101,11 @@ LAUNCH = {
     # bwd_chunk at 8 warps capped to 128 registers (2 programs of 8 warps per SM, 368 B of spills in
     # sm_90 compiles, against 2 of 4 warps at 255 registers): -2.1 / -1.4% per fwd+bwd step at 2k /
     # 32k synced, -2.5 / -2.9% queued (H200 2026-12-02 01:33, ``train_ab.py``,
-    # docs/benchmarks/train_ab_1202_caps.md; fwd_o the same way +2.1 / +1.3% synced)
-    "bwd_chunk": dict(num_warps=8, num_stages=None, maxnreg=128),
+    # docs/benchmarks/train_ab_1202_caps.md; fwd_o the same way +2.1 / +1.3% synced); 3 stages
+    # (both of its 2 value blocks' loads issued up front; 2 programs of 80 KB of shared memory per
+    # SM) -2.4 / -2.5% synced, -2.7 / -1.9% queued against 2 (H200 2026-12-02 02:52, ``train_ab.py``,
+    # docs/benchmarks/train_ab_1202_bwd_chunk.md); 16 warps +8.8%, with BWD_CHUNK_BK=128 +11.7%
+    "bwd_chunk": dict(num_warps=8, num_stages=3, maxnreg=128),
     "bwd_dv": dict(num_warps=8, num_stages=None),  # with BWD_DV_SEPARATE; 4 warps within 0.2% (23:53)
     # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
     # at 19:59 (fewer spills) 4 warps +14.6 / +13.1%, 2 or 3 stages +10%
