@@ -93,11 +93,17 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is 
 LAUNCH = {
     "cumsum": dict(num_warps=4, num_stages=3),
     "walk": dict(num_warps=4, num_stages=2, maxnreg=104),
+    # the walks at V block 32 (long sequences, ``tiles.walk_bv``) at 3 stages: -3.0 / -3.8% per
+    # fwd+bwd step at 32k synced / queued (H200 2026-12-02 02:55, ``train_ab.py``, both walks,
+    # docs/benchmarks/train_ab_1202_bwd_chunk.md); at block 64 (2k) the same +4.1%, so it stays 2
+    "walk_bv32": dict(num_warps=4, num_stages=3, maxnreg=104),
     "intra_a": dict(num_warps=4, num_stages=3, maxnreg=128),
     # the whole-chunk kernels at 4 warps (2 programs per SM, 255 registers with 40 / 552 B of
     # spills in sm_90 compiles) against 8 (1 program, no spills): fwd_o 0.78 vs 1.05 ms, bwd_chunk
     # 3.81 vs 4.60 ms per fwd+bwd step at 2k (H200 2026-12-01 21:37, docs/benchmarks/gla_whole_chunk.md)
-    "fwd_o": dict(num_warps=4, num_stages=None),
+    # 1 stage: -1.7 / -2.9% per fwd+bwd step at 2k / 32k synced against 2 (3: within 0.6%), with
+    # bwd_chunk at 3 stages (H200 2026-12-02 02:55, docs/benchmarks/train_ab_1202_bwd_chunk.md)
+    "fwd_o": dict(num_warps=4, num_stages=1),
     # bwd_chunk at 8 warps capped to 128 registers (2 programs of 8 warps per SM, 368 B of spills in
     # sm_90 compiles, against 2 of 4 warps at 255 registers): -2.1 / -1.4% per fwd+bwd step at 2k /
     # 32k synced, -2.5 / -2.9% queued (H200 2026-12-02 01:33, ``train_ab.py``,
@@ -855,6 +861,12 @@ def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM)
 
 
+def _walk_launch(x: torch.Tensor, BV: int) -> dict:
+    """Launch settings of the walks at V block ``BV`` (``LAUNCH``: ``walk``, or ``walk_bv32`` at 32
+    and below)."""
+    return _launch(LAUNCH, "walk", x) if BV > 32 else _launch(LAUNCH, "walk_bv32", x)
+
+
 def _walk_programs(x: torch.Tensor, B: int, H: int, K: int, V: int) -> int:
     BK, BV = _walk_blocks(x, B, H, K, V)
     return _cdiv(K, BK) * _cdiv(V, BV) * B * H
@@ -868,7 +880,7 @@ def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1):
     BK, BV = _walk_blocks(k, B, H, K, V)
     _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H)](
         k, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), **_launch(LAUNCH, "walk", k))
+        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), **_walk_launch(k, BV))
 
 
 def _walk_buffers(k, V, output_final_state):
@@ -984,7 +996,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
         d_out = dh0 if i == len(segments) - 1 else carry
         _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
             q, do, gc, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
-            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, **_launch(LAUNCH, "walk", q))
+            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, **_walk_launch(q, BVw))
 
     dv_separate = BWD_DV_SEPARATE
     BKc = min(BWD_CHUNK_BK, _pow2(K))
