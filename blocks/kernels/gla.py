@@ -202,9 +202,12 @@ WHOLE_CHUNK = True
 # 2k / 32k synced (H200 2026-12-02 00:53, ``train_ab.py``).
 BWD_CHUNK_BK = 64
 FWD_O_BK = 64
-# _bwd_chunk_kernel's epilogue rows (q, k and the gate's cumsum of its key slice) loaded before its
-# value loop instead of after it (not yet timed)
-BWD_CHUNK_PREFETCH = False
+# Also lost (H200 2026-12-02 02:52 / 02:55, ``train_ab.py``, docs/benchmarks/train_ab_1202_bwd_chunk.md;
+# the switch is gone since): _bwd_chunk_kernel's epilogue rows (q, k and the gate's cumsum of its key
+# slice) loaded before its value loop instead of after it (``BWD_CHUNK_PREFETCH``, 360 B of spills
+# at the cap): +3.3 / +2.5% per step at 2k / 32k at 2 stages, +5.2 / +5.7% at 3. And its reverse
+# cumsum as a dot with a triangular matrix of ones (not timed: sm_90 compiles spilled 1.2 KB at the
+# cap, tf32 or tf32x3 alike, against 368 B).
 # dv from its own kernel (``_bwd_dv_kernel``, one program per chunk and 128 value columns) and
 # ``_bwd_chunk_kernel`` the dq, dk and gate part only (a shorter chain per program: 464 B of spills
 # instead of 568-592 in sm_90 compiles), and
@@ -249,8 +252,7 @@ WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
-            "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "BWD_CHUNK_PREFETCH": (False, True)}
+            "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -629,7 +631,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                       SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
-                      READ_A: tl.constexpr, PREFETCH: tl.constexpr):
+                      READ_A: tl.constexpr):
     """Grid (K/BK, chunks, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
     G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in
     ``_fwd_o_kernel``: through row 0 below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
@@ -664,12 +666,6 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
     if not steep:
         c0 = i_k * BK
         o_k = c0 + tl.arange(0, BK)
-        if PREFETCH:  # the epilogue's rows loaded before the value loop, their latency behind it
-            g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
-            b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, c0, BK)
-            b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
-            b_qr = _rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK)
-            b_kr = _rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK)
         b_dq = tl.zeros([BT, BK], dtype=tl.float32)
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
         b_dA = tl.zeros([BT, BT], dtype=tl.float32)
@@ -688,14 +684,11 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
         b_dA = b_dA * scale
         b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_dA, 0.), axis=1)
         b_dAm = _op(tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.), q, LOWP)
-        if not PREFETCH:
-            g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
-            b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, c0, BK)
-            b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
-            b_qr = _rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK)
-            b_kr = _rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK)
-        b_q = b_qr.to(tl.float32)
-        b_k = b_kr.to(tl.float32)
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
+        b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, c0, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
+        b_q = _rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
+        b_k = _rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
         b_e = tl.exp(b_g - b_g0[None, :])  # exp(G - G_0) in [exp(-span), 1]
         b_einv = tl.exp(b_g0[None, :] - b_g)
         # dq without the diagonal pairs: the state read (exp(G) = exp(G - G_0) exp(G_0)), earlier
@@ -1011,7 +1004,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
         _bwd_chunk_kernel[(_cdiv(K, BKc), c1 - c0, B * H)](
             q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=BKc,
             BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
-            WITH_DV=not dv_separate, READ_A=read_a, PREFETCH=BWD_CHUNK_PREFETCH, **_launch(LAUNCH, "bwd_chunk", q))
+            WITH_DV=not dv_separate, READ_A=read_a, **_launch(LAUNCH, "bwd_chunk", q))
 
     if len(segments) == 1:  # the walk launched before the other buffers are allocated
         walk(0, NT, 0)

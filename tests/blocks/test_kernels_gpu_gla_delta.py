@@ -655,19 +655,16 @@ def test_interpreter_gla_chunk_spans_pick_each_chunks_path(monkeypatch):
 @interpreter
 @pytest.mark.parametrize("dv_separate", [False, True])
 @pytest.mark.parametrize("keep_a", [False, True], ids=["recompute_a", "keep_a"])
-@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
-def test_interpreter_gla_whole_chunk_over_key_slices(dv_separate, keep_a, prefetch, monkeypatch):
+def test_interpreter_gla_whole_chunk_over_key_slices(dv_separate, keep_a, monkeypatch):
     """``_bwd_chunk_kernel`` runs one program per key slice: with ``BWD_CHUNK_BK`` 16 at K = 40 (three
     slices, the last half masked, each forming the chunk's scores over all of them) and V = 136
     (three value blocks: slice i writes dv's block i), on both paths (the "mixed" decay); and
     ``_fwd_o_kernel`` over key slices of 16 (``FWD_O_BK``); dv from ``_bwd_chunk_kernel`` or from
     ``_bwd_dv_kernel`` (``BWD_DV_SEPARATE``), on scores formed again or kept from the forward
-    (``KEEP_A``: ``_fwd_o_kernel`` stores them over its key slices), with the epilogue's rows
-    loaded before the value loop or after it (``BWD_CHUNK_PREFETCH``). The interpreter cases above
+    (``KEEP_A``: ``_fwd_o_kernel`` stores them over its key slices). The interpreter cases above
     have one slice (K <= 64) and powers of two."""
     from blocks.kernels import gla
 
-    monkeypatch.setattr(gla, "BWD_CHUNK_PREFETCH", prefetch)
     monkeypatch.setattr(gla, "BWD_DV_SEPARATE", dv_separate)
     monkeypatch.setattr(gla, "KEEP_A", keep_a)
     monkeypatch.setattr(gla, "BWD_CHUNK_BK", 16)

@@ -61,6 +61,17 @@ def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
     assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
 
 
+@pytest.mark.skipif(tiles.INTERPRET, reason="the interpreter launches everything at one warp, one stage")
+def test_gla_walks_take_their_block_32_settings_at_block_32_and_below(monkeypatch):
+    """gla's state walks at V block 32 (long sequences) launch with ``LAUNCH["walk_bv32"]``, at block
+    64 with ``LAUNCH["walk"]``: the two were timed apart (3 stages won at 32, lost at 64)."""
+    monkeypatch.setitem(gla.LAUNCH, "walk", dict(num_warps=4, num_stages=2))
+    monkeypatch.setitem(gla.LAUNCH, "walk_bv32", dict(num_warps=8, num_stages=3))
+    bf16 = torch.empty(1, dtype=torch.bfloat16)
+    assert gla._walk_launch(bf16, 64) == dict(num_warps=4, num_stages=2)
+    assert gla._walk_launch(bf16, 32) == gla._walk_launch(bf16, 16) == dict(num_warps=8, num_stages=3)
+
+
 def test_launch_leaves_register_caps_out_where_triton_cannot_take_them():
     """``tiles.supports_maxnreg``: on ROCm, or with a Triton whose CUDA backend has no ``maxnreg``
     option, the kernels run uncapped instead of failing at their first launch."""
