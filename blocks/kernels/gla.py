@@ -202,16 +202,16 @@ WHOLE_CHUNK = True
 # 2k / 32k synced (H200 2026-12-02 00:53, ``train_ab.py``).
 BWD_CHUNK_BK = 64
 FWD_O_BK = 64
-# _bwd_chunk_kernel as one program per chunk that takes its key slices one after another, forming the
-# chunk's score gradients dA = scale do v^T once (a [64, 64] dot over all values) instead of once
-# in each slice's program; half the programs, each longer (not yet timed)
-BWD_CHUNK_SERIAL_SLICES = False
 # Also lost (H200 2026-12-02 02:52 / 02:55, ``train_ab.py``, docs/benchmarks/train_ab_1202_bwd_chunk.md;
 # the switch is gone since): _bwd_chunk_kernel's epilogue rows (q, k and the gate's cumsum of its key
 # slice) loaded before its value loop instead of after it (``BWD_CHUNK_PREFETCH``, 360 B of spills
 # at the cap): +3.3 / +2.5% per step at 2k / 32k at 2 stages, +5.2 / +5.7% at 3. And its reverse
 # cumsum as a dot with a triangular matrix of ones (not timed: sm_90 compiles spilled 1.2 KB at the
-# cap, tf32 or tf32x3 alike, against 368 B).
+# cap, tf32 or tf32x3 alike, against 368 B). And one program per chunk taking its two key slices one
+# after another, forming dA = scale do v^T once instead of in each slice's program
+# (``BWD_CHUNK_SERIAL_SLICES``, commit 2f4aafc; 544 B of spills at the cap, 2 programs per SM):
+# +25.8 / +21.7% per step at 2k / 32k (H200 2026-12-02 03:21): half the programs, each twice as long
+# a chain, and the SMs' slots, not the dots, are what the kernel is short of.
 # dv from its own kernel (``_bwd_dv_kernel``, one program per chunk and 128 value columns) and
 # ``_bwd_chunk_kernel`` the dq, dk and gate part only (a shorter chain per program: 464 B of spills
 # instead of 568-592 in sm_90 compiles), and
@@ -256,8 +256,7 @@ WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
-            "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "BWD_CHUNK_SERIAL_SLICES": (False, True)}
+            "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -631,72 +630,13 @@ def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT, C0,
                H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A)
 
 
-@triton.jit
-def _state_grads(v, do, h, dh, p_h, i_b, i_h, r0, c0, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_DA: tl.constexpr):
-    """One chunk's value loop for key slice ``c0 ..``: ``(do h^T, v dh^T, do v^T, <h, dh> over values)``,
-    ``[BT, BK], [BT, BK], [BT, BT], [BK]`` float32 (``do v^T`` unscaled, zeros without ``WITH_DA``)."""
-    o_k = c0 + tl.arange(0, BK)
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
-        b_v = _rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
-        b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
-        b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
-        b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
-        b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
-        b_dk += tl.dot(b_v, b_dhT.to(b_v.dtype), input_precision=DOT_PREC)
-        if WITH_DA:
-            b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
-        b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
-    return b_dq, b_dk, b_dA, b_hdh
-
-
-@triton.jit
-def _slice_grads(q, k, gc, dq, dk, dg, b_dq, b_dk, b_hdh, b_dAm, b_diag, i_b, i_h, r0, last, c0, scale, T,
-                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
-                 LOWP: tl.constexpr):
-    """The epilogue of ``_bwd_chunk_kernel`` for key slice ``c0 ..``: dq, dk and the gate's gradient
-    from the value loop's state terms (``_state_grads``) and the chunk's strictly lower score
-    gradients ``b_dAm`` (with their diagonal ``b_diag``), stored."""
-    o_i = tl.arange(0, BT)
-    g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
-    b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, c0, BK)
-    b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
-    b_q = _rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
-    b_k = _rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
-    b_e = tl.exp(b_g - b_g0[None, :])  # exp(G - G_0) in [exp(-span), 1]
-    b_einv = tl.exp(b_g0[None, :] - b_g)
-    # dq without the diagonal pairs: the state read (exp(G) = exp(G - G_0) exp(G_0)), earlier
-    # keys; then dk: the state write (exp(G_C - G) = exp(G_C - G_0) exp(G_0 - G)), later
-    # queries. In this order, each stored once done: 223 registers instead of 254 (sm_90, bf16)
-    b_dq = (b_dq * (tl.exp(b_g0) * scale)[None, :]
-            + tl.dot(b_dAm, _op(b_k * b_einv, q, LOWP), input_precision=DOT_PREC)) * b_e
-    b_dG = b_q * b_dq
-    _store(dq, b_dq + b_diag[:, None] * b_k, i_b, i_h, r0, T, H, K, c0, BT, BK)
-    b_dk = b_dk * b_einv * tl.exp(g_last - b_g0)[None, :]
-    b_moved = tl.where(((r0 + o_i) < last)[:, None], b_dk, 0.)
-    b_P = tl.sum(b_k * b_moved, axis=0) + tl.exp(g_last) * b_hdh
-    b_dk += b_diag[:, None] * b_q
-    b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
-    b_dG -= b_k * (b_moved + b_dki)
-    _store(dk, b_dk + b_dki, i_b, i_h, r0, T, H, K, c0, BT, BK)
-    b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_P[None, :]
-    _store(dg, b_dg, i_b, i_h, r0, T, H, K, c0, BT, BK)
-
-
 @triton.jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
 def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, C0,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                       SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
-                      READ_A: tl.constexpr, SERIAL: tl.constexpr):
-    """Grid (K/BK, chunks, B*H), chunks from ``C0`` (with ``SERIAL``: (1, chunks, B*H), the key slices one
-    after another in one program, which forms ``dA`` once instead of once per slice): chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
+                      READ_A: tl.constexpr):
+    """Grid (K/BK, chunks, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
     G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in
     ``_fwd_o_kernel``: through row 0 below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
     and ``dg`` (final: after the chunk's reverse cumsum) of key slice ``i_k``:
@@ -725,30 +665,52 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
     o_i = tl.arange(0, BT)
     p_h = ((i_b * NT + i_t) * H + i_h) * K * V
     if WITH_DV:
-        if SERIAL:
-            _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, 0, 1,
-                       H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A)
-        else:
-            _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, i_k, NK,
-                       H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A)
+        _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, i_k, NK,
+                   H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A)
     if not steep:
-        if SERIAL:
-            b_dA = _dA_block(do, v, i_b, i_h, r0, r0, scale, T, H, V, BT, BV, DOT_PREC)
-            b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_dA, 0.), axis=1)
-            b_dAm = _op(tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.), q, LOWP)
-            for i_kk in range(NK):
-                b_dq, b_dk, b_unused, b_hdh = _state_grads(v, do, h, dh, p_h, i_b, i_h, r0, i_kk * BK, T, H, K, V,
-                                                           BT, BK, BV, DOT_PREC, False)
-                _slice_grads(q, k, gc, dq, dk, dg, b_dq, b_dk, b_hdh, b_dAm, b_diag, i_b, i_h, r0, last,
-                             i_kk * BK, scale, T, H, K, BT, BK, DOT_PREC, LOWP)
-        else:
-            b_dq, b_dk, b_dA, b_hdh = _state_grads(v, do, h, dh, p_h, i_b, i_h, r0, i_k * BK, T, H, K, V,
-                                                   BT, BK, BV, DOT_PREC, True)
-            b_dA = b_dA * scale
-            b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_dA, 0.), axis=1)
-            b_dAm = _op(tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.), q, LOWP)
-            _slice_grads(q, k, gc, dq, dk, dg, b_dq, b_dk, b_hdh, b_dAm, b_diag, i_b, i_h, r0, last,
-                         i_k * BK, scale, T, H, K, BT, BK, DOT_PREC, LOWP)
+        c0 = i_k * BK
+        o_k = c0 + tl.arange(0, BK)
+        b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+        b_hdh = tl.zeros([BK], dtype=tl.float32)
+        for i_v in range(tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
+            b_v = _rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+            b_do = _rows(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
+            b_hT = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)  # [BV, BK]
+            b_dhT = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.)
+            b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
+            b_dk += tl.dot(b_v, b_dhT.to(b_v.dtype), input_precision=DOT_PREC)
+            b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+            b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
+        b_dA = b_dA * scale
+        b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_dA, 0.), axis=1)
+        b_dAm = _op(tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.), q, LOWP)
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
+        b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, c0, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
+        b_q = _rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
+        b_k = _rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
+        b_e = tl.exp(b_g - b_g0[None, :])  # exp(G - G_0) in [exp(-span), 1]
+        b_einv = tl.exp(b_g0[None, :] - b_g)
+        # dq without the diagonal pairs: the state read (exp(G) = exp(G - G_0) exp(G_0)), earlier
+        # keys; then dk: the state write (exp(G_C - G) = exp(G_C - G_0) exp(G_0 - G)), later
+        # queries. In this order, each stored once done: 223 registers instead of 254 (sm_90, bf16)
+        b_dq = (b_dq * (tl.exp(b_g0) * scale)[None, :]
+                + tl.dot(b_dAm, _op(b_k * b_einv, q, LOWP), input_precision=DOT_PREC)) * b_e
+        b_dG = b_q * b_dq
+        _store(dq, b_dq + b_diag[:, None] * b_k, i_b, i_h, r0, T, H, K, c0, BT, BK)
+        b_dk = b_dk * b_einv * tl.exp(g_last - b_g0)[None, :]
+        b_moved = tl.where(((r0 + o_i) < last)[:, None], b_dk, 0.)
+        b_P = tl.sum(b_k * b_moved, axis=0) + tl.exp(g_last) * b_hdh
+        b_dk += b_diag[:, None] * b_q
+        b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
+        b_dG -= b_k * (b_moved + b_dki)
+        _store(dk, b_dk + b_dki, i_b, i_h, r0, T, H, K, c0, BT, BK)
+        b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_P[None, :]
+        _store(dg, b_dg, i_b, i_h, r0, T, H, K, c0, BT, BK)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
@@ -1035,7 +997,6 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
 
     dv_separate = BWD_DV_SEPARATE
     BKc = min(BWD_CHUNK_BK, _pow2(K))
-    serial = BWD_CHUNK_SERIAL_SLICES and BKc < K
 
     def per_chunk(c0, c1):
         if dv_separate:
@@ -1044,10 +1005,10 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
                 q, k, gc, span, A, do, dh, dv, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)),
                 BV=BVd, DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype), READ_A=read_a,
                 **_launch(LAUNCH, "bwd_dv", q))
-        _bwd_chunk_kernel[(1 if serial else _cdiv(K, BKc), c1 - c0, B * H)](
+        _bwd_chunk_kernel[(_cdiv(K, BKc), c1 - c0, B * H)](
             q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=BKc,
             BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
-            WITH_DV=not dv_separate, READ_A=read_a, SERIAL=serial, **_launch(LAUNCH, "bwd_chunk", q))
+            WITH_DV=not dv_separate, READ_A=read_a, **_launch(LAUNCH, "bwd_chunk", q))
 
     if len(segments) == 1:  # the walk launched before the other buffers are allocated
         walk(0, NT, 0)

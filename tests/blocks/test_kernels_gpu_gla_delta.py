@@ -446,15 +446,14 @@ def test_interpreter_wy_dots_in_half_precision(family, input_dtype_dots, monkeyp
 
 
 class _LaunchSpy:
-    """Stands in for a Triton kernel: records each launch's arguments and grid, then launches it."""
+    """Stands in for a Triton kernel: records each launch's arguments, then launches it."""
 
     def __init__(self, kernel):
-        self.kernel, self.calls, self.grids = kernel, [], []
+        self.kernel, self.calls = kernel, []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.calls.append((args, kwargs))
-            self.grids.append(grid)
             return self.kernel[grid](*args, **kwargs)
         return launch
 
@@ -656,21 +655,16 @@ def test_interpreter_gla_chunk_spans_pick_each_chunks_path(monkeypatch):
 @interpreter
 @pytest.mark.parametrize("dv_separate", [False, True])
 @pytest.mark.parametrize("keep_a", [False, True], ids=["recompute_a", "keep_a"])
-@pytest.mark.parametrize("serial", [False, True], ids=["", "serial"])
-def test_interpreter_gla_whole_chunk_over_key_slices(dv_separate, keep_a, serial, monkeypatch):
+def test_interpreter_gla_whole_chunk_over_key_slices(dv_separate, keep_a, monkeypatch):
     """``_bwd_chunk_kernel`` runs one program per key slice: with ``BWD_CHUNK_BK`` 16 at K = 40 (three
     slices, the last half masked, each forming the chunk's scores over all of them) and V = 136
     (three value blocks: slice i writes dv's block i), on both paths (the "mixed" decay); and
     ``_fwd_o_kernel`` over key slices of 16 (``FWD_O_BK``); dv from ``_bwd_chunk_kernel`` or from
     ``_bwd_dv_kernel`` (``BWD_DV_SEPARATE``), on scores formed again or kept from the forward
-    (``KEEP_A``: ``_fwd_o_kernel`` stores them over its key slices); the slices in programs of their
-    own or one after another in one program per chunk (``BWD_CHUNK_SERIAL_SLICES``). The
-    interpreter cases above have one slice (K <= 64) and powers of two."""
+    (``KEEP_A``: ``_fwd_o_kernel`` stores them over its key slices). The interpreter cases above
+    have one slice (K <= 64) and powers of two."""
     from blocks.kernels import gla
 
-    monkeypatch.setattr(gla, "BWD_CHUNK_SERIAL_SLICES", serial)
-    chunk = _LaunchSpy(gla._bwd_chunk_kernel)
-    monkeypatch.setattr(gla, "_bwd_chunk_kernel", chunk)
     monkeypatch.setattr(gla, "BWD_DV_SEPARATE", dv_separate)
     monkeypatch.setattr(gla, "KEEP_A", keep_a)
     monkeypatch.setattr(gla, "BWD_CHUNK_BK", 16)
@@ -678,7 +672,6 @@ def test_interpreter_gla_whole_chunk_over_key_slices(dv_separate, keep_a, serial
     with checked_memory():
         errs = run_case(chunk_kernel("gla"), "gla", (1, 130, 2, 40, 136), torch.float32, "mixed", True, "cpu")
     assert max(errs.values()) < 2e-5, errs
-    assert chunk.grids and all(grid[0] == (1 if serial else 3) for grid in chunk.grids), chunk.grids
 
 
 @interpreter
