@@ -61,10 +61,10 @@ def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
     assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
 
 
-@pytest.mark.skipif(tiles.INTERPRET, reason="the interpreter launches everything at one warp, one stage")
 def test_gla_walks_take_their_block_32_settings_at_block_32_and_below(monkeypatch):
     """gla's state walks at V block 32 (long sequences) launch with ``LAUNCH["walk_bv32"]``, at block
     64 with ``LAUNCH["walk"]``: the two were timed apart (3 stages won at 32, lost at 64)."""
+    monkeypatch.setattr(tiles, "INTERPRET", False)  # the interpreter would launch all at 1 warp, 1 stage
     monkeypatch.setitem(gla.LAUNCH, "walk", dict(num_warps=4, num_stages=2))
     monkeypatch.setitem(gla.LAUNCH, "walk_bv32", dict(num_warps=8, num_stages=3))
     bf16 = torch.empty(1, dtype=torch.bfloat16)
