@@ -93,7 +93,7 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is 
 LAUNCH = {
     "cumsum": dict(num_warps=4, num_stages=3),
     "walk": dict(num_warps=4, num_stages=2, maxnreg=104),
-    # the walks at V block 32 (long sequences, ``tiles.walk_bv``) at 3 stages: -3.0 / -3.8% per
+    # the walks at V block 32 (long sequences, ``tiles.walk_bv``) at 3 stages: -3.0 / -3.7% per
     # fwd+bwd step at 32k synced / queued (H200 2026-12-02 02:55, ``train_ab.py``, both walks,
     # docs/benchmarks/train_ab_1202_bwd_chunk.md); at block 64 (2k) the same +4.1%, so it stays 2
     "walk_bv32": dict(num_warps=4, num_stages=3, maxnreg=104),
