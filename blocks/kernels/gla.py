@@ -60,8 +60,8 @@ from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, overlap as _overlap, register_kernel
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
-from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2
-from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv
+from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
+from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
 
 BT = 64  # chunk length inside the kernels
 BC = 16  # sub-chunk (tl.dot's smallest block)
@@ -97,6 +97,12 @@ LAUNCH = {
     # fwd+bwd step at 32k synced / queued (H200 2026-12-02 02:55, ``train_ab.py``, both walks,
     # docs/benchmarks/train_ab_1202_bwd_chunk.md); at block 64 (2k) the same +4.1%, so it stays 2
     "walk_bv32": dict(num_warps=4, num_stages=3, maxnreg=104),
+    # the walks over all of V (``WALK_FULL_V``, V block 128) at 8 warps: -2.3 / -3.3% per fwd+bwd step at
+    # 2k / 32k synced, -1.9 / -3.6% queued against V block 64 / 32 at 4 warps; 16 warps +4.0 / -0.1%,
+    # 4 warps uncapped -1.0 / -0.3% (H200 2026-12-02 03:54, ``train_ab.py``, docs/benchmarks/train_ab_1202_walks.md);
+    # 3 stages -0.4 / +0.4 / -1.7 / -3.9% at 2k / 8k / 16k / 32k against 2, 1 stage +3.6% at 16k,
+    # uncapped within 0.4% (04:02)
+    "walk_bv128": dict(num_warps=8, num_stages=3, maxnreg=104),
     "intra_a": dict(num_warps=4, num_stages=3, maxnreg=128),
     # the whole-chunk kernels at 4 warps (2 programs per SM, 255 registers with 40 / 552 B of
     # spills in sm_90 compiles) against 8 (1 program, no spills): fwd_o 0.78 vs 1.05 ms, bwd_chunk
@@ -200,6 +206,14 @@ WHOLE_CHUNK = True
 # _bwd_chunk_kernel at 32 hit an illegal memory access on the H200 at 21:34 (with dv in the same
 # kernel; not understood); with dv separate it runs, and loses: +5.8 / +5.3% per fwd+bwd step at
 # 2k / 32k synced (H200 2026-12-02 00:53, ``train_ab.py``).
+# _bwd_chunk_kernel at key slice 32 in its launch (8 warps, 3 stages, 128 registers: 24 B of spills
+# against 368 at 64, four programs per chunk each forming dA = do v^T): +6.2 / +6.8 / +5.2 / +4.5% per
+# fwd+bwd step at 2k / 8k / 16k / 32k synced (2 stages +7.8 / +7.0 / +7.5 / +5.6%) (H200 2026-12-02
+# 04:02, ``train_ab.py``, docs/benchmarks/train_ab_1202_walks.md).
+# _fwd_o_kernel at V block 64 (two programs per chunk, each forming the chunk's scores; at 8 warps
+# capped to 128 registers 125 without spills, 2 programs per SM): +4.3 / +5.2 / +4.4 / +3.7% per
+# fwd+bwd step at 2k / 8k / 16k / 32k synced (2 stages +7.4..+9.0%; at its 4 warps +8.4..+9.3%)
+# against one program over V block 128 (H200 2026-12-02 04:07, docs/benchmarks/train_ab_1202_walks.md).
 BWD_CHUNK_BK = 64
 FWD_O_BK = 64
 # Also lost (H200 2026-12-02 02:52 / 02:55, ``train_ab.py``, docs/benchmarks/train_ab_1202_bwd_chunk.md;
@@ -252,11 +266,25 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 # writing ``k exp(G_C - G)``, ``_fwd_o_kernel`` keeping ``scale q exp(G)``, so that a walk step reads
 # one row of ``gc`` instead of 64): +7.3 / +6.0 / +0.9% per step at 2k / 16k / 32k synced. L2 serves
 # the walk programs' repeated reads of k and ``gc``; the extra traffic only costs.
-WALK_SEGMENTS = 1 if LOW_MEMORY else 2
+# With the walks over all of V (``WALK_FULL_V``: 1.9 / 1.0 / 0.5 walk programs per SM at 8k / 16k / 32k)
+# the best segment count follows the programs per SM (H200 2026-12-02 04:02, ``train_ab.py``, ms per
+# fwd+bwd step synced against 2 segments, docs/benchmarks/train_ab_1202_walks.md): 1 segment -1.5 /
+# +2.6 / +8.0%, 4 segments +2.2 / +1.2 / -4.1% (at the walks' 3 stages, 04:07: 2 instead of 4 at 32k
+# +2.7%; a spread of 4, 2 segments at 8k and 4 at 16k, +1.2 / +0.7%). Hence about ``WALK_SEGMENT_SPREAD`` / (programs per
+# SM) segments, at most ``WALK_SEGMENTS``, and none below ``WALK_OVERLAP_BELOW_PER_SM``.
+WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 2.5
+WALK_SEGMENT_SPREAD = 2.0
+# Each walk program forms its chunk's decayed keys ``k exp(G_C - G)`` ([64, BK] with an exponential
+# per element) before its dot, and every V block's program of one key slice forms the same ones.
+# Over all of V at once (V block 128, 8 warps) they are formed once per key slice: fewer programs
+# (64 at 32k, half a program per SM), each with the state [64, 128] float32 over 256 threads.
+# Off: ``tiles.walk_bv``'s rule (V block 64, 32 below one program per SM).
+WALK_FULL_V = True
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
-            "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8)}
+            "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
+            "WALK_FULL_V": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -827,8 +855,14 @@ def _rev_cumsum_kernel(x, P, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: 
 
 
 # --- host side -------------------------------------------------------------------------------
+def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
+    """V block of gla's walks over ``chains`` (batch, head, key slice) chains: all of V up to 128
+    (``WALK_FULL_V``), else ``tiles.walk_bv``'s."""
+    return min(128, _pow2(V)) if WALK_FULL_V else _tiles_walk_bv(x, chains, V)
+
+
 def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
-    """(BK, BV) of the sequential chunk walks (grid ``(K/BK, V/BV, B*H)``; ``tiles.walk_bv``)."""
+    """(BK, BV) of the sequential chunk walks (grid ``(K/BK, V/BV, B*H)``; ``walk_bv``)."""
     BK = min(64, _pow2(K))
     return BK, walk_bv(x, B * H * _cdiv(K, BK), V)
 
@@ -853,14 +887,20 @@ def chunk_paths() -> tuple[float, int]:
 
 
 def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
-    """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``,
-    ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
-    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM)
+    """Chunk ranges of a walk with ``programs`` programs, in chunk order (``overlap.plan``): on a GPU
+    ``round(WALK_SEGMENT_SPREAD / programs per SM)`` of them, at least 1 and at most
+    ``WALK_SEGMENTS``, and one below ``WALK_OVERLAP_BELOW_PER_SM`` programs per SM."""
+    n = WALK_SEGMENTS
+    if x.is_cuda:
+        n = min(n, max(1, round(WALK_SEGMENT_SPREAD * _sm_count(x.device) / max(programs, 1))))
+    return _overlap.plan(nt, programs, x, n, WALK_OVERLAP_BELOW_PER_SM)
 
 
 def _walk_launch(x: torch.Tensor, BV: int) -> dict:
-    """Launch settings of the walks at V block ``BV`` (``LAUNCH``: ``walk``, or ``walk_bv32`` at 32
-    and below)."""
+    """Launch settings of the walks at V block ``BV`` (``LAUNCH``: ``walk_bv128`` above 64, ``walk``
+    at 64, ``walk_bv32`` at 32 and below)."""
+    if BV > 64:
+        return _launch(LAUNCH, "walk_bv128", x)
     return _launch(LAUNCH, "walk", x) if BV > 32 else _launch(LAUNCH, "walk_bv32", x)
 
 

@@ -61,15 +61,30 @@ def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
     assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
 
 
-def test_gla_walks_take_their_block_32_settings_at_block_32_and_below(monkeypatch):
-    """gla's state walks at V block 32 (long sequences) launch with ``LAUNCH["walk_bv32"]``, at block
-    64 with ``LAUNCH["walk"]``: the two were timed apart (3 stages won at 32, lost at 64)."""
+def test_gla_walks_take_the_settings_of_their_v_block(monkeypatch):
+    """gla's state walks launch with ``LAUNCH["walk_bv128"]`` over all of V (``WALK_FULL_V``, V block
+    128), ``LAUNCH["walk"]`` at block 64 and ``LAUNCH["walk_bv32"]`` at 32 and below: each was timed
+    apart (8 warps won at 128, 3 stages at 32 and lost at 64)."""
     monkeypatch.setattr(tiles, "INTERPRET", False)  # the interpreter would launch all at 1 warp, 1 stage
+    monkeypatch.setitem(gla.LAUNCH, "walk_bv128", dict(num_warps=16, num_stages=1))
     monkeypatch.setitem(gla.LAUNCH, "walk", dict(num_warps=4, num_stages=2))
     monkeypatch.setitem(gla.LAUNCH, "walk_bv32", dict(num_warps=8, num_stages=3))
     bf16 = torch.empty(1, dtype=torch.bfloat16)
+    assert gla._walk_launch(bf16, 128) == dict(num_warps=16, num_stages=1)
     assert gla._walk_launch(bf16, 64) == dict(num_warps=4, num_stages=2)
     assert gla._walk_launch(bf16, 32) == gla._walk_launch(bf16, 16) == dict(num_warps=8, num_stages=3)
+
+
+def test_gla_walks_cover_all_of_v_up_to_128_unless_switched_off(monkeypatch):
+    """``gla.walk_bv``: with ``WALK_FULL_V`` one program per key slice covers V (up to 128: heads of
+    dim 64 take 64, 256 two blocks of 128) whatever the number of chains; off, ``tiles.walk_bv``'s
+    rule (64, or 32 below one program per SM: off CUDA it never drops)."""
+    cpu = torch.empty(1)
+    assert gla.WALK_FULL_V
+    assert gla.walk_bv(cpu, 1, 128) == gla.walk_bv(cpu, 10**6, 256) == 128 and gla.walk_bv(cpu, 1, 40) == 64
+    assert gla._walk_blocks(cpu, 2, 16, 128, 128) == (64, 128)
+    monkeypatch.setattr(gla, "WALK_FULL_V", False)
+    assert gla.walk_bv(cpu, 1, 128) == tiles.walk_bv(cpu, 1, 128) == 64
 
 
 def test_launch_leaves_register_caps_out_where_triton_cannot_take_them():
@@ -979,6 +994,27 @@ def test_overlap_plan_cuts_walks_with_few_programs_per_sm(monkeypatch):
     assert overlap.plan(3, 64, FakeCuda(), 8, 2.0) == [(0, 1), (1, 2), (2, 3)]
     assert overlap.plan(1, 64, FakeCuda(), 8, 2.0) == [(0, 1)]
     assert overlap.plan(5, 10 ** 6, torch.empty(0), 2, 2.0) == [(0, 2), (2, 5)]
+
+
+def test_gla_cuts_its_walks_into_about_two_over_programs_per_sm_segments(monkeypatch):
+    """``gla._segments`` on a stand-in CUDA device of 132 SMs: the walks over all of V of the
+    64k-token benchmark (64 chains per 32k sequence ... 1024 at 2k) get 4 / 2 / 1 / 1 segments at
+    32k / 16k / 8k / 2k (``WALK_SEGMENT_SPREAD`` 2 over 0.5 / 1 / 1.9 / 7.8 programs per SM), never
+    more than ``WALK_SEGMENTS``; off CUDA ``WALK_SEGMENTS`` of them."""
+    from blocks.kernels import overlap
+
+    class FakeCuda:
+        is_cuda = True
+        device = "cuda:0"
+
+    monkeypatch.setattr(overlap, "sm_count", lambda device: 132)
+    monkeypatch.setattr(gla, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(gla, "WALK_SEGMENTS", 4)
+    counts = {T: len(gla._segments(T // 64, 65536 // T * 16 * 2, FakeCuda())) for T in (32768, 16384, 8192, 2048)}
+    assert counts == {32768: 4, 16384: 2, 8192: 1, 2048: 1}
+    monkeypatch.setattr(gla, "WALK_SEGMENTS", 2)
+    assert len(gla._segments(512, 64, FakeCuda())) == 2
+    assert len(gla._segments(512, 64, torch.empty(0))) == 2
 
 
 def test_overlap_run_orders_each_segment_after_what_it_needs_off_cuda():
