@@ -1160,6 +1160,18 @@ def test_host_seconds_times_each_call_after_a_sync_or_back_to_back(monkeypatch):
     assert events == (["sync", "busy"] + ["call"] * 3) * 3 + ["sync"]
 
 
+def _rejects_bad_flags_and_needs_a_gpu(main, bad_args, good_args, capsys):
+    """``main`` (a benchmark script's) exits on each of ``bad_args`` with a one-line error naming its
+    flag, and without CUDA returns 2 on ``good_args`` saying it needs a CUDA GPU."""
+    for bad in bad_args:
+        with pytest.raises(SystemExit):
+            main(bad)
+        assert bad[0] in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(good_args) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_step_gaps_splits_idle_time_into_waits_for_the_host_and_the_rest(capsys):
     """``benchmarks/step_gaps.py`` on a hand-made kineto trace of two synced steps: the windows
     between synchronizes, the host's time to its first launch, idle time before the first kernel,
@@ -1203,14 +1215,10 @@ def test_step_gaps_splits_idle_time_into_waits_for_the_host_and_the_rest(capsys)
     # a step that synchronizes a stream or an event inside stays one window
     inner = events[:3] + [call("cudaStreamSynchronize", 100, 5)] + events[3:]
     assert gaps.step_windows(inner) == [(10, 1000)]
-    for bad in (["--families", "nope"], ["--families", ","], ["--lengths", "1000"], ["--steps", "0"],
-                ["--min-gap-us", "-1"], ["--traces"], ["--from-traces", str(ROOT / "docs")]):
-        with pytest.raises(SystemExit):
-            gaps.main(bad)
-        assert bad[0] in capsys.readouterr().err
-    if not torch.cuda.is_available():
-        assert gaps.main(["--families", "gla", "--lengths", "2048"]) == 2
-        assert "needs a CUDA GPU" in capsys.readouterr().err
+    _rejects_bad_flags_and_needs_a_gpu(
+        gaps.main, (["--families", "nope"], ["--families", ","], ["--lengths", "1000"], ["--steps", "0"],
+                    ["--min-gap-us", "-1"], ["--traces"], ["--from-traces", str(ROOT / "docs")]),
+        ["--families", "gla", "--lengths", "2048"], capsys)
 
 
 def test_host_launch_marks_checks_its_arguments_and_needs_a_gpu(capsys, monkeypatch):
@@ -1218,13 +1226,8 @@ def test_host_launch_marks_checks_its_arguments_and_needs_a_gpu(capsys, monkeypa
     naming the flag; without CUDA it says so and returns 2; its medians and table row from a step
     of two stub launches on a stub clock; a step without a Triton launch is an error."""
     marks = _benchmark("host_launch_marks")
-    for bad in (["--families", "nope"], ["--lengths", "1000"], ["--steps", "0"]):
-        with pytest.raises(SystemExit):
-            marks.main(bad)
-        assert bad[0] in capsys.readouterr().err
-    if not torch.cuda.is_available():
-        assert marks.main(["--families", "gla", "--lengths", "2048"]) == 2
-        assert "needs a CUDA GPU" in capsys.readouterr().err
+    _rejects_bad_flags_and_needs_a_gpu(marks.main, (["--families", "nope"], ["--lengths", "1000"], ["--steps", "0"]),
+                                       ["--families", "gla", "--lengths", "2048"], capsys)
     # the marks of a step with two launches, 1 ms apart on the host clock, as a table row
     clock = iter(range(100))
 
@@ -1255,13 +1258,8 @@ def test_walk_forms_needs_the_interpreter_for_its_check_and_a_gpu_for_its_timing
         with pytest.raises(SystemExit):
             forms.main(["--check"])
         assert "TRITON_INTERPRET=1" in capsys.readouterr().err
-    for bad in (["--lengths", "2k"], ["--lengths", "1000"], ["--lengths", "0"], ["--reps", "0"]):
-        with pytest.raises(SystemExit):
-            forms.main(bad)
-        assert bad[0] in capsys.readouterr().err
-    if not torch.cuda.is_available():
-        assert forms.main(["--lengths", "2048"]) == 2
-        assert "needs a CUDA GPU" in capsys.readouterr().err
+    _rejects_bad_flags_and_needs_a_gpu(forms.main, (["--lengths", "2k"], ["--lengths", "1000"], ["--lengths", "0"],
+                                                    ["--reps", "0"]), ["--lengths", "2048"], capsys)
 
 
 def test_write_report_prints_and_writes_the_command_and_table(tmp_path, monkeypatch, capsys):
