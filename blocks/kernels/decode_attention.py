@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from . import register_kernel
+from .fitted import jit as _jit
 from .rope_cache import check_cache_args, check_projection_dtypes, projection_rows, rotated
 from .tiles import cdiv, dot_prec, launch, pow2, sm_count, warps
 
@@ -82,7 +83,7 @@ def _store_out(o, gate, sg_b, out, b, heads, m_g, o_d, m_d, H: tl.constexpr, D: 
     tl.store(o + b * (H * D) + cols, out.to(o.dtype.element_ty), mask=m)
 
 
-@triton.jit(do_not_specialize=["cap"])  # capacities vary (prompt + steps): one compile for all
+@_jit(do_not_specialize=["cap"])  # capacities vary (prompt + steps): one compile for all
 def _attend_kernel(q, k, v, gate, sq_b, sk_b, sv_b, sg_b, inv_freq, pos_ptr, k_cache, v_cache, valid, cap,
                    o, part, part_ml, scale_log2,
                    H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,

@@ -44,6 +44,7 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, overlap as _overlap, register_kernel
+from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
@@ -363,7 +364,7 @@ def _load_cols(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BD:
 
 
 # --- kernels ---------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["T"])  # one compile for every length
+@_jit(do_not_specialize=["T"])  # one compile for every length
 def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
     """Grid (NT, B*H): chunk-local inclusive cumsum of ``g: [B, T, H]`` into float32 ``gc``."""
     i_t = tl.program_id(0)
@@ -376,7 +377,7 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
     tl.store(gc + (i_b * T + o_t) * H + i_h, tl.cumsum(b_g, axis=0), mask=m_t)
 
 
-@triton.jit(do_not_specialize=["T", "C0"])  # one compile for every length
+@_jit(do_not_specialize=["T", "C0"])  # one compile for every length
 def _kkt_kernel(k, beta, g, gc, A, T, C0,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr):
@@ -418,7 +419,7 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
     _store_rows(A, tl.where(m_A, b_A, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
 
 
-@triton.jit(do_not_specialize=["T", "C0"])  # one compile for every length
+@_jit(do_not_specialize=["T", "C0"])  # one compile for every length
 def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr):
     """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
     ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]``
@@ -464,7 +465,7 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
     _store_block(Ai, T33, i_b, i_h, i_t, T, 3, 3, H, BT, BC)
 
 
-@triton.jit(do_not_specialize=["T", "C0"])  # one compile for every length
+@_jit(do_not_specialize=["T", "C0"])  # one compile for every length
 def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -486,7 +487,7 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
         _store_rows(u, tl.dot(b_T, b_x, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
 def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -523,7 +524,7 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
 def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT, C0,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -560,7 +561,7 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT, C0,
     _store_rows(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "C0"])  # one compile for every length
+@_jit(do_not_specialize=["T", "C0"])  # one compile for every length
 def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T, C0,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -589,7 +590,7 @@ def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T, C0,
     _store_rows(dv, b_dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
 def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -638,7 +639,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
 def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, C0,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -815,7 +816,7 @@ def _wy_bwd_dg(b_dG, dG_in, dg, i_b, i_h, o_t, T, B, H: tl.constexpr, NK_G: tl.c
     tl.store(dg + (i_b * T + o_t) * H + i_h, b_rev.to(dg.dtype.element_ty), mask=m_t)
 
 
-@triton.jit(do_not_specialize=["T", "B", "C0"])  # one compile for every length
+@_jit(do_not_specialize=["T", "B", "C0"])  # one compile for every length
 def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, T, B, C0,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,

@@ -59,6 +59,7 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, overlap as _overlap, register_kernel
+from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
@@ -369,7 +370,7 @@ def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
 
 
 # --- kernels ---------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _cumsum_kernel(gk, gc, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
     """Grid (NT, B*H), BK >= K: chunk-local inclusive cumsum of ``gk`` into float32 ``gc``, and the
     chunk's ``span: [B*H, NT]`` float32, the largest range (max - min over its rows) of that cumsum
@@ -386,7 +387,7 @@ def _cumsum_kernel(gk, gc, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl
     tl.store(span + i_bh * NT + i_t, tl.max(b_span, axis=0))
 
 
-@triton.jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
 def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -475,7 +476,7 @@ def _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK: tl.constexpr):
     return ~(tl.load(span + i_bh * NT + i_t) < SPAN_MAX_CHUNK)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _intra_a_kernel(q, k, gc, span, A, scale, T, NT,
                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -502,7 +503,7 @@ def _intra_a_kernel(q, k, gc, span, A, scale, T, NT,
                           H, K, BT, BC, NC, BK, BKD, DOT_PREC, SPAN_MAX, LOWP, LOWP_DIAG)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
 def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -551,7 +552,7 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
     _store(o, b_o, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
 def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -636,7 +637,7 @@ def _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T
         _store(dv, b_dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
 def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT, C0,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -658,7 +659,7 @@ def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT, C0,
                H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
 def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, C0,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -741,7 +742,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
         _store(dg, b_dg, i_b, i_h, r0, T, H, K, c0, BT, BK)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_sub_kernel(q, k, v, gc, span, h, do, dh, dq, dk, dG, P, scale, T, NT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -835,7 +836,7 @@ def _bwd_sub(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT, i_k, i_tc, i_b
     _store(dk, b_dk + b_dks + b_diag[:, None] * b_qf, i_b, i_h, ra, T, H, K, c0, BC, BK)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _rev_cumsum_kernel(x, P, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        NP: tl.constexpr, SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr):
     """Grid (K/BK, cdiv(NT, UNITS), B*H): on the steep chunks (``UNITS`` consecutive per program), in

@@ -28,6 +28,7 @@ import triton.language as tl
 from blocks.ops.utils import check_qkv
 
 from . import low_memory_from_env, register_kernel
+from .fitted import jit as _jit
 from .tiles import dot_prec as _prec, launch as _launch, pow2 as _pow2, state_dtype as _state_dtype
 from .tiles import cdiv as _cdiv, walk_bv
 
@@ -52,7 +53,7 @@ LOW_MEMORY = low_memory_from_env()
 # -12.1 / -14.6% (simple_gla). Off under ARCHSEARCH_LOW_MEMORY_KERNELS=1.
 KEEP_H = not LOW_MEMORY
 SWITCHES = {"KEEP_H": (False, True)}
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_h_kernel(k, v, g, h, h0, ht, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -92,7 +93,7 @@ def _fwd_h_kernel(k, v, g, h, h0, ht, T, NT,
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _fwd_o_kernel(q, k, v, g, h, o, scale, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -134,7 +135,7 @@ def _fwd_o_kernel(q, k, v, g, h, o, scale, T, NT,
              mask=m_t[:, None] & m_v[None, :])
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_dh_kernel(q, do, g, dh, dht, dh0, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -176,7 +177,7 @@ def _bwd_dh_kernel(q, do, g, dh, dht, dh0, scale, T, NT,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])  # one compile for every length
+@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _bwd_dqkv_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,

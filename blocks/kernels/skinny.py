@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from . import register_kernel
+from .fitted import jit as _jit
 from .tiles import INTERPRET as _INTERPRET, cdiv, pdl_launch, pow2
 
 MAX_ROWS = 16
@@ -85,7 +86,7 @@ def _prefetch_l2(w, o_n, m_n, swn, k0, k_end, BK: tl.constexpr, TILES: tl.conste
                               dtype=tl.int32, is_pure=False, pack=1)
 
 
-@triton.jit
+@_jit
 def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    ss_in, T_in, N_in, eps_in, res, srm, part, xg, sxg, gamma, ss_out, tickets,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, K_PER: tl.constexpr,

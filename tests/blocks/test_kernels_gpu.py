@@ -95,6 +95,36 @@ def test_scalar_decay_kernels_with_switches_flipped_match_reference(family, dtyp
     check_against_reference(family, dtype, (2, 130, 2, 64, 64), [(1.0, True), (10.0, False)])
 
 
+@gpu
+def test_chunk_kernels_fit_a_gpu_with_less_shared_memory():
+    """On a GPU that gives a program less shared memory than the H200's 227 KB (Triton's limit
+    patched to 99 KB, a consumer GPU's, in a fresh process so that no kernel is loaded yet), every
+    family's chunk kernel still runs forward and backward in bf16 and matches the reference: the
+    launches that needed more (gla's walks at 3 stages, 115 KB; the scalar-decay ``_bwd_dqkv_kernel``,
+    188 KB) stepped their stages down (``fitted.StageFittedJITFunction``) and say so."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = """
+import torch, triton.compiler.compiler as compiler
+compiler.max_shared_mem = lambda device: 99 * 1024
+from test_kernels_gpu import check_against_reference
+from blocks.kernels import delta, gla, scalar_decay
+for family in ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"):
+    check_against_reference(family, torch.bfloat16, (1, 300, 2, 128, 128), [(1.0, True)])
+for mod in (scalar_decay, gla, delta):
+    print(mod.__name__, *sorted(k.fn.__name__ for k in vars(mod).values() if getattr(k, "fitted_stages", None)))
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests" / "blocks"), *sys.path]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cut = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
+    assert "_bwd_dqkv_kernel" in cut["blocks.kernels.scalar_decay"], out.stdout
+    assert "_fwd_h_kernel" in cut["blocks.kernels.gla"], out.stdout
+
+
 def check_against_reference(family, dtype, shape, decays):
     """The registered chunk kernel against the op's float32 recurrent form, forward and backward,
     for each ``(decay strength, with an initial state)``."""

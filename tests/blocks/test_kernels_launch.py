@@ -61,6 +61,71 @@ def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
     assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
 
 
+def _fitted_probe(x, BLOCK):  # a kernel body never compiled: JITFunction.run is stubbed where it is used
+    pass
+
+
+def test_fitted_kernels_step_their_stages_down_to_the_gpus_shared_memory(monkeypatch):
+    """``fitted.StageFittedJITFunction``: a launch refused for shared memory (``OutOfResources``)
+    is retried with one stage fewer until it fits, and the count that fit is remembered for that
+    configuration (later calls launch at it directly; another configuration starts from its own);
+    at one stage, for another resource, or without ``num_stages`` the error stands. Triton's launch
+    is stubbed: shared memory = stages x BLOCK KB against a 100 KB GPU."""
+    from triton.runtime.errors import OutOfResources
+    from triton.runtime.jit import JITFunction
+
+    from blocks.kernels import fitted
+
+    kernel = JITFunction(_fitted_probe)
+    kernel.__class__ = fitted.StageFittedJITFunction
+    tried = []
+
+    def launch(self, *args, grid, warmup, **kwargs):
+        tried.append(kwargs.get("num_stages"))
+        need = (kwargs.get("num_stages") or 3) * kwargs["BLOCK"] * 1024
+        if need > 100 * 1024:
+            raise OutOfResources(need, 100 * 1024, kwargs.get("resource", "shared memory"))
+        return "launched"
+
+    monkeypatch.setattr(JITFunction, "run", launch)
+    assert kernel[(1,)](None, BLOCK=48, num_warps=4, num_stages=3) == "launched" and tried == [3, 2]
+    tried.clear()
+    assert kernel[(1,)](None, BLOCK=48, num_warps=4, num_stages=3) == "launched" and tried == [2]
+    tried.clear()
+    assert kernel[(1,)](None, BLOCK=32, num_warps=4, num_stages=3) == "launched" and tried == [3]
+    tried.clear()
+    with pytest.raises(OutOfResources):
+        kernel[(1,)](None, BLOCK=128, num_warps=4, num_stages=2)
+    assert tried == [2, 1]
+    for kwargs in (dict(num_stages=3, resource="threads"), dict()):
+        tried.clear()
+        with pytest.raises(OutOfResources):
+            kernel[(1,)](None, BLOCK=48, num_warps=4, **kwargs)
+        assert len(tried) == 1
+
+
+def test_fitted_jit_wraps_compiled_kernels_and_leaves_the_interpreters_alone(monkeypatch):
+    """``fitted.jit`` passes its arguments to ``triton.jit``; a ``JITFunction`` comes back fitted, the
+    interpreter's function as it is. The chunk modules launch every kernel through it."""
+    from triton.runtime.jit import JITFunction
+
+    from blocks.kernels import fitted
+
+    seen = []
+
+    def fake_jit(fn, **kwargs):
+        seen.append(kwargs)
+        return JITFunction(fn) if kwargs.get("compiled") else ("interpreted", fn)
+
+    monkeypatch.setattr(fitted.triton, "jit", fake_jit)
+    assert type(fitted.jit(compiled=True)(_fitted_probe)) is fitted.StageFittedJITFunction
+    assert fitted.jit(_fitted_probe) == ("interpreted", _fitted_probe) and seen == [dict(compiled=True), {}]
+    for mod in (gla, delta, scalar_decay):
+        assert "@triton.jit(do_not_specialize" not in inspect.getsource(mod), mod.__name__
+        if not tiles.INTERPRET:
+            assert isinstance(mod._fwd_h_kernel, fitted.StageFittedJITFunction)
+
+
 def test_gla_walks_take_the_settings_of_their_v_block(monkeypatch):
     """gla's state walks launch with ``LAUNCH["walk_bv128"]`` over all of V (``WALK_FULL_V``, V block
     128), ``LAUNCH["walk"]`` at block 64 and ``LAUNCH["walk_bv32"]`` at 32 and below: each was timed
