@@ -5,7 +5,7 @@ what limits them, whether its loops were software-pipelined and its static SASS 
 shuffle and barrier counts.
 
     python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8]
-                                          [--set NAME=VALUE,...] [--lines N]
+                                          [--set NAME=VALUE,...] [--lines N] [--fit-shared KB]
 
 Triton lowers to PTX and Triton's bundled ptxas assembles it for ``sm_<arch>``; ``cuobjdump
 -res-usage`` (also bundled) reads the resources. A compile error here is one the GPU would hit,
@@ -293,6 +293,35 @@ def pipelining(kernel) -> tuple[int, str]:
     return len(re.findall("async_copy_global_to_local", ttg)), "/".join(str(len(x.split(","))) for x in loops) or "-"
 
 
+def stages_to_fit(shared_at, stages: int, limit: int) -> list[tuple[int, int]]:
+    """``(stages, shared bytes)`` from ``stages`` down, ending at the first count whose
+    ``shared_at(count)`` is within ``limit`` bytes (or at one stage): the counts
+    ``blocks.kernels.fitted`` tries, one after another, on a GPU with ``limit`` bytes per program."""
+    steps = []
+    for count in range(max(stages, 1), 0, -1):
+        steps.append((count, shared_at(count)))
+        if steps[-1][1] <= limit:
+            break
+    return steps
+
+
+def print_fit(runs, limit_kb: int, arch: int) -> int:
+    """``--fit-shared``: per kernel whose launch needs more than ``limit_kb`` KB of shared memory, the
+    bytes at each stage count ``blocks.kernels.fitted`` would try; returns how many never fit."""
+    print(f"| kernel | dtype | warps | shared (B) by stages, down to {limit_kb} KB | fits at |\n|---|---|---|---|---|")
+    misfits = 0
+    for act, (name, fn, cx, warps, stages, cap) in runs:
+        steps = stages_to_fit(lambda n: compile_one(fn, arg_types(act, fn), cx, warps, n, arch, cap).metadata.shared,
+                              stages or 3, limit_kb * 1024)
+        if len(steps) == 1 and steps[0][1] <= limit_kb * 1024:
+            continue
+        fits = steps[-1][1] <= limit_kb * 1024
+        misfits += not fits
+        print(f"| {name} | {act} | {warps} | {' / '.join(f'{n}: {b}' for n, b in steps)} | "
+              f"{f'{steps[-1][0]} stages' if fits else 'never'} |", flush=True)
+    return misfits
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability without the dot (90 = H100/H200)")
@@ -306,7 +335,13 @@ def main() -> int:
                     "kernel at (ptxas .maxnreg; 0 = none); default: each launch table's own (none unless set)")
     ap.add_argument("--lines", type=int, default=0, metavar="N", help="also print, under each kernel, the N source "
                     "lines with the most SASS instructions (nvdisasm line info)")
+    ap.add_argument("--fit-shared", type=int, default=0, metavar="KB", help="instead of the resources table: the "
+                    "kernels whose launch needs more than KB KB of shared memory per program, compiled at fewer "
+                    "stages until they fit (what blocks.kernels.fitted does on such a GPU; 99 = consumer GPUs, "
+                    "163 = A100); exits 1 if one never fits")
     opts = ap.parse_args()
+    if opts.fit_shared < 0:
+        ap.error(f"--fit-shared: must be >= 0 KB, got {opts.fit_shared}")
     if opts.lines < 0:
         ap.error(f"--lines: must be >= 0, got {opts.lines}")
     try:
@@ -321,14 +356,15 @@ def main() -> int:
         ap.error(f"--maxnreg: a comma list of integers, got {opts.maxnreg!r}")
     keep = [k for k in opts.kernels.split(",") if k]
     dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
+    runs = ((a, (name, fn, cx, w, st, cap or None)) for a in dtypes for (name, fn, cx, host_w, st, host_cap) in jobs(a)
+            for w in (warp_counts or [host_w]) for cap in (reg_caps or [host_cap]))
+    runs = ((act, job) for act, job in runs if not keep or any(k in job[0] for k in keep))
+    if opts.fit_shared:
+        return 1 if print_fit(runs, opts.fit_shared, opts.arch) else 0
     failures = 0
     print("| kernel | dtype | warps | regs (cap) | stack (B/thread) | shared (B) | programs / SM (limit) | async copies | "
           "loop-carried | SASS instr / SHFL / BAR | compile s |\n|---|---|---|---|---|---|---|---|---|---|---|")
-    runs = ((a, (name, fn, cx, w, st, cap or None)) for a in dtypes for (name, fn, cx, host_w, st, host_cap) in jobs(a)
-            for w in (warp_counts or [host_w]) for cap in (reg_caps or [host_cap]))
     for act, (name, fn, cx, warps, stages, cap) in runs:
-        if keep and not any(k in name for k in keep):
-            continue
         t0 = time.time()
         try:
             kernel = compile_one(fn, arg_types(act, fn), cx, warps, stages, opts.arch, cap)

@@ -19,6 +19,24 @@ from triton.runtime.errors import OutOfResources
 from triton.runtime.jit import JITFunction
 
 
+class KernelDoesNotFit(OutOfResources):
+    """A kernel that needs more shared memory than the GPU gives even at one pipelining stage
+    (e.g. ``_bwd_dqkv_kernel`` in float32, 180 KB, on an A100 or a consumer GPU): names it, the
+    need and the remedy in one line."""
+
+    def __init__(self, kernel: str, required: int, limit: int):
+        super().__init__(required, limit, "shared memory")
+        self.kernel = kernel
+
+    def __reduce__(self):
+        return (type(self), (self.kernel, self.required, self.limit))
+
+    def __str__(self) -> str:
+        return (f"blocks.kernels: {self.kernel} needs {self.required} B of shared memory per program even at one "
+                f"pipelining stage and this GPU gives {self.limit} B; train in bf16 (train.precision: bf16, float32 "
+                f"tiles are twice the size) or run the ops' PyTorch forms (blocks.kernels.disabled())")
+
+
 class StageFittedJITFunction(JITFunction):
     """A ``JITFunction`` whose launches step ``num_stages`` down while the GPU lacks the shared
     memory they need (made by ``jit``; a launch without ``num_stages`` is not retried)."""
@@ -34,8 +52,10 @@ class StageFittedJITFunction(JITFunction):
                 return super().run(*args, grid=grid, warmup=warmup, **kwargs)
             except OutOfResources as exc:
                 stages = kwargs.get("num_stages")
-                if exc.name != "shared memory" or not isinstance(stages, int) or stages <= 1:
+                if exc.name != "shared memory" or not isinstance(stages, int) or isinstance(exc, KernelDoesNotFit):
                     raise
+                if stages <= 1:
+                    raise KernelDoesNotFit(self.fn.__name__, exc.required, exc.limit) from None
                 key = key if key is not None else _config_key(kwargs)
                 kwargs["num_stages"] = fitted[key] = stages - 1
 

@@ -69,8 +69,9 @@ def test_fitted_kernels_step_their_stages_down_to_the_gpus_shared_memory(monkeyp
     """``fitted.StageFittedJITFunction``: a launch refused for shared memory (``OutOfResources``)
     is retried with one stage fewer until it fits, and the count that fit is remembered for that
     configuration (later calls launch at it directly; another configuration starts from its own);
-    at one stage, for another resource, or without ``num_stages`` the error stands. Triton's launch
-    is stubbed: shared memory = stages x BLOCK KB against a 100 KB GPU."""
+    at one stage the error names the kernel, its need and the remedy (``KernelDoesNotFit``); for
+    another resource or without ``num_stages`` Triton's error stands. Triton's launch is stubbed:
+    shared memory = stages x BLOCK KB against a 100 KB GPU."""
     from triton.runtime.errors import OutOfResources
     from triton.runtime.jit import JITFunction
 
@@ -94,9 +95,11 @@ def test_fitted_kernels_step_their_stages_down_to_the_gpus_shared_memory(monkeyp
     tried.clear()
     assert kernel[(1,)](None, BLOCK=32, num_warps=4, num_stages=3) == "launched" and tried == [3]
     tried.clear()
-    with pytest.raises(OutOfResources):
+    with pytest.raises(fitted.KernelDoesNotFit) as caught:
         kernel[(1,)](None, BLOCK=128, num_warps=4, num_stages=2)
-    assert tried == [2, 1]
+    assert tried == [2, 1] and isinstance(caught.value, OutOfResources)
+    msg = str(caught.value)
+    assert "\n" not in msg and "_fitted_probe needs 131072 B" in msg and "gives 102400 B" in msg and "bf16" in msg
     for kwargs in (dict(num_stages=3, resource="threads"), dict()):
         tried.clear()
         with pytest.raises(OutOfResources):
@@ -1206,6 +1209,17 @@ def test_aot_tool_counts_programs_per_sm_and_names_the_limit():
     assert aot.programs_per_sm(64, 4, 119304) == (1, "smem")
     assert aot.programs_per_sm(24, 16, 0) == (4, "warps")
     assert aot.programs_per_sm(24, 1, 0) == (32, "programs")
+
+
+def test_aot_tool_lists_the_stage_counts_fitted_tries():
+    """``kernels_aot_regs.stages_to_fit`` (``--fit-shared``): the shared memory at each stage count
+    from the launch's down to the first that fits the limit, or down to one stage when none does."""
+    aot = _benchmark("kernels_aot_regs")
+    need = {3: 188416, 2: 139264, 1: 81920}.__getitem__  # linear_attn's _bwd_dqkv_kernel in bf16
+    assert aot.stages_to_fit(need, 3, 99 * 1024) == [(3, 188416), (2, 139264), (1, 81920)]
+    assert aot.stages_to_fit(need, 3, 163 * 1024) == [(3, 188416), (2, 139264)]
+    assert aot.stages_to_fit(need, 2, 227 * 1024) == [(2, 139264)]
+    assert aot.stages_to_fit(lambda n: 180224, 1, 99 * 1024) == [(1, 180224)]  # its float32 tiles: never
 
 
 def test_host_seconds_times_each_call_after_a_sync_or_back_to_back(monkeypatch):
