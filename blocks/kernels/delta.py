@@ -74,7 +74,7 @@ LAUNCH = {
     "fwd_h_bv32": dict(num_warps=4, num_stages=3),
     # (not gla's walks over all of V: at V block 128 and 8 warps the walks need 280 KB of shared
     # memory; 8 warps at block 64 lost +7.5 / +2.7% (delta_rule, 2k / 32k), +6.2 / +2.0% (gated), at
-    # block 32 +3.6% / +3.9% at 32k, bwd_dh alone at 8 warps +1.1..+2.4%: H200 2026-12-02 04:09,
+    # block 32 +3.6% / +3.9% at 32k, bwd_dh alone at 8 warps +0.8..+2.4%: H200 2026-12-02 04:09,
     # docs/benchmarks/train_ab_1202_walks.md)
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),

@@ -98,11 +98,12 @@ LAUNCH = {
     # fwd+bwd step at 32k synced / queued (H200 2026-12-02 02:55, ``train_ab.py``, both walks,
     # docs/benchmarks/train_ab_1202_bwd_chunk.md); at block 64 (2k) the same +4.1%, so it stays 2
     "walk_bv32": dict(num_warps=4, num_stages=3, maxnreg=104),
-    # the walks over all of V (``WALK_FULL_V``, V block 128) at 8 warps: -2.3 / -3.3% per fwd+bwd step at
-    # 2k / 32k synced, -1.9 / -3.6% queued against V block 64 / 32 at 4 warps; 16 warps +4.0 / -0.1%,
-    # 4 warps uncapped -1.0 / -0.3% (H200 2026-12-02 03:54, ``train_ab.py``, docs/benchmarks/train_ab_1202_walks.md);
-    # 3 stages -0.4 / +0.4 / -1.7 / -3.9% at 2k / 8k / 16k / 32k against 2, 1 stage +3.6% at 16k,
-    # uncapped within 0.4% (04:02)
+    # the walks over all of V (``WALK_FULL_V``, V block 128) at 8 warps with the walks' 104-register cap:
+    # -1.9 / -3.6% per fwd+bwd step at 2k / 32k synced, -2.4 / -3.6% queued against V block 64 / 32 at
+    # 4 warps (uncapped -2.3 / -3.3%, -2.5 / -3.1%); 16 warps +4.0 / -0.1%, 4 warps uncapped -1.0 /
+    # -0.3% (H200 2026-12-02 03:54, ``train_ab.py``, docs/benchmarks/train_ab_1202_walks.md); then 3
+    # stages -0.4 / +0.4 / -1.7 / -3.9% at 2k / 8k / 16k / 32k against 2, 1 stage +3.6% at 16k, a
+    # 128-register cap within 0.4% (04:02)
     "walk_bv128": dict(num_warps=8, num_stages=3, maxnreg=104),
     "intra_a": dict(num_warps=4, num_stages=3, maxnreg=128),
     # the whole-chunk kernels at 4 warps (2 programs per SM, 255 registers with 40 / 552 B of
