@@ -214,7 +214,7 @@ WHOLE_CHUNK = True
 # 04:02, ``train_ab.py``, docs/benchmarks/train_ab_1202_walks.md).
 # _fwd_o_kernel at V block 64 (two programs per chunk, each forming the chunk's scores; at 8 warps
 # capped to 128 registers 125 without spills, 2 programs per SM): +4.3 / +5.2 / +4.4 / +3.7% per
-# fwd+bwd step at 2k / 8k / 16k / 32k synced (2 stages +7.4..+9.0%; at its 4 warps +8.4..+9.3%)
+# fwd+bwd step at 2k / 8k / 16k / 32k synced (2 stages +7.4..+9.0%; at its 4 warps +8.2..+9.3%)
 # against one program over V block 128 (H200 2026-12-02 04:07, docs/benchmarks/train_ab_1202_walks.md).
 BWD_CHUNK_BK = 64
 FWD_O_BK = 64
