@@ -102,11 +102,8 @@ def test_chunk_kernels_fit_a_gpu_with_less_shared_memory():
     family's chunk kernel still runs forward and backward in bf16 and matches the reference: the
     launches that needed more (gla's walks at 3 stages, 115 KB; the scalar-decay ``_bwd_dqkv_kernel``,
     188 KB) stepped their stages down (``fitted.StageFittedJITFunction``) and say so."""
-    import subprocess
-    import sys
-    from pathlib import Path
+    from fresh_python import run_python
 
-    root = Path(__file__).resolve().parents[2]
     code = """
 import torch, triton.compiler.compiler as compiler
 compiler.max_shared_mem = lambda device: 99 * 1024
@@ -117,12 +114,10 @@ for family in ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_ru
 for mod in (scalar_decay, gla, delta):
     print(mod.__name__, *sorted(k.fn.__name__ for k in vars(mod).values() if getattr(k, "fitted_stages", None)))
 """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests" / "blocks"), *sys.path]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    cut = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
-    assert "_bwd_dqkv_kernel" in cut["blocks.kernels.scalar_decay"], out.stdout
-    assert "_fwd_h_kernel" in cut["blocks.kernels.gla"], out.stdout
+    out = run_python(code, timeout=600)
+    cut = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
+    assert "_bwd_dqkv_kernel" in cut["blocks.kernels.scalar_decay"], out
+    assert "_fwd_h_kernel" in cut["blocks.kernels.gla"], out
 
 
 def check_against_reference(family, dtype, shape, decays):

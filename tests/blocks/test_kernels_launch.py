@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from blocks.kernels import delta, gla, scalar_decay, tiles  # noqa: E402
+from fresh_python import run_python  # noqa: E402
 
 MODULES = [delta, gla, scalar_decay]
 
@@ -271,30 +272,12 @@ def test_sweep_only_restricts_the_variants_to_the_named_entries(sweep, monkeypat
     assert sweep.variants("gated_delta_rule") == [("switch", "DQKWG_BK", 128 if delta.DQKWG_BK != 128 else 64)]
 
 
-def _python(code: str, env: dict[str, str | None]) -> str:
-    """Run ``code`` in a fresh interpreter from the project root, with this process's import path
-    plus ``benchmarks/`` and ``env`` applied (None removes a variable); its stdout."""
-    import os
-    import subprocess
-
-    full = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "benchmarks"), *(p for p in sys.path if p)]))
-    for name, value in env.items():
-        if value is None:
-            full.pop(name, None)
-        else:
-            full[name] = value
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, cwd=ROOT,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
-
-
 @pytest.mark.parametrize("env, kept", [("1", False), ("", True)])
 def test_low_memory_environment_turns_every_keep_off(env, kept):
     code = ("from blocks.kernels import delta, gla, scalar_decay; "
             "print(delta.KEEP_WU, delta.KEEP_H, gla.KEEP_H, gla.KEEP_A, scalar_decay.KEEP_H, delta.WALK_SEGMENTS > 1, "
             "gla.WALK_SEGMENTS > 1)")
-    out = _python(code, {"ARCHSEARCH_LOW_MEMORY_KERNELS": env})
+    out = run_python(code, {"ARCHSEARCH_LOW_MEMORY_KERNELS": env})
     assert out.split() == [str(kept)] * 7  # segmented walks hold more transient memory
 
 
@@ -499,7 +482,7 @@ cx = dict(H=16, K=128, V=128, BT=64, BK=128, BV=32, USE_G=True, USE_DHT=False, S
 k = aot.compile_one(delta._bwd_dh_kernel, aot.arg_types("bf16"), cx, 4, 3, 90)
 print(*aot.pipelining(k), aot.resources(k)["REG"])
 """
-    out = _python(code, {"TRITON_INTERPRET": None})
+    out = run_python(code, {"TRITON_INTERPRET": None})
     copies, carried, regs = out.split()
     assert int(copies) > 0 and int(carried) > 1 and int(regs) > 0, out
 
@@ -516,7 +499,7 @@ for name in ("gated_delta.kkt", "gated_delta.bwd_dqkwg"):
     k = aot.compile_one(fn, aot.arg_types("bf16"), cx, warps, stages, 90)
     print(*aot.sass_counts(k))
 """
-    out = _python(code, {"TRITON_INTERPRET": None})
+    out = run_python(code, {"TRITON_INTERPRET": None})
     small, big = (tuple(map(int, line.split())) for line in out.strip().splitlines()[-2:])
     assert all(b > s for b, s in zip(big, small)) and big[0] > 500 and big[1] > 0, out
 
@@ -535,7 +518,7 @@ regs = [int(aot.resources(aot.compile_one(fn, aot.arg_types("bf16"), cx, warps, 
         for c in (job_cap, None)]
 print(cap, job_cap, fp32_cap, *regs)
 """
-    out = _python(code, {"TRITON_INTERPRET": None})
+    out = run_python(code, {"TRITON_INTERPRET": None})
     cap, job_cap, fp32_cap, capped, free = out.split()[-5:]
     assert job_cap == cap and fp32_cap == "None", out
     assert int(capped) <= int(cap) < int(free), out
@@ -555,7 +538,7 @@ line = first + next(i for i, t in enumerate(src) if "b_g[:, None] - b_gj[None, :
 by_line = aot.sass_by_line(k)
 print(sum(sum(c.values()) for c in by_line.values()), aot.sass_counts(k)[0], by_line[("delta.py", line)]["MUFU"])
 """
-    out = _python(code, {"TRITON_INTERPRET": None})
+    out = run_python(code, {"TRITON_INTERPRET": None})
     attributed, total, mufu = map(int, out.split()[-3:])
     assert attributed == total > 500 and mufu >= 16, out
 
@@ -574,7 +557,7 @@ for sets in ("KEEP_A=True,BWD_DV_SEPARATE=False", "KEEP_A=True,BWD_DV_SEPARATE=T
                 "--set", sets]
     print("RC", aot.main())
 """
-    out = _python(code, {"TRITON_INTERPRET": None})
+    out = run_python(code, {"TRITON_INTERPRET": None})
     assert out.count("RC 0") == 2 and "FAILED" not in out, out
     rows = [line for line in out.splitlines() if line.startswith("| gla.")]
     assert len(rows) == 2 * 2 + 2 * 3, out  # fwd_o, bwd_chunk (+ bwd_dv when separate) x bf16, fp32
@@ -595,7 +578,7 @@ try:
 except SystemExit as exc:
     print("EXIT", exc.code)
 """
-    out = _python(code, {"TRITON_INTERPRET": None})
+    out = run_python(code, {"TRITON_INTERPRET": None})
     assert "| delta.bwd_dh | bf16 |" in out and "RC 0 False" in out and "EXIT 2" in out, out
 
 
@@ -858,7 +841,7 @@ for fn in (delta._fwd_h_kernel, step._step_kernel):
     sig = {n: ("constexpr" if n in cx and not (fn is step._step_kernel and n == "H") else types[n]) for n in fn.arg_names}
     print(" ".join(sorted(aot.divisibility_hints(fn, sig))))
 """
-    walk, step_ = (set(line.split()) for line in _python(code, {"TRITON_INTERPRET": None}).strip().splitlines()[-2:])
+    walk, step_ = (set(line.split()) for line in run_python(code, {"TRITON_INTERPRET": None}).strip().splitlines()[-2:])
     assert {"k", "w", "h0"} <= walk and not {"T", "NT", "H"} & walk
     assert {"q", "H", "sq_b", "sv_h"} <= step_ and "scale" not in step_
 
@@ -987,7 +970,7 @@ for gather in (False, True):
                         dict(S=0 if gather else 4, BLOCK=2048, NORM=True, GATHER=gather, PDL=True), 8, 1, 90)
     print(k.asm["ptx"].replace(chr(10), " ;; "))
 """
-    out = _python(code, {"TRITON_INTERPRET": None})
+    out = run_python(code, {"TRITON_INTERPRET": None})
     ptxs = [line for line in out.splitlines() if "griddepcontrol" in line]
     assert len(ptxs) == 5, out[-2000:]
     for n, ptx in enumerate(ptxs):
