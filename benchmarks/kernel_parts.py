@@ -68,8 +68,8 @@ EDITS = {
                   lambda s: _replace(s, "b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_P[None, :]",
                                      "b_dg = b_dG + b_P[None, :]")),
     "fwd_no_scores": ("_fwd_o_kernel's factored scores (A stays zero)",
-                      lambda s: _replace(s, "        if not steep:  # _factored_scores_t's sum",
-                                         "        if False:  # _factored_scores_t's sum")),
+                      lambda s: _replace(s, "            b_A += tl.dot(_op(b_qe, q, LOWP), tl.trans(b_kf)",
+                                         "            b_kf = tl.dot(_op(b_qe, q, LOWP), tl.trans(b_kf)")),  # unused: dropped
 }
 SWAPPED = ("_bwd_chunk_kernel", "_fwd_o_kernel")
 

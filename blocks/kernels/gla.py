@@ -111,11 +111,16 @@ LAUNCH = {
     # 3.81 vs 4.60 ms per fwd+bwd step at 2k (H200 2026-12-01 21:37, docs/benchmarks/gla_whole_chunk.md)
     # 1 stage: -1.7 / -2.9% per fwd+bwd step at 2k / 32k synced against 2 (3: within 0.6%), with
     # bwd_chunk at 3 stages (H200 2026-12-02 02:55, docs/benchmarks/train_ab_1202_bwd_chunk.md)
-    "fwd_o": dict(num_warps=4, num_stages=1),
+    # since its q exp(G) came from the factored exponentials (248 registers at 4 warps, none spilled
+    # at 8 warps capped to 128): 8 warps capped, 2 programs per SM, -1.0 / -1.1 / -1.2 / -0.6% per
+    # fwd+bwd step at 2k / 8k / 16k / 32k synced, -0.9 / -0.8 / -0.8 / -0.9% queued against 4 warps
+    # uncapped (2 stages the same within 0.2%; H200 2026-12-02 05:48, docs/benchmarks/train_ab_1202_epilogue.md);
+    # before that change the same launch had lost (+2.1 / +1.3% synced, 01:33)
+    "fwd_o": dict(num_warps=8, num_stages=1, maxnreg=128),
     # bwd_chunk at 8 warps capped to 128 registers (2 programs of 8 warps per SM, 368 B of spills in
     # sm_90 compiles, against 2 of 4 warps at 255 registers): -2.1 / -1.4% per fwd+bwd step at 2k /
     # 32k synced, -2.5 / -2.9% queued (H200 2026-12-02 01:33, ``train_ab.py``,
-    # docs/benchmarks/train_ab_1202_caps.md; fwd_o the same way +2.1 / +1.3% synced); 3 stages
+    # docs/benchmarks/train_ab_1202_caps.md); 3 stages
     # (both of its 2 value blocks' loads issued up front; 2 programs of 80 KB of shared memory per
     # SM) -2.4 / -2.5% synced, -2.7 / -1.9% queued against 2 (H200 2026-12-02 02:52, ``train_ab.py``,
     # docs/benchmarks/train_ab_1202_bwd_chunk.md); 16 warps +8.8%, with BWD_CHUNK_BK=128 +11.7%
@@ -533,13 +538,18 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
         b_q = _rows(q, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
         b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                       mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.)
-        b_o += tl.dot((b_q * tl.exp(b_g)).to(b_h.dtype), b_h, input_precision=DOT_PREC)
-        if not steep:  # _factored_scores_t's sum, untransposed, on the q and G tiles read above
+        if steep:
+            b_o += tl.dot((b_q * tl.exp(b_g)).to(b_h.dtype), b_h, input_precision=DOT_PREC)
+        else:  # _factored_scores_t's sum, untransposed, on the q and G tiles read above
             b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, i_k * BK, BK)
             b_k = _rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-            b_qf = _op(b_q * tl.exp(b_g - b_g0[None, :]), q, LOWP)
+            # q exp(G) as (q exp(G - G_0)) exp(G_0): one [BT, BK] exponential fewer than forming it
+            # apart, which costs +2.3 / +1.6 / +1.4 / -0.1% per fwd+bwd step at 2k / 8k / 16k / 32k
+            # synced (H200 2026-12-02 05:35, docs/benchmarks/train_ab_1202_epilogue.md)
+            b_qe = b_q * tl.exp(b_g - b_g0[None, :])
+            b_o += tl.dot((b_qe * tl.exp(b_g0)[None, :]).to(b_h.dtype), b_h, input_precision=DOT_PREC)
             b_kf = _op(b_k * tl.exp(b_g0[None, :] - b_g), q, LOWP)
-            b_A += tl.dot(b_qf, tl.trans(b_kf), input_precision=DOT_PREC)
+            b_A += tl.dot(_op(b_qe, q, LOWP), tl.trans(b_kf), input_precision=DOT_PREC)
     if steep:  # float32 as the other branch's (a kept A is in v's dtype)
         b_A = _rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT).to(tl.float32)
     else:
@@ -733,12 +743,18 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
         b_dG = b_q * b_dq
         _store(dq, b_dq + b_diag[:, None] * b_k, i_b, i_h, r0, T, H, K, c0, BT, BK)
         b_dk = b_dk * b_einv * tl.exp(g_last - b_g0)[None, :]
-        b_moved = tl.where(((r0 + o_i) < last)[:, None], b_dk, 0.)
-        b_P = tl.sum(b_k * b_moved, axis=0) + tl.exp(g_last) * b_hdh
-        b_dk += b_diag[:, None] * b_q
+        # the moved part (every row but the chunk's last) masked where used, not kept as a tile of
+        # its own beside dk: 232 B of spills instead of 256 on the GPU host's Triton 3.6 (sm_90, 8
+        # warps, 128 registers); -1.8 / -0.5 / -1.0% per fwd+bwd step at 2k / 8k / 32k synced, -1.3 /
+        # -0.9 / -1.1% queued (H200 2026-12-02 05:43, docs/benchmarks/train_ab_1202_epilogue.md). Lost
+        # there: the reverse cumsum below as one ``tl.cumsum(reverse=True)`` (232 B, but 229 shuffles
+        # instead of 95: -0.1 / +1.1 / +0.7%), q and k kept in bf16 (-1.0 / +0.2 / +0.3%), both
+        # with this (-0.6 / -0.2 / 0.0%)
+        m_moved = ((r0 + o_i) < last)[:, None]
+        b_P = tl.sum(tl.where(m_moved, b_k * b_dk, 0.), axis=0) + tl.exp(g_last) * b_hdh
         b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
-        b_dG -= b_k * (b_moved + b_dki)
-        _store(dk, b_dk + b_dki, i_b, i_h, r0, T, H, K, c0, BT, BK)
+        b_dG -= b_k * (tl.where(m_moved, b_dk, 0.) + b_dki)
+        _store(dk, b_dk + b_dki + b_diag[:, None] * b_q, i_b, i_h, r0, T, H, K, c0, BT, BK)
         b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_P[None, :]
         _store(dg, b_dg, i_b, i_h, r0, T, H, K, c0, BT, BK)
 
