@@ -76,6 +76,9 @@ LAUNCH = {
     # memory; 8 warps at block 64 lost +7.5 / +2.7% (delta_rule, 2k / 32k), +6.2 / +2.0% (gated), at
     # block 32 +3.6% / +3.9% at 32k, bwd_dh alone at 8 warps +0.8..+2.4%: H200 2026-12-02 04:09,
     # docs/benchmarks/train_ab_1202_walks.md)
+    # (the ungated one at 2 stages, 56 KB of shared memory: 3 programs per SM, which 76 KB at 3 stages
+    # keeps to 2, lost +1.7 / +2.5 / +4.3 / +3.6% per fwd+bwd step at 1k / 2k / 8k / 32k synced; H200
+    # 2026-12-02 05:36, docs/benchmarks/train_ab_1202_epilogue.md)
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
     # the gated rule's own entries for its two largest kernels, whose gate terms change their

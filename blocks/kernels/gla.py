@@ -114,7 +114,7 @@ LAUNCH = {
     # since its q exp(G) came from the factored exponentials (248 registers at 4 warps, none spilled
     # at 8 warps capped to 128): 8 warps capped, 2 programs per SM, -1.0 / -1.1 / -1.2 / -0.6% per
     # fwd+bwd step at 2k / 8k / 16k / 32k synced, -0.9 / -0.8 / -0.8 / -0.9% queued against 4 warps
-    # uncapped (2 stages the same within 0.2%; H200 2026-12-02 05:48, docs/benchmarks/train_ab_1202_epilogue.md);
+    # uncapped (2 stages the same within 0.2%; H200 2026-12-02 05:49, docs/benchmarks/train_ab_1202_epilogue.md);
     # before that change the same launch had lost (+2.1 / +1.3% synced, 01:33)
     "fwd_o": dict(num_warps=8, num_stages=1, maxnreg=128),
     # bwd_chunk at 8 warps capped to 128 registers (2 programs of 8 warps per SM, 368 B of spills in
@@ -123,7 +123,9 @@ LAUNCH = {
     # docs/benchmarks/train_ab_1202_caps.md); 3 stages
     # (both of its 2 value blocks' loads issued up front; 2 programs of 80 KB of shared memory per
     # SM) -2.4 / -2.5% synced, -2.7 / -1.9% queued against 2 (H200 2026-12-02 02:52, ``train_ab.py``,
-    # docs/benchmarks/train_ab_1202_bwd_chunk.md); 16 warps +8.8%, with BWD_CHUNK_BK=128 +11.7%
+    # docs/benchmarks/train_ab_1202_bwd_chunk.md); 16 warps +8.8%, with BWD_CHUNK_BK=128 +11.7%; 16
+    # warps uncapped again (113-121 registers, no spills, one program per SM) +10.1 / +9.1 / +8.2 /
+    # +7.7% at 2k / 8k / 16k / 32k (05:35, docs/benchmarks/train_ab_1202_epilogue.md)
     "bwd_chunk": dict(num_warps=8, num_stages=3, maxnreg=128),
     "bwd_dv": dict(num_warps=8, num_stages=None),  # with BWD_DV_SEPARATE; 4 warps within 0.2% (23:53)
     # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
@@ -746,7 +748,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
         # the moved part (every row but the chunk's last) masked where used, not kept as a tile of
         # its own beside dk: 232 B of spills instead of 256 on the GPU host's Triton 3.6 (sm_90, 8
         # warps, 128 registers); -1.8 / -0.5 / -1.0% per fwd+bwd step at 2k / 8k / 32k synced, -1.3 /
-        # -0.9 / -1.1% queued (H200 2026-12-02 05:43, docs/benchmarks/train_ab_1202_epilogue.md). Lost
+        # -0.9 / -1.1% queued (H200 2026-12-02 05:44, docs/benchmarks/train_ab_1202_epilogue.md). Lost
         # there: the reverse cumsum below as one ``tl.cumsum(reverse=True)`` (232 B, but 229 shuffles
         # instead of 95: -0.1 / +1.1 / +0.7%), q and k kept in bf16 (-1.0 / +0.2 / +0.3%), both
         # with this (-0.6 / -0.2 / 0.0%)
