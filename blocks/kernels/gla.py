@@ -750,8 +750,8 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
         # warps, 128 registers); -1.8 / -0.5 / -1.0% per fwd+bwd step at 2k / 8k / 32k synced, -1.3 /
         # -0.9 / -1.1% queued (H200 2026-12-02 05:44, docs/benchmarks/train_ab_1202_epilogue.md). Lost
         # there: the reverse cumsum below as one ``tl.cumsum(reverse=True)`` (232 B, but 229 shuffles
-        # instead of 95: -0.1 / +1.1 / +0.7%), q and k kept in bf16 (-1.0 / +0.2 / +0.3%), both
-        # with this (-0.6 / -0.2 / 0.0%)
+        # instead of 95: -0.1 / +1.1 / +0.7%), q and k kept in bf16 (-1.0 / +0.2 / +0.3%), that
+        # reverse cumsum with this mask (-0.6 / -0.2 / 0.0%)
         m_moved = ((r0 + o_i) < last)[:, None]
         b_P = tl.sum(tl.where(m_moved, b_k * b_dk, 0.), axis=0) + tl.exp(g_last) * b_hdh
         b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
