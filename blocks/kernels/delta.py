@@ -234,6 +234,12 @@ SOLVE_TRIL_TF32_MERGES = True
 # old form multiplied float32 ``ds`` by a TF32 ``q k^T``; the benchmark's bf16 gate-gradient errors
 # against the float64 reference stayed put (2.5e-3 / 2.0e-3 at 14:33 against 2.6e-3 / 2.3e-3 at 13:30).
 DQKWG_DG_FROM_ROWS = True
+# The gated ``_bwd_dqkwg_kernel``'s gate term through the state, ``sum(h * dh)``, from h and dh loaded
+# again as [BK, BV] tiles (L2 hits) instead of from the transposed tiles its dots take: with the
+# product on the dot tiles, the compiler keeps them out of the loop's asynchronous copies (sm_90
+# compile: 69632 B of shared memory against the ungated kernel's 77824; with the term edited out,
+# 77824).
+DQKWG_HDH_RELOAD = False
 # Also lost in the gated ``_bwd_dqkwg_kernel`` (2026-12-01 19:23, H200, ``benchmarks/train_ab.py``,
 # per fwd+bwd step at 2k / 32k): its epilogue reordered so that fewer float32 tiles live at once
 # (``dw`` stored right after the value loop, ``dq`` finished and stored before the ``dk`` side's
@@ -250,7 +256,17 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
+            "DQKWG_HDH_RELOAD": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8)}
+
+
+@triton.jit
+def _seq(x, i_b, i_h, T, H: tl.constexpr):
+    """Pointer to ``x[b, 0, h]`` of a per-position vector ``x: [B, T, H]``: add ``o_t * H`` for rows
+    ``o_t``. Only this scalar base is int64; the per-row offsets stay int32 (the wrappers check
+    ``T * H * max(K, V, BT) < 2^31``), as ``tiles.load_rows`` keeps them for tiles: an int64 offset per
+    row cost the gated ``_bwd_dqkwg_kernel`` ~100 SASS instructions of address arithmetic."""
+    return x + i_b * T * H + i_h
 
 
 @triton.jit
@@ -260,8 +276,9 @@ def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     last = tl.minimum(i_t * BT + BT, T) - 1
-    g_last = tl.load(gc + (i_b * T + last) * H + i_h).to(tl.float32)
-    b_g = tl.load(gc + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32)
+    base = _seq(gc, i_b, i_h, T, H)
+    g_last = tl.load(base + last * H).to(tl.float32)
+    b_g = tl.load(base + o_t * H, mask=m_t, other=0.).to(tl.float32)
     return tl.where(m_t, b_g, g_last), g_last
 
 
@@ -274,7 +291,7 @@ def _load_g_cols(gc, i_b, i_h, r0, T, H: tl.constexpr, BT: tl.constexpr):
     chunk's last valid row (``_load_gc``'s padding) by a ``minimum``, so that the compiler cannot
     merge it with ``_load_gc``'s masked load."""
     o_t = r0 + tl.arange(0, BT)
-    return tl.load(gc + (i_b * T + tl.minimum(o_t, T - 1)) * H + i_h).to(tl.float32)
+    return tl.load(_seq(gc, i_b, i_h, T, H) + tl.minimum(o_t, T - 1) * H).to(tl.float32)
 
 
 @triton.jit
@@ -290,8 +307,9 @@ def _pair_decay(b_g, b_gj, m, FLIP: tl.constexpr, gc, i_b, i_h, r0, T, H: tl.con
     first row (2 * BT exponentials instead of BT * BT; both factors stay normal float32 numbers);
     else exactly."""
     if FACTORED:
-        g0 = tl.load(gc + (i_b * T + r0) * H + i_h).to(tl.float32)
-        g_end = tl.load(gc + (i_b * T + tl.minimum(r0 + BT, T) - 1) * H + i_h).to(tl.float32)
+        base = _seq(gc, i_b, i_h, T, H)
+        g0 = tl.load(base + r0 * H).to(tl.float32)
+        g_end = tl.load(base + (tl.minimum(r0 + BT, T) - 1) * H).to(tl.float32)
         b_e = _pair_decay_through(b_g, b_gj, g0, g_end, m, FLIP)
     else:
         b_e = _pair_decay_exact(b_g, b_gj, m, FLIP)
@@ -351,10 +369,7 @@ def _load_block(A, i_b, i_h, i_t, T, ri: tl.constexpr, cj: tl.constexpr,
 @triton.jit
 def _store_block(Ai, blk, i_b, i_h, i_t, T, ri: tl.constexpr, cj: tl.constexpr,
                  H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    o_i = i_t * BT + ri * BC + tl.arange(0, BC)
-    o_c = cj * BC + tl.arange(0, BC)
-    tl.store(Ai + ((i_b * T + o_i[:, None]) * H + i_h) * BT + o_c[None, :], blk.to(Ai.dtype.element_ty),
-             mask=(o_i < T)[:, None])
+    _store_rows(Ai, blk, i_b, i_h, i_t * BT + ri * BC, T, H, BT, cj * BC, BC, BC)
 
 
 @triton.jit
@@ -376,8 +391,8 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
     i_h = i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    b_g = tl.load(g + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.).to(tl.float32)
-    tl.store(gc + (i_b * T + o_t) * H + i_h, tl.cumsum(b_g, axis=0), mask=m_t)
+    b_g = tl.load(_seq(g, i_b, i_h, T, H) + o_t * H, mask=m_t, other=0.).to(tl.float32)
+    tl.store(_seq(gc, i_b, i_h, T, H) + o_t * H, tl.cumsum(b_g, axis=0), mask=m_t)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -398,20 +413,20 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
         b_k = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
         b_A += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
     o_t = r0 + tl.arange(0, BT)
-    b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
+    b_b = tl.load(_seq(beta, i_b, i_h, T, H) + o_t * H, mask=o_t < T, other=0.).to(tl.float32)
     o_i = tl.arange(0, BT)
     m_A = o_i[:, None] > o_i[None, :]
     b_A = b_A * b_b[:, None]
     if USE_G and CUMSUM:
         # rows past T load 0, so their cumsum is the last valid row's value, as _load_gc pads
-        b_graw = tl.load(g + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
+        b_graw = tl.load(_seq(g, i_b, i_h, T, H) + o_t * H, mask=o_t < T, other=0.).to(tl.float32)
         b_g = tl.cumsum(b_graw, axis=0)
-        tl.store(gc + (i_b * T + o_t) * H + i_h, b_g, mask=o_t < T)
+        tl.store(_seq(gc, i_b, i_h, T, H) + o_t * H, b_g, mask=o_t < T)
         # G of the first row is its own gate; of the last valid row, the chunk's sum (which may round
         # differently from the stored cumsum's last row, so near a span of PAIR_SPAN_MAX this kernel
         # and the later ones may choose different forms: both are accurate to ~5e-6)
         if PAIR_FACTORED:
-            g0 = tl.load(g + (i_b * T + r0) * H + i_h).to(tl.float32)
+            g0 = tl.load(_seq(g, i_b, i_h, T, H) + r0 * H).to(tl.float32)
             b_A = b_A * _pair_decay_through(b_g, b_g, g0, tl.sum(b_graw, axis=0), m_A, False)
         else:
             b_A = b_A * _pair_decay_exact(b_g, b_g, m_A, False)
@@ -647,7 +662,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                      DG_FROM_ROWS: tl.constexpr):
+                      DG_FROM_ROWS: tl.constexpr, HDH_RELOAD: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
@@ -681,7 +696,14 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         b_dk += tl.dot(b_vn, b_dhT.to(b_vn.dtype), input_precision=DOT_PREC)
         b_dw += tl.dot(b_dv2.to(b_hT.dtype), b_hT, input_precision=DOT_PREC)
         b_dP += tl.dot(b_do, tl.trans(b_vn.to(b_do.dtype)), input_precision=DOT_PREC)
-        if USE_G:
+        if USE_G and HDH_RELOAD:
+            # h and dh loaded again in their own [BK, BV] orientation (L2 hits) for the gate's state
+            # term, so that the transposed tiles above feed only the dots (DQKWG_HDH_RELOAD)
+            m_kv = m_k[:, None] & (o_v < V)[None, :]
+            b_h = tl.load(h + p_h + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
+            b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
+            b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
+        elif USE_G:
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)
     o_i = tl.arange(0, BT)
     m_ij = o_i[:, None] >= o_i[None, :]
@@ -718,7 +740,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
             # shuffles in sm_90 compiles) lost in the sweep of 2026-12-01 10:22: +1.9 / -0.1% (2k / 32k)
             b_dg = tl.sum(b_q.to(tl.float32) * b_dq, 1) - b_kdk + tl.sum(b_M, 1) - tl.sum(b_M, 0)
         b_dg += tl.where(o_t == last, tl.sum(b_kdk, 0) + tl.sum(b_hdh, 0) * tl.exp(g_last), 0.)
-        tl.store(dG + ((i_k * B + i_b) * T + o_t) * H + i_h, b_dg, mask=m_t)
+        tl.store(_seq(dG, i_k * B + i_b, i_h, T, H) + o_t * H, b_dg, mask=m_t)
     else:
         b_dq = b_dq * scale
         b_ds = tl.where(m_ij, b_dP * scale, 0.)
@@ -738,7 +760,7 @@ def _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.cons
     (without gates ``beta exp(0)`` is ``beta`` exactly, and the compiler folds the ``exp``)."""
     o_t = i_t * BT + tl.arange(0, BT)
     b_T = _op(_load_rows(Ai, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT).to(tl.float32), k, LOWP)
-    b_b = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32)
+    b_b = tl.load(_seq(beta, i_b, i_h, T, H) + o_t * H, mask=o_t < T, other=0.).to(tl.float32)
     b_g = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
@@ -813,10 +835,10 @@ def _wy_bwd_dg(b_dG, dG_in, dg, i_b, i_h, o_t, T, B, H: tl.constexpr, NK_G: tl.c
     ``dg_s = sum_{t >= s in the chunk} dG_t``."""
     m_t = o_t < T
     for i_s in range(NK_G):
-        b_dG += tl.load(dG_in + ((i_s * B + i_b) * T + o_t) * H + i_h, mask=m_t, other=0.)
+        b_dG += tl.load(_seq(dG_in, i_s * B + i_b, i_h, T, H) + o_t * H, mask=m_t, other=0.)
     b_dG = tl.where(m_t, b_dG, 0.)
     b_rev = tl.sum(b_dG, 0) - tl.cumsum(b_dG, axis=0) + b_dG
-    tl.store(dg + (i_b * T + o_t) * H + i_h, b_rev.to(dg.dtype.element_ty), mask=m_t)
+    tl.store(_seq(dg, i_b, i_h, T, H) + o_t * H, b_rev.to(dg.dtype.element_ty), mask=m_t)
 
 
 @_jit(do_not_specialize=["T", "B", "C0"])  # one compile for every length
@@ -841,7 +863,7 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     b_kdXw, b_kP, b_kQ = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_dA, i_b, i_h, r0, T,
                                     H, K, BT, BK, LOWP, DOT_PREC)
     b_db += b_kP + b_kdXw * tl.exp(b_g)
-    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=o_t < T)
+    tl.store(_seq(dbeta, i_b, i_h, T, H) + o_t * H, b_db.to(dbeta.dtype.element_ty), mask=o_t < T)
     if USE_G:
         # row sums minus column sums of dA * beta * k k^T, plus the term through w
         _wy_bwd_dg(b_kdXw * b_be + b_kP * b_b - b_kQ, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
@@ -1047,7 +1069,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
             BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, HDH_RELOAD=DQKWG_HDH_RELOAD,
             **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
 
     def wy_bwd(c0, c1):

@@ -1390,21 +1390,37 @@ def test_checked_families_and_lengths_are_the_scripts_one_line_errors(capsys):
 
 
 def test_kernel_parts_edits_follow_gla_and_bad_arguments_are_one_line_errors(capsys):
-    """``benchmarks/kernel_parts.py`` (gla's kernels timed with parts taken out): every edit applies
-    to today's ``gla.py`` (``--check``), changes the kernel it names, and builds as a module; an edit
-    whose lines are gone says so; bad arguments are one-line errors; without CUDA the timing says so
-    and returns 2."""
+    """``benchmarks/kernel_parts.py`` (gla's and the delta rules' kernels timed with parts taken
+    out): every edit applies to today's ``gla.py`` / ``delta.py`` (``--check``), changes its module
+    unless it is a base, leaves the module's registrations out, and builds as a module whose kernels
+    are its own; an edit whose lines are gone says so; bad arguments are one-line errors; without
+    CUDA the timing says so and returns 2."""
     parts = _benchmark("kernel_parts")
     assert parts.main(["--check"]) == 0
-    assert f"{len(parts.EDITS)} of {len(parts.EDITS)} edits apply" in capsys.readouterr().out
-    src = parts.GLA.read_text()
+    assert f"{len(parts.EDITS)} of {len(parts.EDITS)} edits apply to gla.py, delta.py" in capsys.readouterr().out
+    assert {parts.module_of(n) for n in parts.EDITS} == {"gla", "delta"}
     for name in parts.EDITS:
+        spec = parts.MODULES[parts.module_of(name)]
+        src = spec.path.read_text()
         edited = parts.edited_source(name)
-        assert '@register_kernel("gla", "chunk")' not in edited
-        assert (edited == src.replace('@register_kernel("gla", "chunk")\n', "")) == name.startswith("base"), name
+        assert not any(d in edited for d in spec.decorators()), name
+        unregistered = src
+        for d in spec.decorators():
+            assert d in src
+            unregistered = unregistered.replace(d, "")
+        assert (edited == unregistered) == name.endswith("base") or name == "base_old_dv", name
     mod = parts.build("test_no_dv", parts.edited_source("no_dv"))
     assert mod._bwd_chunk_kernel is not gla._bwd_chunk_kernel  # a kernel of its own, from the edited file
     assert "if False:\n        _dv_blocks(" in Path(mod.__file__).read_text()
+    assert set(parts.kernel_names(gla)) >= {"_bwd_chunk_kernel", "_fwd_o_kernel"}
+    from blocks.kernels import delta
+
+    mod = parts.build("test_solve_no_diag", parts.edited_source("solve_no_diag"))
+    assert parts.kernel_names(mod) == parts.kernel_names(delta)  # every kernel swapped, none else
+    assert "register_kernel" not in parts.kernel_names(delta)
+    assert mod._solve_tril_kernel is not delta._solve_tril_kernel
+    assert "n8 = " not in Path(mod.__file__).read_text()
+    assert parts.module_of("old_delta") == "delta" and parts.module_of("old") == "gla"
     ab = _benchmark("train_ab")
     for name in parts.EDITS:  # each variant's own items parse as train_ab.py's; the dv edits' say the old layout
         for item in filter(None, parts.own_items(name).split(",")):
@@ -1418,7 +1434,10 @@ def test_kernel_parts_edits_follow_gla_and_bad_arguments_are_one_line_errors(cap
     with pytest.raises(ValueError, match="no longer applies"):
         parts.edited_source("no_cumsum", src.replace("tl.cumsum(b_dG, axis=0)", "tl.cumsum(b_dG, 0)"))
     for bad, flag in ((["--variants", "no_such"], "--variants"), (["--variants", "old"], "--old"),
-                      (["--lengths", "2k"], "--lengths"), (["--set", "NO_SUCH=1"], "--set")):
+                      (["--variants", "old_delta"], "--old"), (["--lengths", "2k"], "--lengths"),
+                      (["--set", "NO_SUCH=1"], "--set"),
+                      (["--variants", "delta_base", "--families", "gla"], "--families"),
+                      (["--variants", "delta_base", "--families", "glaa"], "--families")):
         with pytest.raises(SystemExit):
             parts.main(bad)
         assert flag in capsys.readouterr().err
