@@ -8,7 +8,8 @@ mantissa, on keys of a chosen pairwise cosine (correlated keys: repeated tokens,
 Prints a markdown table (relative Frobenius error of the inverse against float64, worst of three
 draws) and writes ``solve_tril_precision.json`` to ``--out``. Why it exists: TF32 in every dot
 measured 3-6% faster on the H200 but its error reaches O(1) for strongly correlated keys; exact
-diagonal blocks with TF32 merges stay at the bf16 storage error. No GPU needed: Triton's
+diagonal blocks with TF32 merges stay at the bf16 storage error; so do diagonal blocks by forward
+substitution in float32 (``delta.SOLVE_TRIL_DIAG_SUBST``). No GPU needed: Triton's
 interpreter ignores ``input_precision``, so the kernels' own tests on a CPU cannot show this.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch
 
 BC, BT = 16, 64
 VARIANTS = {"exact": ("ieee", "ieee"), "tf32 everywhere": ("tf32", "tf32"), "exact diagonal, tf32 merges": ("ieee", "tf32"),
-            "tf32x3 diagonal, tf32 merges": ("tf32x3", "tf32")}
+            "tf32x3 diagonal, tf32 merges": ("tf32x3", "tf32"),
+            "substitution diagonal, exact merges": ("subst", "ieee"), "substitution diagonal, tf32 merges": ("subst", "tf32")}
 
 
 def tf32(x: torch.Tensor) -> torch.Tensor:
@@ -56,12 +58,27 @@ def inv_unit_lower(A: torch.Tensor, prec: str) -> torch.Tensor:
     return dot(p, eye + n8, prec)
 
 
+def inv_unit_lower_subst(A: torch.Tensor) -> torch.Tensor:
+    """``(I + A)^-1`` of a strictly lower [16, 16] block by forward substitution in float32, as
+    ``_inv_diag_blocks`` (``delta.SOLVE_TRIL_DIAG_SUBST``): row i is ``e_i - sum_{j<i} A_ij X_j``,
+    each product rounded to float32 and summed in float32 in order of j (one fused multiply-add per
+    term on the GPU; here a multiply and an add, each rounded: no more accurate)."""
+    X = torch.eye(BC)
+    for i in range(1, BC):
+        s = torch.zeros(BC)
+        for j in range(i):
+            s = s + A[i, j] * X[j]
+        X[i] = X[i] - s
+    return X
+
+
 def solve_tril(A: torch.Tensor, diag_prec: str, merge_prec: str) -> torch.Tensor:
     """``(I + A)^-1`` of a strictly lower [64, 64] ``A``, as ``_solve_tril_kernel``."""
     def blk(i, j):
         return A[i * BC:(i + 1) * BC, j * BC:(j + 1) * BC]
 
-    T = {(i, i): inv_unit_lower(blk(i, i), diag_prec) for i in range(BT // BC)}
+    T = {(i, i): inv_unit_lower_subst(blk(i, i)) if diag_prec == "subst" else inv_unit_lower(blk(i, i), diag_prec)
+         for i in range(BT // BC)}
     for i in range(1, BT // BC):  # block row i, columns j < i, nearest the diagonal first
         for j in range(i - 1, -1, -1):
             acc = sum(dot(blk(i, m), T[m, j], merge_prec) for m in range(j, i))

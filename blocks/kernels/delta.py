@@ -223,6 +223,18 @@ PAIR_SPAN_MAX = tl.constexpr(40.0)
 # every dot exact. Sweep 2026-12-01 05:13 (H200): off costs +1.5 / +1.7% per fwd+bwd step
 # (delta_rule, 2k / 32k), +1.5 / -0.1% (gated).
 SOLVE_TRIL_TF32_MERGES = True
+# ``_solve_tril_kernel``'s diagonal blocks by forward substitution (``_inv_diag_blocks``: 15 steps
+# of a [16, 64] product and column sums over the four blocks at once, no dots) instead of repeated
+# squaring (``_inv_unit_lower``: six exact float32 dots per block, which go through shared memory;
+# with them edited out, ``benchmarks/kernel_parts.py --variants delta_base,solve_no_diag``, the
+# gated step's kernels at 2k lost 0.24 of 4.64 ms). H200 2026-12-02 06:52 (``train_ab.py``,
+# docs/benchmarks/train_ab_1202_solve_tril.md): ``_solve_tril_kernel`` 0.347 -> 0.154 ms per step at
+# 2k; per fwd+bwd step -5.2 / -5.2 / -2.7% (delta_rule, 2k / 8k / 32k synced), -4.0 / -4.4 / -4.1%
+# (gated). The same solve as [4, 16, 16] tiles (each thread a whole column, no shuffles, but 154
+# registers: 6 programs per SM instead of 8) won less: -2.9 / -2.8 / -0.9%, -1.9 / -2.2 / -2.0%
+# (at 1 warp -3.4 / -4.0 / -2.6%, -2.7 / -3.6 / -2.3%). At 4 warps this form won less than at 2
+# (-2.7 / -2.8 / +2.3%, -2.0 / -2.7 / -2.8%); at 1 warp it is not timed.
+SOLVE_TRIL_DIAG_SUBST = True
 # The gated ``_bwd_dqkwg_kernel``'s gate terms of the intra-chunk pairs, ``sum_j M_ij - sum_j M_ji``
 # with ``M = ds * (q k^T)`` strictly lower, as ``q_i . (ds k)_i - k_i . (ds^T q)_i`` from the dq / dk
 # dots it makes anyway (``ds`` strictly lower there, its diagonal added to dq / dk apart, so that the
@@ -240,6 +252,11 @@ DQKWG_DG_FROM_ROWS = True
 # compile: 69632 B of shared memory against the ungated kernel's 77824; with the term edited out,
 # 77824).
 DQKWG_HDH_RELOAD = False
+# Not kept (not timed): the gated ``_bwd_dqkwg_kernel``'s pair decay folded into its ds dots, its
+# factors ``exp(G_i - G_0)``, ``exp(G_0 - G_j)`` onto q, k and the dots' output rows instead of a
+# [BT, BT] decay tile (the exact tile kept for steep chunks): 256-320 B of spills at 255 registers in
+# sm_90 compiles (2026-12-02), against none. The decay tile costs that kernel ~0.08 of 1.22 ms per
+# step at 2k (``kernel_parts.py --variants delta_base,dqkwg_no_decay``, H200 06:44).
 # Also lost in the gated ``_bwd_dqkwg_kernel`` (2026-12-01 19:23, H200, ``benchmarks/train_ab.py``,
 # per fwd+bwd step at 2k / 32k): its epilogue reordered so that fewer float32 tiles live at once
 # (``dw`` stored right after the value loop, ``dq`` finished and stored before the ``dk`` side's
@@ -256,7 +273,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
-            "DQKWG_HDH_RELOAD": (False, True),
+            "DQKWG_HDH_RELOAD": (False, True), "SOLVE_TRIL_DIAG_SUBST": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
@@ -360,6 +377,35 @@ def _inv_unit_lower(b_A, BC: tl.constexpr):
 
 
 @triton.jit
+def _inv_diag_blocks(A, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """``(I + A_rr)^-1`` of chunk ``i_t``'s four diagonal blocks (``A: [B, T, H, BT]`` float32, strictly
+    lower), float32 ``[BC, BC]`` each, by forward substitution: row ``i`` of an inverse is
+    ``e_i - sum_{j<i} A_ij X_j`` (15 steps; as accurate as exact dots, ~1000x more than repeated
+    squaring in float32 for correlated keys: ``benchmarks/solve_tril_precision.py``). The four blocks
+    side by side as one ``[BC, 4 BC]`` tile ``X`` (column ``16 r + c`` is column ``c`` of block ``r``):
+    each column is its own triangular solve, and each thread holds 4 of a column's 16 rows (sm_90
+    compile), so a step's sum over rows is 3 adds and 2 shuffles, and no dot goes through shared
+    memory. The rows of ``A`` do not depend on the steps: their loads are issued ahead."""
+    o_j = tl.arange(0, BC)
+    o_c = tl.arange(0, 4 * BC)
+    blk = o_c // BC
+    b_X = (o_j[:, None] == (o_c % BC)[None, :]).to(tl.float32)
+    r0 = i_t * BT + blk * BC  # [4 BC]: the first row of each column's block
+    # [BC, 4 BC]: A_{r0, 16 r + j} for column 16 r + c; step i reads i rows further
+    p_a = A + (i_b * T * H + i_h) * BT + (r0 * (H * BT) + blk * BC)[None, :] + o_j[:, None]
+    for i in tl.static_range(1, BC):
+        b_a = tl.load(p_a + i * (H * BT), mask=(o_j < i)[:, None] & (r0 + i < T)[None, :], other=0.)
+        b_s = tl.sum(b_a * b_X, 0)  # [4 BC]
+        b_X = tl.where((o_j == i)[:, None], b_X - b_s[None, :], b_X)
+    # [BC, 4 BC] -> four [BC, BC]: column 16 r + c = 32 r1 + 16 r0 + c
+    b_X = tl.permute(tl.reshape(b_X, [BC, 2, 2, BC]), [0, 3, 1, 2])  # [j, c, r1, r0]
+    b_X01, b_X23 = tl.split(tl.permute(b_X, [0, 1, 3, 2]))  # split r1: [j, c, r0]
+    T00, T11 = tl.split(b_X01)
+    T22, T33 = tl.split(b_X23)
+    return T00, T11, T22, T33
+
+
+@triton.jit
 def _load_block(A, i_b, i_h, i_t, T, ri: tl.constexpr, cj: tl.constexpr,
                 H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     """Block (ri, cj) of chunk ``i_t``'s ``[BT, BT]`` matrix in ``A: [B, T, H, BT]``, ``[BC, BC]``."""
@@ -438,7 +484,8 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
-def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr):
+def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr,
+                       DIAG_SUBST: tl.constexpr):
     """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
     ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]``
     blocks by ``_inv_unit_lower``, the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
@@ -447,10 +494,13 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC)
-    T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC)
-    T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC)
-    T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
+    if DIAG_SUBST:
+        T00, T11, T22, T33 = _inv_diag_blocks(A, i_b, i_h, i_t, T, H, BT, BC)
+    else:
+        T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC)
+        T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC)
+        T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC)
+        T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
     A10 = _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
     A20 = _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
     A21 = _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
@@ -911,7 +961,7 @@ def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
                                   USE_G=gc is not None, DOT_PREC=_prec(k), PAIR_FACTORED=PAIR_DECAY_FACTORED,
                                   CUMSUM=g is not None, **_launch(LAUNCH, "kkt", k))
     _solve_tril_kernel[(c1 - c0, B * H)](A, Ai, T, c0, H=H, BT=BT, BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype),
-                                         **_launch(LAUNCH, "solve_tril", k))
+                                         DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST, **_launch(LAUNCH, "solve_tril", k))
     _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1)
 
 
