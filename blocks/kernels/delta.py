@@ -246,12 +246,12 @@ SOLVE_TRIL_DIAG_SUBST = True
 # old form multiplied float32 ``ds`` by a TF32 ``q k^T``; the benchmark's bf16 gate-gradient errors
 # against the float64 reference stayed put (2.5e-3 / 2.0e-3 at 14:33 against 2.6e-3 / 2.3e-3 at 13:30).
 DQKWG_DG_FROM_ROWS = True
-# The gated ``_bwd_dqkwg_kernel``'s gate term through the state, ``sum(h * dh)``, from h and dh loaded
-# again as [BK, BV] tiles (L2 hits) instead of from the transposed tiles its dots take: with the
-# product on the dot tiles, the compiler keeps them out of the loop's asynchronous copies (sm_90
-# compile: 69632 B of shared memory against the ungated kernel's 77824; with the term edited out,
-# 77824).
-DQKWG_HDH_RELOAD = False
+# Lost (not kept as a switch): the gated ``_bwd_dqkwg_kernel``'s state term ``sum(h * dh)`` (0.13 of
+# its 1.22 ms per step at 2k, ``kernel_parts.py --variants delta_base,dqkwg_no_hdh``) from h and dh
+# loaded again as [BK, BV] tiles (L2 hits), so that the dots' transposed tiles stay in the
+# asynchronous copies (GPU host compile: 247 registers, 77824 B of shared memory, no spills, against
+# 255 / 69632 / 8 B): +1.7 / +2.1 / +2.1% per step at 2k / 8k / 32k (H200 2026-12-02 06:44,
+# docs/benchmarks/train_ab_1202_solve_tril.md).
 # Not kept (not timed): the gated ``_bwd_dqkwg_kernel``'s pair decay folded into its ds dots, its
 # factors ``exp(G_i - G_0)``, ``exp(G_0 - G_j)`` onto q, k and the dots' output rows instead of a
 # [BT, BT] decay tile (the exact tile kept for steep chunks): 256-320 B of spills at 255 registers in
@@ -273,7 +273,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
-            "DQKWG_HDH_RELOAD": (False, True), "SOLVE_TRIL_DIAG_SUBST": (False, True),
+            "SOLVE_TRIL_DIAG_SUBST": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
@@ -281,8 +281,10 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
 def _seq(x, i_b, i_h, T, H: tl.constexpr):
     """Pointer to ``x[b, 0, h]`` of a per-position vector ``x: [B, T, H]``: add ``o_t * H`` for rows
     ``o_t``. Only this scalar base is int64; the per-row offsets stay int32 (the wrappers check
-    ``T * H * max(K, V, BT) < 2^31``), as ``tiles.load_rows`` keeps them for tiles: an int64 offset per
-    row cost the gated ``_bwd_dqkwg_kernel`` ~100 SASS instructions of address arithmetic."""
+    ``T * H * max(K, V, BT) < 2^31``), as ``tiles.load_rows`` keeps them for tiles: the gated kernels
+    compile to 3-5% fewer SASS instructions (sm_90), and ``_bwd_dh_kernel`` took 0.559 instead of
+    0.575 ms per step at 2k (H200 2026-12-02 07:03). ``_pair_decay``'s two scalar loads keep their
+    int64 offsets (see there)."""
     return x + i_b * T * H + i_h
 
 
@@ -324,9 +326,11 @@ def _pair_decay(b_g, b_gj, m, FLIP: tl.constexpr, gc, i_b, i_h, r0, T, H: tl.con
     first row (2 * BT exponentials instead of BT * BT; both factors stay normal float32 numbers);
     else exactly."""
     if FACTORED:
-        base = _seq(gc, i_b, i_h, T, H)
-        g0 = tl.load(base + r0 * H).to(tl.float32)
-        g_end = tl.load(base + (tl.minimum(r0 + BT, T) - 1) * H).to(tl.float32)
+        # two scalars: int64 offsets as before ``_seq``; with ``_seq`` here the gated bwd_dqkwg (255
+        # registers) spilled 8 B on the GPU host's compile and took 1.22 instead of 1.17 ms per step
+        # (H200 2026-12-02 07:03, docs/benchmarks/train_ab_1202_solve_tril.md)
+        g0 = tl.load(gc + (i_b * T + r0) * H + i_h).to(tl.float32)
+        g_end = tl.load(gc + (i_b * T + tl.minimum(r0 + BT, T) - 1) * H + i_h).to(tl.float32)
         b_e = _pair_decay_through(b_g, b_gj, g0, g_end, m, FLIP)
     else:
         b_e = _pair_decay_exact(b_g, b_gj, m, FLIP)
@@ -712,7 +716,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                      DG_FROM_ROWS: tl.constexpr, HDH_RELOAD: tl.constexpr):
+                      DG_FROM_ROWS: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
@@ -746,14 +750,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         b_dk += tl.dot(b_vn, b_dhT.to(b_vn.dtype), input_precision=DOT_PREC)
         b_dw += tl.dot(b_dv2.to(b_hT.dtype), b_hT, input_precision=DOT_PREC)
         b_dP += tl.dot(b_do, tl.trans(b_vn.to(b_do.dtype)), input_precision=DOT_PREC)
-        if USE_G and HDH_RELOAD:
-            # h and dh loaded again in their own [BK, BV] orientation (L2 hits) for the gate's state
-            # term, so that the transposed tiles above feed only the dots (DQKWG_HDH_RELOAD)
-            m_kv = m_k[:, None] & (o_v < V)[None, :]
-            b_h = tl.load(h + p_h + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-            b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-            b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
-        elif USE_G:
+        if USE_G:
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)
     o_i = tl.arange(0, BT)
     m_ij = o_i[:, None] >= o_i[None, :]
@@ -1119,7 +1116,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
             BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, HDH_RELOAD=DQKWG_HDH_RELOAD,
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
             **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
 
     def wy_bwd(c0, c1):
