@@ -127,11 +127,22 @@ EDITS = {
                      lambda s: _replace(s, "        _wy_bwd_dg(b_kdXw * b_be + b_kP * b_b - b_kQ, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)",
                                         "        tl.store(dg + (i_b * T + o_t) * H + i_h, b_kdXw * b_be + b_kP * b_b - b_kQ,"
                                         " mask=o_t < T)"), module="delta"),
-    "solve_no_diag": Edit("_solve_tril_kernel's diagonal-block inverses (I - A instead of six exact dots each)",
-                          lambda s: _cut(s, "    o = tl.arange(0, BC)\n    eye = (o[:, None] == o[None, :]).to(tl.float32)\n    n1 = -b_A",
-                                         "\n\n\n@triton.jit\ndef _load_block(",
-                                         "    o = tl.arange(0, BC)\n    return (o[:, None] == o[None, :]).to(tl.float32) - b_A"),
+    "wy_no_rowsums": Edit("_wy_bwd_kernel's row sums of its second pass (k . dXw, k . P, k . Q: dbeta's and the gate's "
+                          "terms through w and A)",
+                          lambda s: _replace(s, "        b_kdXw += tl.sum(b_kf * b_dXw, 1)\n        b_kP += tl.sum(b_kf * b_P, 1)\n"
+                                                "        b_kQ += tl.sum(b_kf * b_Q, 1)\n", ""), module="delta"),
+    "wy_no_db": Edit("_wy_bwd_kernel's row sum v . dXu of its first pass (dbeta's term through u)",
+                     lambda s: _replace(s, "        b_db += tl.sum(b_vf * b_dXu, 1)\n", ""), module="delta"),
+    "solve_no_diag": Edit("_solve_tril_kernel's diagonal-block inverses (their forward substitution's steps)",
+                          lambda s: _replace(s, "    for i in tl.static_range(1, BC):\n        b_a = tl.load(p_a + i * (H * BT)",
+                                             "    for i in tl.static_range(1, 2):\n        b_a = tl.load(p_a + i * (H * BT)"),
                           module="delta"),
+    "solve_no_squaring": Edit("_solve_tril_kernel's diagonal-block inverses by repeated squaring (I - A instead of six "
+                              "exact dots each; SOLVE_TRIL_DIAG_SUBST off)",
+                              lambda s: _cut(s, "    o = tl.arange(0, BC)\n    eye = (o[:, None] == o[None, :]).to(tl.float32)\n    n1 = -b_A",
+                                             "\n\n\n@triton.jit\ndef _inv_diag_blocks(",
+                                             "    o = tl.arange(0, BC)\n    return (o[:, None] == o[None, :]).to(tl.float32) - b_A"),
+                              "SOLVE_TRIL_DIAG_SUBST=False", module="delta"),
     "solve_no_merge": Edit("_solve_tril_kernel's off-diagonal blocks (their TF32 merge dots)",
                            lambda s: _cut(s, "    T10 = -tl.dot(T11, tl.dot(A10, T00", "    Z = tl.zeros([BC, BC]",
                                           "    T10 = A10 + A20 + A21 + A30 + A31 + A32\n    T21 = T10\n    T32 = T10\n"

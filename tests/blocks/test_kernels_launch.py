@@ -1419,12 +1419,15 @@ def test_kernel_parts_edits_follow_gla_and_bad_arguments_are_one_line_errors(cap
     assert parts.kernel_names(mod) == parts.kernel_names(delta)  # every kernel swapped, none else
     assert "register_kernel" not in parts.kernel_names(delta)
     assert mod._solve_tril_kernel is not delta._solve_tril_kernel
-    assert "n8 = " not in Path(mod.__file__).read_text()
+    assert "static_range(1, 2)" in Path(mod.__file__).read_text()  # one substitution step left
+    squaring = parts.edited_source("solve_no_squaring")
+    assert "n8 = " not in squaring and "def _inv_diag_blocks(" in squaring
     assert parts.module_of("old_delta") == "delta" and parts.module_of("old") == "gla"
     ab = _benchmark("train_ab")
     for name in parts.EDITS:  # each variant's own items parse as train_ab.py's; the dv edits' say the old layout
         for item in filter(None, parts.own_items(name).split(",")):
-            ab.parsed("gla", item)
+            ab.parsed(parts.MODULES[parts.module_of(name)].families[0], item)
+    assert parts.own_items("solve_no_squaring") == "SOLVE_TRIL_DIAG_SUBST=False"
     assert parts.own_items("no_dv") == parts.own_items("dv_only") == "BWD_DV_SEPARATE=False,KEEP_A=False"
     assert parts.own_items("base") == "" and parts.own_items("old") == ""
     assert parts.own_items("base_old_dv") == parts.own_items("no_dv")  # the dv edits' reference
