@@ -124,13 +124,12 @@ EDITS = {
                         lambda s: _replace(s, "    if USE_G:\n        b_dA = b_dA * _pair_decay(",
                                            "    if False:\n        b_dA = b_dA * _pair_decay("), module="delta"),
     "wy_no_dg": Edit("_wy_bwd_kernel's sum of the key slices' dG and its reverse cumsum (the row terms stored)",
-                     lambda s: _replace(s, "        _wy_bwd_dg(b_kdXw * b_be + b_kP * b_b - b_kQ, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)",
-                                        "        tl.store(dg + (i_b * T + o_t) * H + i_h, b_kdXw * b_be + b_kP * b_b - b_kQ,"
-                                        " mask=o_t < T)"), module="delta"),
+                     lambda s: _replace(s, "        _wy_bwd_dg(b_rdg, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)",
+                                        "        tl.store(dg + (i_b * T + o_t) * H + i_h, b_rdg, mask=o_t < T)"), module="delta"),
     "wy_no_rowsums": Edit("_wy_bwd_kernel's row sums of its second pass (k . dXw, k . P, k . Q: dbeta's and the gate's "
                           "terms through w and A)",
-                          lambda s: _replace(s, "        b_kdXw += tl.sum(b_kf * b_dXw, 1)\n        b_kP += tl.sum(b_kf * b_P, 1)\n"
-                                                "        b_kQ += tl.sum(b_kf * b_Q, 1)\n", ""), module="delta"),
+                          lambda s: _replace(s, "            b_kdXw += tl.sum(b_kf * b_dXw, 1)\n            b_kP += tl.sum(b_kf * b_P, 1)\n"
+                                                "            b_kQ += tl.sum(b_kf * b_Q, 1)\n", ""), module="delta"),
     "wy_no_db": Edit("_wy_bwd_kernel's row sum v . dXu of its first pass (dbeta's term through u)",
                      lambda s: _replace(s, "        b_db += tl.sum(b_vf * b_dXu, 1)\n", ""), module="delta"),
     "solve_no_diag": Edit("_solve_tril_kernel's diagonal-block inverses (their forward substitution's steps)",
@@ -186,9 +185,9 @@ def build(name: str, src: str) -> types.ModuleType:
 def kernel_names(mod: types.ModuleType) -> list[str]:
     """The module's kernels (``*_kernel`` globals), the names the launch code looks up at each call:
     an edited module's kernels are swapped in under them."""
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import KernelInterface  # JITFunction, or the interpreter's InterpretedFunction
 
-    return [n for n, v in vars(mod).items() if n.endswith("_kernel") and isinstance(v, JITFunction)]
+    return [n for n, v in vars(mod).items() if n.endswith("_kernel") and isinstance(v, KernelInterface)]
 
 
 def check() -> list[str]:
