@@ -117,7 +117,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                              DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS),
                *table(d.LAUNCH, "bwd_dqkwg_gated" if use_g else "bwd_dqkwg", s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
-                                                       USE_G=use_g, LOWP=lowp, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED),
+                                                       USE_G=use_g, LOWP=lowp, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
+                                                       ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED),
                *table(d.LAUNCH, "wy_bwd_gated" if use_g else "wy_bwd", s))
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"

@@ -269,11 +269,18 @@ DQKWG_DG_FROM_ROWS = True
 # (``benchmarks/step_gaps.py``, docs/benchmarks/step_gaps.md). H200 2026-12-01 19:41
 # (docs/benchmarks/train_ab_1201_evening.md): -0.9 / -0.5 / -0.9% per step at 2k / 8k / 32k.
 KKT_CUMSUM = True
+# ``_wy_bwd_kernel``'s dbeta / dG row sums of its second pass combined before summing
+# (``_wy_bwd_dk``: ``sum_c k (P + exp(G) dXw)`` instead of ``sum_c k P`` and ``sum_c k dXw`` apart; the
+# gated rule's three sums become two): one row sum per key slice instead of two for delta_rule.
+# With those sums edited out (``kernel_parts.py --variants delta_base,wy_no_rowsums``, H200
+# 2026-12-02 07:22, docs/benchmarks/kernel_parts_1202.md) delta_rule's wy_bwd took 0.709 instead of
+# 0.767 ms per step at 2k (gated: no change). Off until timed: no GPU time was left that session.
+WY_BWD_ROWSUMS_COMBINED = False
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
-            "SOLVE_TRIL_DIAG_SUBST": (False, True),
+            "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
@@ -848,18 +855,23 @@ def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
 
 
 @triton.jit
-def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_dA, i_b, i_h, r0, T,
+def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_eg, b_dA, i_b, i_h, r0, T,
                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
+               LOWP: tl.constexpr, DOT_PREC: tl.constexpr, COMBINED: tl.constexpr, USE_G: tl.constexpr):
     """Second half: writes the final ``dk`` key slice by key slice. With ``P = dA k`` and
-    ``Q = (beta dA)^T k`` ([BT, BK] per slice), ``dk += beta P + Q``; returns the [BT] row sums
-    ``(sum_c k dXw, sum_c k P, sum_c k Q)``: the ``dbeta``/``dG`` terms through ``w`` and through
-    ``A`` (``sum_j dA_ij k_i.k_j`` and its column twin, without a [BT, BT] ``k k^T`` tile)."""
+    ``Q = (beta dA)^T k`` ([BT, BK] per slice), ``dk += beta exp(G) dXw + beta P + Q``. Returns five
+    [BT] row sums: ``(sum_c k dXw, sum_c k P, sum_c k Q, 0, 0)``, the ``dbeta`` / ``dG`` terms through
+    ``w`` and through ``A`` (``sum_j dA_ij k_i.k_j`` and its column twin, without a [BT, BT] ``k k^T``
+    tile); or, with ``COMBINED`` (``WY_BWD_ROWSUMS_COMBINED``), ``(0, 0, 0, sum_c k (P + exp(G) dXw),
+    sum_c k (beta exp(G) dXw + beta P - Q))``, those terms combined before the sum (the last only with
+    ``USE_G``): one or two row sums per key slice instead of two or three. ``b_eg``: ``exp(G)``."""
     b_dAc = _op(b_dA, k, LOWP)
     b_dAbT = _op(tl.trans(b_dA * b_b[:, None]), k, LOWP)
     b_kdXw = tl.zeros([BT], dtype=tl.float32)
     b_kP = tl.zeros([BT], dtype=tl.float32)
     b_kQ = tl.zeros([BT], dtype=tl.float32)
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    b_dG = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
         b_kc = _op(b_kf, k, LOWP)
@@ -867,13 +879,20 @@ def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_dA, i_b, i_h, r0, T,
         b_dXw = tl.dot(tl.trans(b_T), b_dW, input_precision=DOT_PREC)
         b_P = tl.dot(b_dAc, b_kc, input_precision=DOT_PREC)
         b_Q = tl.dot(b_dAbT, b_kc, input_precision=DOT_PREC)
-        b_kdXw += tl.sum(b_kf * b_dXw, 1)
-        b_kP += tl.sum(b_kf * b_P, 1)
-        b_kQ += tl.sum(b_kf * b_Q, 1)
-        b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) \
-            + b_dXw * b_be[:, None] + b_P * b_b[:, None] + b_Q
+        b_dk = _load_rows(dk_in, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
+        if COMBINED:
+            b_upd = b_dXw * b_be[:, None] + b_P * b_b[:, None]
+            b_db += tl.sum(b_kf * (b_P + b_dXw * b_eg[:, None]), 1)
+            if USE_G:
+                b_dG += tl.sum(b_kf * (b_upd - b_Q), 1)
+            b_dk += b_upd + b_Q
+        else:
+            b_kdXw += tl.sum(b_kf * b_dXw, 1)
+            b_kP += tl.sum(b_kf * b_P, 1)
+            b_kQ += tl.sum(b_kf * b_Q, 1)
+            b_dk = b_dk + b_dXw * b_be[:, None] + b_P * b_b[:, None] + b_Q
         _store_rows(dk, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-    return b_kdXw, b_kP, b_kQ
+    return b_kdXw, b_kP, b_kQ, b_db, b_dG
 
 
 @triton.jit
@@ -893,7 +912,7 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
                    USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-                   PAIR_FACTORED: tl.constexpr):
+                   PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr):
     """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
     the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
     ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
@@ -907,13 +926,16 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP)
     b_dA, b_db = _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
                             H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC, PAIR_FACTORED)
-    b_kdXw, b_kP, b_kQ = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_dA, i_b, i_h, r0, T,
-                                    H, K, BT, BK, LOWP, DOT_PREC)
-    b_db += b_kP + b_kdXw * tl.exp(b_g)
+    b_kdXw, b_kP, b_kQ, b_rdb, b_rdg = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, tl.exp(b_g), b_dA, i_b, i_h,
+                                                  r0, T, H, K, BT, BK, LOWP, DOT_PREC, ROWSUMS_COMBINED, USE_G)
+    if not ROWSUMS_COMBINED:
+        b_rdb = b_kP + b_kdXw * tl.exp(b_g)
+        b_rdg = b_kdXw * b_be + b_kP * b_b - b_kQ
+    b_db += b_rdb
     tl.store(_seq(dbeta, i_b, i_h, T, H) + o_t * H, b_db.to(dbeta.dtype.element_ty), mask=o_t < T)
     if USE_G:
         # row sums minus column sums of dA * beta * k k^T, plus the term through w
-        _wy_bwd_dg(b_kdXw * b_be + b_kP * b_b - b_kQ, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
+        _wy_bwd_dg(b_rdg, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
 
 # --- host side -------------------------------------------------------------------------------
 def _lowp(x: torch.Tensor) -> bool:
@@ -1123,7 +1145,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _wy_bwd_kernel[(c1 - c0, B * H)](
             k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, H=H, K=K, V=V, BT=BT,
             BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
-            PAIR_FACTORED=PAIR_DECAY_FACTORED,
+            PAIR_FACTORED=PAIR_DECAY_FACTORED, ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED,
             **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
 
     # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
