@@ -290,10 +290,16 @@ WALK_SEGMENT_SPREAD = 2.0
 # (64 at 32k, half a program per SM), each with the state [64, 128] float32 over 256 threads.
 # Off: ``tiles.walk_bv``'s rule (V block 64, 32 below one program per SM).
 WALK_FULL_V = True
+# ``_bwd_chunk_kernel``'s gate: the reverse cumsum's chunk total and the chunk-wide term
+# ``sum_{j<last} k_j dk_j`` (the state write's part of dk) in one column sum, that of ``q.dq - k.dk``
+# without the state write's part, before it is taken out of the rows (which is also what the two sums
+# added up to: the ``+x - x`` of those terms is gone), instead of two column sums of [BT, BK] tiles,
+# each across the warps. Off until timed (no GPU time was left in the session that wrote it).
+BWD_CHUNK_ONE_TOTAL = False
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -677,7 +683,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                       SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
-                      READ_A: tl.constexpr):
+                      READ_A: tl.constexpr, ONE_TOTAL: tl.constexpr):
     """Grid (K/BK, chunks, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
     G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in
     ``_fwd_o_kernel``: through row 0 below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
@@ -753,11 +759,20 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
         # instead of 95: -0.1 / +1.1 / +0.7%), q and k kept in bf16 (-1.0 / +0.2 / +0.3%), that
         # reverse cumsum with this mask (-0.6 / -0.2 / 0.0%)
         m_moved = ((r0 + o_i) < last)[:, None]
-        b_P = tl.sum(tl.where(m_moved, b_k * b_dk, 0.), axis=0) + tl.exp(g_last) * b_hdh
-        b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
-        b_dG -= b_k * (tl.where(m_moved, b_dk, 0.) + b_dki)
-        _store(dk, b_dk + b_dki + b_diag[:, None] * b_q, i_b, i_h, r0, T, H, K, c0, BT, BK)
-        b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_P[None, :]
+        if ONE_TOTAL:
+            # the chunk-wide total sum_t (q.dq - k.dk_intra)_t in one column sum (BWD_CHUNK_ONE_TOTAL)
+            b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
+            b_dG -= b_k * b_dki
+            b_tot = tl.sum(b_dG, axis=0) + tl.exp(g_last) * b_hdh
+            b_dG -= b_k * tl.where(m_moved, b_dk, 0.)
+            _store(dk, b_dk + b_dki + b_diag[:, None] * b_q, i_b, i_h, r0, T, H, K, c0, BT, BK)
+            b_dg = b_tot[None, :] - tl.cumsum(b_dG, axis=0) + b_dG
+        else:
+            b_P = tl.sum(tl.where(m_moved, b_k * b_dk, 0.), axis=0) + tl.exp(g_last) * b_hdh
+            b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
+            b_dG -= b_k * (tl.where(m_moved, b_dk, 0.) + b_dki)
+            _store(dk, b_dk + b_dki + b_diag[:, None] * b_q, i_b, i_h, r0, T, H, K, c0, BT, BK)
+            b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_P[None, :]
         _store(dg, b_dg, i_b, i_h, r0, T, H, K, c0, BT, BK)
 
 
@@ -1068,7 +1083,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
         _bwd_chunk_kernel[(_cdiv(K, BKc), c1 - c0, B * H)](
             q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=BKc,
             BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
-            WITH_DV=not dv_separate, READ_A=read_a, **_launch(LAUNCH, "bwd_chunk", q))
+            WITH_DV=not dv_separate, READ_A=read_a, ONE_TOTAL=BWD_CHUNK_ONE_TOTAL, **_launch(LAUNCH, "bwd_chunk", q))
 
     if len(segments) == 1:  # the walk launched before the other buffers are allocated
         walk(0, NT, 0)
