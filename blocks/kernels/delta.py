@@ -16,8 +16,8 @@ chunk of ``BT`` positions with chunk-local inclusive log-decay prefix sums ``G``
     S_C  = exp(G_C) S + (k * exp(G_C - G))^T U
 
 Kernels (each per chunk and parallel unless said): ``_kkt_kernel`` builds ``A`` with one
-``[BT, K] x [K, BT]`` product; ``_solve_tril_kernel`` inverts it (16x16 diagonal blocks as a product
-of four factors, merged with 16x16 dots); ``_wu_kernel`` forms ``w, u``; ``_fwd_h`` walks the chunks of a
+``[BT, K] x [K, BT]`` product; ``_solve_tril_kernel`` inverts it (16x16 diagonal blocks by forward
+substitution, merged with 16x16 dots); ``_wu_kernel`` forms ``w, u``; ``_fwd_h`` walks the chunks of a
 (batch, head, V slice) in order *inside the kernel*, storing every chunk-start state and ``U``;
 ``_fwd_o`` computes every chunk's output. The backward takes the forward's ``Ai`` and, by default,
 its ``w``, chunk states and ``U`` (``KEEP_WU``, ``KEEP_H``; else recomputed); a reverse walk
@@ -370,8 +370,10 @@ def _pair_decay_exact(b_g, b_gj, m, FLIP: tl.constexpr):
 def _inv_unit_lower(b_A, BC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower ``[BC, BC]`` block ``A`` (float32), BC = 16. ``A`` is
     nilpotent (``A^16 = 0``), so ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six
-    independent-of-each-row dots instead of 15 dependent forward-substitution steps (which measured
-    2 ms per training step at 64k tokens on the H200, latency-bound). Exact float32
+    independent-of-each-row dots instead of 15 dependent forward-substitution steps (a first
+    substitution measured 2 ms per training step at 64k tokens on the H200, latency-bound; since
+    2026-12-02 ``_inv_diag_blocks`` substitutes the four blocks' columns at once, 0.15 ms for the
+    whole kernel against these dots' 0.35: ``SOLVE_TRIL_DIAG_SUBST``, which turns this off). Exact float32
     dots always: the powers of A grow and cancel, which amplifies rounding of the dot inputs (TF32
     here: relative error of the inverse up to 1.4 for keys with pairwise cosine 0.97 and beta 1,
     ``benchmarks/solve_tril_precision.py``). Split TF32 ("tf32x3") would be as accurate (emulated)
@@ -499,7 +501,7 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
                        DIAG_SUBST: tl.constexpr):
     """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
     ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]``
-    blocks by ``_inv_unit_lower``, the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
+    blocks by ``_inv_diag_blocks`` (``DIAG_SUBST``) or ``_inv_unit_lower``, the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
     block rows ``i > j`` (16x16 dots at ``MERGE_PREC``: exact "ieee" or "tf32")."""
     i_t = tl.program_id(0) + C0
     i_bh = tl.program_id(1).to(tl.int64)
