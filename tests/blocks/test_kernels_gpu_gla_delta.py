@@ -312,8 +312,9 @@ def test_gpu_walks_at_both_value_blocks(family, block_v, monkeypatch):
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
 def test_gpu_delta_rules_with_correlated_keys(family):
     """Keys of pairwise cosine ~0.9 with beta ~1: TF32 in the chunk inverse's diagonal blocks gave
-    an O(0.1-1) error there (CPU emulation, benchmarks/solve_tril_precision.py); the kernels keep
-    those dots exact and only the merges in TF32 (bf16 inputs)."""
+    an O(0.1-1) error there (CPU emulation, benchmarks/solve_tril_precision.py); the kernels solve
+    those blocks in float32 (forward substitution, ``delta.SOLVE_TRIL_DIAG_SUBST``; exact dots with it
+    off) and take only the merges in TF32 (bf16 inputs)."""
     errs = run_case(chunk_kernel(family), family, (1, 300, 2, 128, 128), torch.bfloat16, "correlated", True, "cuda")
     bad = {n: e for n, e in errs.items() if not e <= TOL[torch.bfloat16]}
     assert not bad, f"{family}: {bad} (all: {errs})"

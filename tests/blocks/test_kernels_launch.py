@@ -701,7 +701,8 @@ def test_host_grid_helpers_agree_with_triton():
 
 def test_solve_tril_emulation_shows_why_only_the_merges_take_tf32():
     """``benchmarks/solve_tril_precision.py``: with correlated keys (cosine 0.9, beta 1) TF32 in
-    the diagonal blocks' repeated squaring is far off, TF32 merges stay at bf16 storage error."""
+    the diagonal blocks' repeated squaring is far off, TF32 merges stay at bf16 storage error, and
+    the diagonal blocks by forward substitution are more accurate than by exact squaring."""
     errs = _benchmark("solve_tril_precision").errors(0.9, 1.0, draws=1)
     assert errs["exact"] < 1e-4
     assert errs["tf32 everywhere"] > 3e-2
@@ -709,6 +710,10 @@ def test_solve_tril_emulation_shows_why_only_the_merges_take_tf32():
     # split TF32 (three tensor-core products) in the diagonal blocks is as good as exact there
     assert errs["tf32x3 diagonal, tf32 merges"] < 2 * errs["bf16 storage of the exact inverse"]
     assert errs["tf32x3 diagonal, tf32 merges"] < 1.1 * errs["exact diagonal, tf32 merges"]
+    # forward substitution (delta.SOLVE_TRIL_DIAG_SUBST) in float32: far below squaring's rounding,
+    # and with the TF32 merges of bf16 inputs at the storage error like the exact dots
+    assert errs["substitution diagonal, exact merges"] < min(1e-6, errs["exact"] / 100)
+    assert errs["substitution diagonal, tf32 merges"] < 1.1 * errs["exact diagonal, tf32 merges"]
 
 
 
