@@ -861,12 +861,13 @@ def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_eg, b_dA, i_b, i_h, r0, T,
                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                LOWP: tl.constexpr, DOT_PREC: tl.constexpr, COMBINED: tl.constexpr, USE_G: tl.constexpr):
     """Second half: writes the final ``dk`` key slice by key slice. With ``P = dA k`` and
-    ``Q = (beta dA)^T k`` ([BT, BK] per slice), ``dk += beta exp(G) dXw + beta P + Q``. Returns five
-    [BT] row sums: ``(sum_c k dXw, sum_c k P, sum_c k Q, 0, 0)``, the ``dbeta`` / ``dG`` terms through
-    ``w`` and through ``A`` (``sum_j dA_ij k_i.k_j`` and its column twin, without a [BT, BT] ``k k^T``
-    tile); or, with ``COMBINED`` (``WY_BWD_ROWSUMS_COMBINED``), ``(0, 0, 0, sum_c k (P + exp(G) dXw),
-    sum_c k (beta exp(G) dXw + beta P - Q))``, those terms combined before the sum (the last only with
-    ``USE_G``): one or two row sums per key slice instead of two or three. ``b_eg``: ``exp(G)``."""
+    ``Q = (beta dA)^T k`` ([BT, BK] per slice), ``dk += beta exp(G) dXw + beta P + Q``. Returns the
+    [BT] ``dbeta`` and ``dG`` terms through ``w`` and through ``A``: ``sum_c k (P + exp(G) dXw)`` and
+    ``sum_c k (beta exp(G) dXw + beta P - Q)`` (``sum_j dA_ij k_i.k_j`` and its column twin, without a
+    [BT, BT] ``k k^T`` tile; the second only with ``USE_G``, else 0). Summed as the three row sums of
+    ``k dXw``, ``k P``, ``k Q`` per key slice and combined after the loop, or, with ``COMBINED``
+    (``WY_BWD_ROWSUMS_COMBINED``), combined before the sums: one or two per key slice instead of two
+    or three. ``b_eg``: ``exp(G)`` [BT]."""
     b_dAc = _op(b_dA, k, LOWP)
     b_dAbT = _op(tl.trans(b_dA * b_b[:, None]), k, LOWP)
     b_kdXw = tl.zeros([BT], dtype=tl.float32)
@@ -894,7 +895,11 @@ def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_eg, b_dA, i_b, i_h, r0, T,
             b_kQ += tl.sum(b_kf * b_Q, 1)
             b_dk = b_dk + b_dXw * b_be[:, None] + b_P * b_b[:, None] + b_Q
         _store_rows(dk, b_dk, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
-    return b_kdXw, b_kP, b_kQ, b_db, b_dG
+    if not COMBINED:
+        b_db = b_kP + b_kdXw * b_eg
+        if USE_G:
+            b_dG = b_kdXw * b_be + b_kP * b_b - b_kQ
+    return b_db, b_dG
 
 
 @triton.jit
@@ -928,11 +933,8 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP)
     b_dA, b_db = _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
                             H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC, PAIR_FACTORED)
-    b_kdXw, b_kP, b_kQ, b_rdb, b_rdg = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, tl.exp(b_g), b_dA, i_b, i_h,
-                                                  r0, T, H, K, BT, BK, LOWP, DOT_PREC, ROWSUMS_COMBINED, USE_G)
-    if not ROWSUMS_COMBINED:
-        b_rdb = b_kP + b_kdXw * tl.exp(b_g)
-        b_rdg = b_kdXw * b_be + b_kP * b_b - b_kQ
+    b_rdb, b_rdg = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, tl.exp(b_g), b_dA, i_b, i_h, r0, T,
+                              H, K, BT, BK, LOWP, DOT_PREC, ROWSUMS_COMBINED, USE_G)
     b_db += b_rdb
     tl.store(_seq(dbeta, i_b, i_h, T, H) + o_t * H, b_db.to(dbeta.dtype.element_ty), mask=o_t < T)
     if USE_G:
