@@ -47,7 +47,7 @@ from . import low_memory_from_env, overlap as _overlap, register_kernel
 from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
-from .tiles import state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
+from .tiles import seq as _seq, state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
 from .tiles import walk_bv as _tiles_walk_bv
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
@@ -282,17 +282,6 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8)}
-
-
-@triton.jit
-def _seq(x, i_b, i_h, T, H: tl.constexpr):
-    """Pointer to ``x[b, 0, h]`` of a per-position vector ``x: [B, T, H]``: add ``o_t * H`` for rows
-    ``o_t``. Only this scalar base is int64; the per-row offsets stay int32 (the wrappers check
-    ``T * H * max(K, V, BT) < 2^31``), as ``tiles.load_rows`` keeps them for tiles: the gated kernels
-    compile to 3-5% fewer SASS instructions (sm_90), and ``_bwd_dh_kernel`` took 0.559 instead of
-    0.575 ms per step at 2k (H200 2026-12-02 07:03). ``_pair_decay``'s two scalar loads keep their
-    int64 offsets (see there)."""
-    return x + i_b * T * H + i_h
 
 
 @triton.jit
