@@ -152,9 +152,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                          STORE_DH0=True, DOT_PREC=prec), *table(g.LAUNCH, entry, s))
     yield ("gla.bwd_chunk", g._bwd_chunk_kernel, dict(C, BK=min(g.BWD_CHUNK_BK, BK), BV=min(64, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
                                                       LOWP=wc_lowp, WITH_DV=not g.BWD_DV_SEPARATE,
-                                                      READ_A=keep_a, ONE_TOTAL=g.BWD_CHUNK_ONE_TOTAL,
-                                                      SCAN_DOT=g.BWD_CHUNK_SCAN_DOT and not g.BWD_CHUNK_ONE_TOTAL,
-                                                      SCAN_PREC=g._scan_prec(prec)),
+                                                      READ_A=keep_a, ONE_TOTAL=g.BWD_CHUNK_ONE_TOTAL),
            *table(g.LAUNCH, "bwd_chunk", s))
     if g.BWD_DV_SEPARATE:
         yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec,

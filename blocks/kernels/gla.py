@@ -296,17 +296,10 @@ WALK_FULL_V = True
 # added up to: the ``+x - x`` of those terms is gone), instead of two column sums of [BT, BK] tiles,
 # each across the warps. Off until timed (no GPU time was left in the session that wrote it).
 BWD_CHUNK_ONE_TOTAL = False
-# ``_bwd_chunk_kernel``'s reverse cumsum of the gate's row terms (0.15 of the kernel's 1.98 ms at 2k,
-# H200 2026-12-02 07:22: a column sum and a scan, each across the 8 warps) as one [BT, BT] x [BT, BK]
-# product with the upper-triangular ones matrix on the tensor cores. The ones are exact in TF32, so
-# with bf16/fp16 inputs the product is taken as tf32x3 (the float32 terms split in two TF32 parts:
-# float32-like sums, ~1e-7 relative), with float32 inputs as ieee. Off until timed.
-BWD_CHUNK_SCAN_DOT = False
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True),
-            "BWD_CHUNK_SCAN_DOT": (False, True)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -690,8 +683,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                       SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
-                      READ_A: tl.constexpr, ONE_TOTAL: tl.constexpr, SCAN_DOT: tl.constexpr = False,
-                      SCAN_PREC: tl.constexpr = "ieee"):
+                      READ_A: tl.constexpr, ONE_TOTAL: tl.constexpr):
     """Grid (K/BK, chunks, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
     G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in
     ``_fwd_o_kernel``: through row 0 below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
@@ -780,12 +772,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
             b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
             b_dG -= b_k * (tl.where(m_moved, b_dk, 0.) + b_dki)
             _store(dk, b_dk + b_dki + b_diag[:, None] * b_q, i_b, i_h, r0, T, H, K, c0, BT, BK)
-            if SCAN_DOT:
-                # the reverse cumsum as a product with the upper-triangular ones (BWD_CHUNK_SCAN_DOT)
-                b_U = tl.where(o_i[:, None] <= o_i[None, :], 1., 0.)
-                b_dg = tl.dot(b_U, b_dG, input_precision=SCAN_PREC) + b_P[None, :]
-            else:
-                b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_P[None, :]
+            b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_P[None, :]
         _store(dg, b_dg, i_b, i_h, r0, T, H, K, c0, BT, BK)
 
 
@@ -903,12 +890,6 @@ def _rev_cumsum_kernel(x, P, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: 
 
 
 # --- host side -------------------------------------------------------------------------------
-def _scan_prec(prec: str) -> str:
-    """Precision of a scan taken as a dot with a 0/1 matrix (``BWD_CHUNK_SCAN_DOT``): float32-like
-    (``tf32x3``) where the other dots take TF32, ``ieee`` where they do."""
-    return "ieee" if prec == "ieee" else "tf32x3"
-
-
 def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
     """V block of gla's walks over ``chains`` (batch, head, key slice) chains: all of V up to 128
     (``WALK_FULL_V``), else ``tiles.walk_bv``'s."""
@@ -1102,9 +1083,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
         _bwd_chunk_kernel[(_cdiv(K, BKc), c1 - c0, B * H)](
             q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=BKc,
             BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
-            WITH_DV=not dv_separate, READ_A=read_a, ONE_TOTAL=BWD_CHUNK_ONE_TOTAL,
-            SCAN_DOT=BWD_CHUNK_SCAN_DOT and not BWD_CHUNK_ONE_TOTAL, SCAN_PREC=_scan_prec(prec),
-            **_launch(LAUNCH, "bwd_chunk", q))
+            WITH_DV=not dv_separate, READ_A=read_a, ONE_TOTAL=BWD_CHUNK_ONE_TOTAL, **_launch(LAUNCH, "bwd_chunk", q))
 
     if len(segments) == 1:  # the walk launched before the other buffers are allocated
         walk(0, NT, 0)
