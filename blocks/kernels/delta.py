@@ -179,9 +179,6 @@ WALK_MIN_PER_SM = 0.5
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment.
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 1.0
-# The last segment (chunk order) cut short to this share of the chunks (``overlap.plan``; as
-# ``gla.WALK_LAST_SHARE``). 0: equal segments. Off until timed.
-WALK_LAST_SHARE = 0.0
 
 
 def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
@@ -288,7 +285,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "DQKWG_DG_ONE_ROWSUM": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "WALK_LAST_SHARE": (0.0, 0.0625)}
+            "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
 @triton.jit
@@ -972,7 +969,7 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
 def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``,
     ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
-    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM, WALK_LAST_SHARE)
+    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM)
 
 
 def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):

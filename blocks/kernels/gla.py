@@ -284,10 +284,6 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 WALK_SEGMENT_SPREAD = 2.0
-# The segments' last (chunk order) cut short, to this share of the chunks (``overlap.plan``): the
-# forward's output kernels left after its walk, and the backward walk's first segment, which the
-# GPU waits for alone, both shrink. 0: equal segments. Off until timed.
-WALK_LAST_SHARE = 0.0
 # Each walk program forms its chunk's decayed keys ``k exp(G_C - G)`` ([64, BK] with an exponential
 # per element) before its dot, and every V block's program of one key slice forms the same ones.
 # Over all of V at once (V block 128, 8 warps) they are formed once per key slice: fewer programs
@@ -311,8 +307,7 @@ SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTY
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
             "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True),
-            "BWD_CHUNK_DIAG_FROM_ROWS": (False, True),
-            "WALK_LAST_SHARE": (0.0, 0.0625)}
+            "BWD_CHUNK_DIAG_FROM_ROWS": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -947,7 +942,7 @@ def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     n = WALK_SEGMENTS
     if x.is_cuda:
         n = min(n, max(1, round(WALK_SEGMENT_SPREAD * _sm_count(x.device) / max(programs, 1))))
-    return _overlap.plan(nt, programs, x, n, WALK_OVERLAP_BELOW_PER_SM, WALK_LAST_SHARE)
+    return _overlap.plan(nt, programs, x, n, WALK_OVERLAP_BELOW_PER_SM)
 
 
 def _walk_launch(x: torch.Tensor, BV: int) -> dict:

@@ -32,27 +32,16 @@ def walk_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device=device, priority=-1)
 
 
-def plan(nt: int, programs: int, x: torch.Tensor, segments: int, below_per_sm: float,
-         last_share: float = 0.0) -> list[Segment]:
+def plan(nt: int, programs: int, x: torch.Tensor, segments: int, below_per_sm: float) -> list[Segment]:
     """Chunk ranges of a walk over ``nt`` chunks with ``programs`` programs: ``min(segments, nt)``
     ranges whose lengths differ by at most one, on a CUDA device only when the walk has fewer than
     ``below_per_sm`` programs per SM; else the single range ``[(0, nt)]``. Off CUDA (Triton's
     interpreter) there is no SM count: the ranges are cut whenever ``segments > 1``, so that the
-    CPU tests run the segment bookkeeping.
-
-    ``last_share > 0``: the last range (chunk order) holds only ``round(nt * last_share)`` chunks (at
-    least 1) and the others split the rest evenly. The forward walk ends there, so the output
-    kernels left after the walk are that range's only; the backward walk starts there, so the GPU
-    waits alone for a shorter first segment."""
+    CPU tests run the segment bookkeeping."""
     if segments <= 1 or nt <= 1 or (x.is_cuda and programs >= below_per_sm * sm_count(x.device)):
         return [(0, nt)]
     n = min(segments, nt)
-    if last_share > 0:
-        last = min(max(1, round(nt * last_share)), nt - (n - 1))
-        head = nt - last
-        cuts = [i * head // (n - 1) for i in range(n)] + [nt]
-    else:
-        cuts = [i * nt // n for i in range(n + 1)]
+    cuts = [i * nt // n for i in range(n + 1)]
     return list(zip(cuts[:-1], cuts[1:]))
 
 

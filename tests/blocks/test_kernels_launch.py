@@ -1050,12 +1050,6 @@ def test_overlap_plan_cuts_walks_with_few_programs_per_sm(monkeypatch):
     assert overlap.plan(3, 64, FakeCuda(), 8, 2.0) == [(0, 1), (1, 2), (2, 3)]
     assert overlap.plan(1, 64, FakeCuda(), 8, 2.0) == [(0, 1)]
     assert overlap.plan(5, 10 ** 6, torch.empty(0), 2, 2.0) == [(0, 2), (2, 5)]
-    # the last range cut short: the rest split evenly; at least one chunk each
-    assert overlap.plan(512, 64, FakeCuda(), 4, 2.0, 0.0625) == [(0, 160), (160, 320), (320, 480), (480, 512)]
-    assert overlap.plan(256, 64, FakeCuda(), 2, 2.0, 0.0625) == [(0, 240), (240, 256)]
-    assert overlap.plan(4, 64, FakeCuda(), 4, 2.0, 0.0625) == [(0, 1), (1, 2), (2, 3), (3, 4)]
-    assert overlap.plan(3, 64, FakeCuda(), 2, 2.0, 0.9) == [(0, 1), (1, 3)]
-    assert overlap.plan(512, 264, FakeCuda(), 4, 2.0, 0.0625) == [(0, 512)]
 
 
 def test_gla_cuts_its_walks_into_about_two_over_programs_per_sm_segments(monkeypatch):
