@@ -114,8 +114,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=dh_gated, USE_DHT=True,
                                                        STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(32, BV), USE_G=use_g,
-                                                             DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
-                                                             DG_ONE_ROWSUM=d.DQKWG_DG_ONE_ROWSUM),
+                                                             DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS),
                *table(d.LAUNCH, "bwd_dqkwg_gated" if use_g else "bwd_dqkwg", s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
                                                        USE_G=use_g, LOWP=lowp, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
@@ -153,8 +152,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                          STORE_DH0=True, DOT_PREC=prec), *table(g.LAUNCH, entry, s))
     yield ("gla.bwd_chunk", g._bwd_chunk_kernel, dict(C, BK=min(g.BWD_CHUNK_BK, BK), BV=min(64, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
                                                       LOWP=wc_lowp, WITH_DV=not g.BWD_DV_SEPARATE,
-                                                      READ_A=keep_a, ONE_TOTAL=g.BWD_CHUNK_ONE_TOTAL,
-                                                      DIAG_FROM_ROWS=g.BWD_CHUNK_DIAG_FROM_ROWS),
+                                                      READ_A=keep_a, ONE_TOTAL=g.BWD_CHUNK_ONE_TOTAL),
            *table(g.LAUNCH, "bwd_chunk", s))
     if g.BWD_DV_SEPARATE:
         yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec,

@@ -246,9 +246,8 @@ SOLVE_TRIL_DIAG_SUBST = True
 # old form multiplied float32 ``ds`` by a TF32 ``q k^T``; the benchmark's bf16 gate-gradient errors
 # against the float64 reference stayed put (2.5e-3 / 2.0e-3 at 14:33 against 2.6e-3 / 2.3e-3 at 13:30).
 DQKWG_DG_FROM_ROWS = True
-# With ``DQKWG_DG_FROM_ROWS``, ``q . dq - k . (ds^T q)`` as one row sum of the [BT, BK] difference
-# instead of two row sums. Off until timed.
-DQKWG_DG_ONE_ROWSUM = False
+# Within the spread (H200 2026-12-02 08:46, gated 2k / 8k / 32k: -0.4 / +0.5 / +1.6% synced, 0.0% queued;
+# not kept): ``q . dq - k . (ds^T q)`` as one row sum of the [BT, BK] difference instead of two.
 # Lost (not kept as a switch): the gated ``_bwd_dqkwg_kernel``'s state term ``sum(h * dh)`` (0.13 of
 # its 1.22 ms per step at 2k, ``kernel_parts.py --variants delta_base,dqkwg_no_hdh``) from h and dh
 # loaded again as [BK, BV] tiles (L2 hits), so that the dots' transposed tiles stay in the
@@ -277,14 +276,16 @@ KKT_CUMSUM = True
 # gated rule's three sums become two): one row sum per key slice instead of two for delta_rule.
 # With those sums edited out (``kernel_parts.py --variants delta_base,wy_no_rowsums``, H200
 # 2026-12-02 07:22, docs/benchmarks/kernel_parts_1202.md) delta_rule's wy_bwd took 0.709 instead of
-# 0.767 ms per step at 2k (gated: no change). Off until timed: no GPU time was left that session.
-WY_BWD_ROWSUMS_COMBINED = False
+# 0.767 ms per step at 2k (gated: no change). Timed twice (H200 2026-12-02 08:25 and 08:46,
+# ``train_ab.py``, three rounds each), delta_rule at 2k / 8k / 32k: -1.8 / -1.7 / +2.8% and -2.1 / -1.0 /
+# -2.1% per step synced, -0.9 / -0.4 / +0.2% and -1.9 / -1.3 / -1.0% queued; gated within 0.6%
+# (sm_90 on the GPU host: delta 1592 -> 1520 instructions, 127 registers, no spills).
+WY_BWD_ROWSUMS_COMBINED = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "DQKWG_DG_ONE_ROWSUM": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
@@ -718,7 +719,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                      DG_FROM_ROWS: tl.constexpr, DG_ONE_ROWSUM: tl.constexpr = False):
+                      DG_FROM_ROWS: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
@@ -779,10 +780,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
             b_qf = b_q.to(tl.float32)
             b_kf = b_k.to(tl.float32)
             b_dq += b_dqs
-            if DG_ONE_ROWSUM:
-                b_dg = tl.sum(b_qf * b_dq - b_kf * b_dks, 1) - b_kdk
-            else:
-                b_dg = tl.sum(b_qf * b_dq, 1) - b_kdk - tl.sum(b_kf * b_dks, 1)
+            b_dg = tl.sum(b_qf * b_dq, 1) - b_kdk - tl.sum(b_kf * b_dks, 1)
             b_dq += b_diag[:, None] * b_kf
             b_dk += b_dks + b_diag[:, None] * b_qf
         else:
@@ -1138,7 +1136,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
             BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DG_ONE_ROWSUM=DQKWG_DG_ONE_ROWSUM,
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
             **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
 
     def wy_bwd(c0, c1):

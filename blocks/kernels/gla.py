@@ -296,18 +296,16 @@ WALK_FULL_V = True
 # added up to: the ``+x - x`` of those terms is gone), instead of two column sums of [BT, BK] tiles,
 # each across the warps. -3.0 / -2.7 / -3.5 / -2.0% per step synced at 2k / 8k / 16k / 32k, -3.2 /
 # -3.2 / -3.0 / -3.1% queued (H200 2026-12-02 08:25, ``train_ab.py --families gla``; spills 216 ->
-# 168 B, 2608 -> 2432 instructions on the GPU host's Triton 3.6). Lost in the same call: the
-# reverse cumsum as a product with the triangular ones (tf32x3; +60%, 688 B of spills).
+# 168 B, 2608 -> 2432 instructions on the GPU host's Triton 3.6; off again at 08:46: +3.4 / +2.6 /
+# +3.2 / +3.0% synced). Lost at 08:25: the reverse cumsum as a product with the triangular ones
+# (tf32x3; +60%, 688 B of spills).
 BWD_CHUNK_ONE_TOTAL = True
-# ``_bwd_chunk_kernel``'s diagonal score gradients ``dA_tt = scale do_t . v_t`` as row sums of the value
-# loop's loaded rows (within a warp) instead of the diagonal picked out of the [BT, BT] ``dA`` tile
-# and summed over its rows (across warps). Off until timed.
-BWD_CHUNK_DIAG_FROM_ROWS = False
+# Lost (08:46, same tool): the diagonal score gradients ``dA_tt = scale do_t . v_t`` as row sums of
+# the value loop's loaded rows instead of picked out of ``dA``: +10.5..11.4% per step (344 B of spills).
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True),
-            "BWD_CHUNK_DIAG_FROM_ROWS": (False, True)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -691,7 +689,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                       SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
-                      READ_A: tl.constexpr, ONE_TOTAL: tl.constexpr, DIAG_FROM_ROWS: tl.constexpr = False):
+                      READ_A: tl.constexpr, ONE_TOTAL: tl.constexpr):
     """Grid (K/BK, chunks, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
     G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in
     ``_fwd_o_kernel``: through row 0 below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
@@ -730,7 +728,6 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
         b_dA = tl.zeros([BT, BT], dtype=tl.float32)
         b_hdh = tl.zeros([BK], dtype=tl.float32)
-        b_diag = tl.zeros([BT], dtype=tl.float32)
         for i_v in range(tl.cdiv(V, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
             m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
@@ -742,13 +739,8 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
             b_dk += tl.dot(b_v, b_dhT.to(b_v.dtype), input_precision=DOT_PREC)
             b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
-            if DIAG_FROM_ROWS:
-                b_diag += tl.sum(b_do.to(tl.float32) * b_v.to(tl.float32), axis=1)
         b_dA = b_dA * scale
-        if DIAG_FROM_ROWS:
-            b_diag = b_diag * scale
-        else:
-            b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_dA, 0.), axis=1)
+        b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_dA, 0.), axis=1)
         b_dAm = _op(tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.), q, LOWP)
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
         b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, c0, BK)
@@ -1097,8 +1089,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
         _bwd_chunk_kernel[(_cdiv(K, BKc), c1 - c0, B * H)](
             q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=BKc,
             BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
-            WITH_DV=not dv_separate, READ_A=read_a, ONE_TOTAL=BWD_CHUNK_ONE_TOTAL,
-            DIAG_FROM_ROWS=BWD_CHUNK_DIAG_FROM_ROWS, **_launch(LAUNCH, "bwd_chunk", q))
+            WITH_DV=not dv_separate, READ_A=read_a, ONE_TOTAL=BWD_CHUNK_ONE_TOTAL, **_launch(LAUNCH, "bwd_chunk", q))
 
     if len(segments) == 1:  # the walk launched before the other buffers are allocated
         walk(0, NT, 0)
