@@ -125,7 +125,9 @@ LAUNCH = {
     # SM) -2.4 / -2.5% synced, -2.7 / -1.9% queued against 2 (H200 2026-12-02 02:52, ``train_ab.py``,
     # docs/benchmarks/train_ab_1202_bwd_chunk.md); 16 warps +8.8%, with BWD_CHUNK_BK=128 +11.7%; 16
     # warps uncapped again (113-121 registers, no spills, one program per SM) +10.1 / +9.1 / +8.2 /
-    # +7.7% at 2k / 8k / 16k / 32k (05:35, docs/benchmarks/train_ab_1202_epilogue.md)
+    # +7.7% at 2k / 8k / 16k / 32k (05:35, docs/benchmarks/train_ab_1202_epilogue.md); with
+    # BWD_CHUNK_ONE_TOTAL (168 B of spills) 2 stages within 0.8%, as fwd_o at 2 (09:16,
+    # docs/benchmarks/train_ab_1202_switches.md)
     "bwd_chunk": dict(num_warps=8, num_stages=3, maxnreg=128),
     "bwd_dv": dict(num_warps=8, num_stages=None),  # with BWD_DV_SEPARATE; 4 warps within 0.2% (23:53)
     # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
