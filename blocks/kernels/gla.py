@@ -286,6 +286,9 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 WALK_SEGMENT_SPREAD = 2.0
+# Lost (H200 2026-12-02 08:46, train_ab_1202_switches.md): the last segment (chunk order) cut to 1/8
+# or 1/16 of the chunks so that the forward's tail of output kernels and the backward's lone first
+# walk segment shrink: 16k -0.6 / +0.9%, 32k -1.3 / -1.1% (synced / queued) at 1/8, 16k +2.3% at 1/16.
 # Each walk program forms its chunk's decayed keys ``k exp(G_C - G)`` ([64, BK] with an exponential
 # per element) before its dot, and every V block's program of one key slice forms the same ones.
 # Over all of V at once (V block 128, 8 warps) they are formed once per key slice: fewer programs
@@ -300,7 +303,7 @@ WALK_FULL_V = True
 # -3.2 / -3.0 / -3.1% queued (H200 2026-12-02 08:25, ``train_ab.py --families gla``; spills 216 ->
 # 168 B, 2608 -> 2432 instructions on the GPU host's Triton 3.6; off again at 08:46: +3.4 / +2.6 /
 # +3.2 / +3.0% synced). Lost at 08:25: the reverse cumsum as a product with the triangular ones
-# (tf32x3; +60%, 688 B of spills).
+# (tf32x3; +64%, 688 B of spills; docs/benchmarks/train_ab_1202_switches.md).
 BWD_CHUNK_ONE_TOTAL = True
 # Lost (08:46, same tool): the diagonal score gradients ``dA_tt = scale do_t . v_t`` as row sums of
 # the value loop's loaded rows instead of picked out of ``dA``: +10.5..11.4% per step (344 B of spills).
