@@ -129,9 +129,11 @@ EDITS = {
                      lambda s: _replace(s, "        _wy_bwd_dg(b_rdg, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)",
                                         "        tl.store(dg + (i_b * T + o_t) * H + i_h, b_rdg, mask=o_t < T)"), module="delta"),
     "wy_no_rowsums": Edit("_wy_bwd_kernel's row sums of its second pass (k . dXw, k . P, k . Q: dbeta's and the gate's "
-                          "terms through w and A)",
-                          lambda s: _replace(s, "            b_kdXw += tl.sum(b_kf * b_dXw, 1)\n            b_kP += tl.sum(b_kf * b_P, 1)\n"
-                                                "            b_kQ += tl.sum(b_kf * b_Q, 1)\n", ""), module="delta"),
+                          "terms through w and A; on both WY_BWD_ROWSUMS_COMBINED paths)",
+                          lambda s: _replace(_replace(s, "            b_db += tl.sum(b_kf * (b_P + b_dXw * b_eg[:, None]), 1)\n"
+                                                         "            if USE_G:\n                b_dG += tl.sum(b_kf * (b_upd - b_Q), 1)\n", ""),
+                                             "            b_kdXw += tl.sum(b_kf * b_dXw, 1)\n            b_kP += tl.sum(b_kf * b_P, 1)\n"
+                                             "            b_kQ += tl.sum(b_kf * b_Q, 1)\n", ""), module="delta"),
     "wy_no_db": Edit("_wy_bwd_kernel's row sum v . dXu of its first pass (dbeta's term through u)",
                      lambda s: _replace(s, "        b_db += tl.sum(b_vf * b_dXu, 1)\n", ""), module="delta"),
     "solve_no_diag": Edit("_solve_tril_kernel's diagonal-block inverses (their forward substitution's steps)",

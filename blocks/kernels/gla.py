@@ -303,7 +303,7 @@ WALK_FULL_V = True
 # -3.2 / -3.0 / -3.1% queued (H200 2026-12-02 08:25, ``train_ab.py --families gla``; spills 216 ->
 # 168 B, 2608 -> 2432 instructions on the GPU host's Triton 3.6; off again at 08:46: +3.4 / +2.6 /
 # +3.2 / +3.0% synced). Lost at 08:25: the reverse cumsum as a product with the triangular ones
-# (tf32x3; +64%, 688 B of spills; docs/benchmarks/train_ab_1202_switches.md).
+# (tf32x3; +60..64%, 688 B of spills; docs/benchmarks/train_ab_1202_switches.md).
 BWD_CHUNK_ONE_TOTAL = True
 # Lost (08:46, same tool): the diagonal score gradients ``dA_tt = scale do_t . v_t`` as row sums of
 # the value loop's loaded rows instead of picked out of ``dA``: +10.5..11.4% per step (344 B of spills).
