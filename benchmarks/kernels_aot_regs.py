@@ -134,11 +134,10 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     wc_lowp = g._whole_chunk_lowp(dtype)
     keep_a = g.KEEP_A and g.WHOLE_CHUNK
     yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=BK), *table(g.LAUNCH, "cumsum", s))
-    # the walks over all of V (gla.WALK_FULL_V), at key slice 32 (gla.WALK_BK_LONG) and, switched
-    # off, at long sequences' V block 32
-    walks = ((64, 128, "", "walk_bv128"), (32, 128, "_bk32", "walk_bk32"), (64, 32, "_bv32", "walk_bv32"))
-    for bk, bv, tag, entry in walks:
-        yield (f"gla.fwd_h{tag}", g._fwd_h_kernel, dict(C, BK=min(bk, BK), BV=min(bv, BV), USE_H0=True, STORE_HT=True,
+    # the walks over all of V (gla.WALK_FULL_V) and, switched off, at long sequences' V block 32
+    walks = ((128, "", "walk_bv128"), (32, "_bv32", "walk_bv32"))
+    for bv, tag, entry in walks:
+        yield (f"gla.fwd_h{tag}", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(bv, BV), USE_H0=True, STORE_HT=True,
                                                        DOT_PREC=prec), *table(g.LAUNCH, entry, s))
     ia_lowp, ia_lowp_diag = g._intra_a_lowp(dtype)
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
@@ -148,8 +147,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
            *table(g.LAUNCH, "intra_a", s))
     yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(g.FWD_O_BK, BK), BV=min(128, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
                                               LOWP=wc_lowp, STORE_A=keep_a), *table(g.LAUNCH, "fwd_o", s))
-    for bk, bv, tag, entry in walks:
-        yield (f"gla.bwd_dh{tag}", g._bwd_dh_kernel, dict(C, BK=min(bk, BK), BV=min(bv, BV), USE_DHT=True,
+    for bv, tag, entry in walks:
+        yield (f"gla.bwd_dh{tag}", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(bv, BV), USE_DHT=True,
                                                          STORE_DH0=True, DOT_PREC=prec), *table(g.LAUNCH, entry, s))
     yield ("gla.bwd_chunk", g._bwd_chunk_kernel, dict(C, BK=min(g.BWD_CHUNK_BK, BK), BV=min(64, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
                                                       LOWP=wc_lowp, WITH_DV=not g.BWD_DV_SEPARATE,

@@ -105,9 +105,6 @@ LAUNCH = {
     # stages -0.4 / +0.4 / -1.7 / -3.9% at 2k / 8k / 16k / 32k against 2, 1 stage +3.6% at 16k, a
     # 128-register cap within 0.4% (04:02)
     "walk_bv128": dict(num_warps=8, num_stages=3, maxnreg=104),
-    # the walks at key slice 32 over all of V (``WALK_BK_LONG``): a [32, 128] float32 state, the
-    # same 32 registers a thread as walk_bv128's [64, 128] at 8 warps
-    "walk_bk32": dict(num_warps=8, num_stages=3),
     "intra_a": dict(num_warps=4, num_stages=3, maxnreg=128),
     # the whole-chunk kernels at 4 warps (2 programs per SM, 255 registers with 40 / 552 B of
     # spills in sm_90 compiles) against 8 (1 program, no spills): fwd_o 0.78 vs 1.05 ms, bwd_chunk
@@ -298,12 +295,11 @@ WALK_SEGMENT_SPREAD = 2.0
 # (64 at 32k, half a program per SM), each with the state [64, 128] float32 over 256 threads.
 # Off: ``tiles.walk_bv``'s rule (V block 64, 32 below one program per SM).
 WALK_FULL_V = True
-# The walks' key slice when they have fewer than WALK_BK_LONG_BELOW_PER_SM programs per SM at key
-# slice 64 (long sequences: 64 walk programs at 32k, 128 at 16k in a 64k-token batch of 16 heads):
-# 32 doubles the programs and halves each step's dot and exponentials on a walk's dependent chain
-# (each program still reads all of v). 64: the walks keep key slice 64 at every length.
-WALK_BK_LONG = 64
-WALK_BK_LONG_BELOW_PER_SM = 1.0
+# Lost (H200 2026-12-02 10:39, ``train_ab.py``, docs/benchmarks/train_ab_1202_walk_bk.md): the walks
+# at key slice 32 where key slice 64 gives fewer than one program per SM (16k, 32k: twice the
+# programs, each step's dot and exponentials halved), +1.7 / +1.3% per fwd+bwd step synced, +3.5 /
+# +4.2% queued at 16k / 32k (8 warps, no spills; 4 warps worse): the long walks are not held back by
+# their steps' dots, and twice the programs re-read v beside the per-chunk kernels (code in 9164c2e).
 # ``_bwd_chunk_kernel``'s gate: the reverse cumsum's chunk total and the chunk-wide term
 # ``sum_{j<last} k_j dk_j`` (the state write's part of dk) in one column sum, that of ``q.dq - k.dk``
 # without the state write's part, before it is taken out of the rows (which is also what the two sums
@@ -319,8 +315,7 @@ BWD_CHUNK_ONE_TOTAL = True
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True),
-            "WALK_BK_LONG": (32, 64)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -918,15 +913,9 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
 
 
 def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, int]:
-    """(BK, BV) of the sequential chunk walks (grid ``(K/BK, V/BV, B*H)``; ``walk_bv``): key slice
-    64, or ``WALK_BK_LONG`` where key slice 64 gives fewer than ``WALK_BK_LONG_BELOW_PER_SM``
-    programs per SM (off CUDA, Triton's interpreter, whenever it is smaller: the CPU tests run it)."""
+    """(BK, BV) of the sequential chunk walks (grid ``(K/BK, V/BV, B*H)``; ``walk_bv``)."""
     BK = min(64, _pow2(K))
-    BV = walk_bv(x, B * H * _cdiv(K, BK), V)
-    if WALK_BK_LONG < BK and (not x.is_cuda or _cdiv(K, BK) * _cdiv(V, BV) * B * H
-                              < WALK_BK_LONG_BELOW_PER_SM * _sm_count(x.device)):
-        BK = WALK_BK_LONG
-    return BK, BV
+    return BK, walk_bv(x, B * H * _cdiv(K, BK), V)
 
 
 def chunk_cumsum(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -958,12 +947,9 @@ def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     return _overlap.plan(nt, programs, x, n, WALK_OVERLAP_BELOW_PER_SM)
 
 
-def _walk_launch(x: torch.Tensor, BK: int, BV: int) -> dict:
-    """Launch settings of the walks at key slice ``BK`` and V block ``BV`` (``LAUNCH``: ``walk_bk32``
-    at key slices below 64, else ``walk_bv128`` above V block 64, ``walk`` at 64, ``walk_bv32`` at
-    32 and below)."""
-    if BK < 64:
-        return _launch(LAUNCH, "walk_bk32", x)
+def _walk_launch(x: torch.Tensor, BV: int) -> dict:
+    """Launch settings of the walks at V block ``BV`` (``LAUNCH``: ``walk_bv128`` above 64, ``walk``
+    at 64, ``walk_bv32`` at 32 and below)."""
     if BV > 64:
         return _launch(LAUNCH, "walk_bv128", x)
     return _launch(LAUNCH, "walk", x) if BV > 32 else _launch(LAUNCH, "walk_bv32", x)
@@ -982,7 +968,7 @@ def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1):
     BK, BV = _walk_blocks(k, B, H, K, V)
     _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H)](
         k, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), **_walk_launch(k, BK, BV))
+        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), **_walk_launch(k, BV))
 
 
 def _walk_buffers(k, V, output_final_state):
@@ -1098,7 +1084,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
         d_out = dh0 if i == len(segments) - 1 else carry
         _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
             q, do, gc, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
-            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, **_walk_launch(q, BKw, BVw))
+            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, **_walk_launch(q, BVw))
 
     dv_separate = BWD_DV_SEPARATE
     BKc = min(BWD_CHUNK_BK, _pow2(K))

@@ -133,18 +133,15 @@ def test_fitted_jit_wraps_compiled_kernels_and_leaves_the_interpreters_alone(mon
 def test_gla_walks_take_the_settings_of_their_v_block(monkeypatch):
     """gla's state walks launch with ``LAUNCH["walk_bv128"]`` over all of V (``WALK_FULL_V``, V block
     128), ``LAUNCH["walk"]`` at block 64 and ``LAUNCH["walk_bv32"]`` at 32 and below: each was timed
-    apart (8 warps won at 128, 3 stages at 32 and lost at 64); at key slice 32 (``WALK_BK_LONG``)
-    with ``LAUNCH["walk_bk32"]`` whatever the V block."""
+    apart (8 warps won at 128, 3 stages at 32 and lost at 64)."""
     monkeypatch.setattr(tiles, "INTERPRET", False)  # the interpreter would launch all at 1 warp, 1 stage
     monkeypatch.setitem(gla.LAUNCH, "walk_bv128", dict(num_warps=16, num_stages=1))
     monkeypatch.setitem(gla.LAUNCH, "walk", dict(num_warps=4, num_stages=2))
     monkeypatch.setitem(gla.LAUNCH, "walk_bv32", dict(num_warps=8, num_stages=3))
-    monkeypatch.setitem(gla.LAUNCH, "walk_bk32", dict(num_warps=2, num_stages=4))
     bf16 = torch.empty(1, dtype=torch.bfloat16)
-    assert gla._walk_launch(bf16, 64, 128) == dict(num_warps=16, num_stages=1)
-    assert gla._walk_launch(bf16, 64, 64) == dict(num_warps=4, num_stages=2)
-    assert gla._walk_launch(bf16, 64, 32) == gla._walk_launch(bf16, 64, 16) == dict(num_warps=8, num_stages=3)
-    assert gla._walk_launch(bf16, 32, 128) == gla._walk_launch(bf16, 32, 64) == dict(num_warps=2, num_stages=4)
+    assert gla._walk_launch(bf16, 128) == dict(num_warps=16, num_stages=1)
+    assert gla._walk_launch(bf16, 64) == dict(num_warps=4, num_stages=2)
+    assert gla._walk_launch(bf16, 32) == gla._walk_launch(bf16, 16) == dict(num_warps=8, num_stages=3)
 
 
 def test_gla_walks_cover_all_of_v_up_to_128_unless_switched_off(monkeypatch):
@@ -157,27 +154,6 @@ def test_gla_walks_cover_all_of_v_up_to_128_unless_switched_off(monkeypatch):
     assert gla._walk_blocks(cpu, 2, 16, 128, 128) == (64, 128)
     monkeypatch.setattr(gla, "WALK_FULL_V", False)
     assert gla.walk_bv(cpu, 1, 128) == tiles.walk_bv(cpu, 1, 128) == 64
-
-
-def test_gla_walks_take_key_slice_32_below_one_program_per_sm_when_switched_on(monkeypatch):
-    """``gla.WALK_BK_LONG`` = 32: the walks' key slice drops from 64 to 32 where key slice 64 gives
-    fewer than ``WALK_BK_LONG_BELOW_PER_SM`` programs per SM (64 at 32k tokens of a 64k-token batch
-    of 16 heads on 132 SMs; 128 at 16k), not above; off CUDA whenever switched on, so that the
-    interpreter tests run the 32-key walks. At 64 (off) key slice 64 everywhere."""
-    import types
-
-    cuda = types.SimpleNamespace(is_cuda=True, device="cuda:0")
-    monkeypatch.setattr(gla, "_sm_count", lambda device: 132)
-    assert gla._walk_blocks(cuda, 2, 16, 128, 128) == (64, 128)
-    monkeypatch.setattr(gla, "WALK_BK_LONG", 32)
-    assert gla._walk_blocks(cuda, 2, 16, 128, 128) == (32, 128)  # 32k: 64 programs at key slice 64
-    assert gla._walk_blocks(cuda, 4, 16, 128, 128) == (32, 128)  # 16k: 128
-    assert gla._walk_blocks(cuda, 8, 16, 128, 128) == (64, 128)  # 8k: 256
-    assert gla._walk_programs(cuda, 2, 16, 128, 128) == 128
-    monkeypatch.setattr(gla, "WALK_BK_LONG_BELOW_PER_SM", 0.25)
-    assert gla._walk_blocks(cuda, 2, 16, 128, 128) == (64, 128)
-    assert gla._walk_blocks(torch.empty(1), 8, 16, 128, 128) == (32, 128)  # the interpreter: always
-    assert gla._walk_blocks(torch.empty(1), 8, 16, 32, 128) == (32, 128)  # K = 32 is one slice anyway
 
 
 def test_launch_leaves_register_caps_out_where_triton_cannot_take_them():
