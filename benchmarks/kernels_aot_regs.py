@@ -138,10 +138,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     walks = ((128, "", "walk_bv128"), (32, "_bv32", "walk_bv32"))
     for bv, tag, entry in walks:
         yield (f"gla.fwd_h{tag}", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(bv, BV), USE_H0=True, STORE_HT=True,
-                                                       DOT_PREC=prec, CUMSUM=False), *table(g.LAUNCH, entry, s))
-    # the forward walk forming the gate cumsum (gla.FWD_H_CUMSUM: one segment, all of V)
-    yield ("gla.fwd_h_cumsum", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_H0=True, STORE_HT=True,
-                                                     DOT_PREC=prec, CUMSUM=True), *table(g.LAUNCH, "walk_cumsum", s))
+                                                       DOT_PREC=prec), *table(g.LAUNCH, entry, s))
     ia_lowp, ia_lowp_diag = g._intra_a_lowp(dtype)
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
                                                   DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX,

@@ -105,8 +105,6 @@ LAUNCH = {
     # stages -0.4 / +0.4 / -1.7 / -3.9% at 2k / 8k / 16k / 32k against 2, 1 stage +3.6% at 16k, a
     # 128-register cap within 0.4% (04:02)
     "walk_bv128": dict(num_warps=8, num_stages=3, maxnreg=104),
-    # the forward walk forming the gate cumsum (``FWD_H_CUMSUM``): walk_bv128's launch, not yet timed
-    "walk_cumsum": dict(num_warps=8, num_stages=3, maxnreg=104),
     "intra_a": dict(num_warps=4, num_stages=3, maxnreg=128),
     # the whole-chunk kernels at 4 warps (2 programs per SM, 255 registers with 40 / 552 B of
     # spills in sm_90 compiles) against 8 (1 program, no spills): fwd_o 0.78 vs 1.05 ms, bwd_chunk
@@ -159,6 +157,11 @@ LAUNCH = {
 # ``_bwd_dv_kernel`` for this kernel to read instead of recomputing 3 [16, 16] blocks per program)
 # 7.37 / 8.53 (+0.9 / +1.3%); ``FWD_H_CUMSUM`` (the forward's gate cumsum formed inside the state
 # walk instead of by ``_cumsum_kernel``) 7.90 / 9.72 (+8.2 / +15.5%).
+# Tried again in today's walk (over all of V, one program per key slice at 8 warps, where it runs
+# in one segment: 512-8k), with the span as an atomic maximum over the key slices: +21..+26% per
+# step (H200 2026-12-02 10:49, ``train_ab.py``, docs/benchmarks/train_ab_1202_fwd_h_cumsum.md; 117
+# shuffles and 26 barriers per chunk step on the walk's chain; code in 3b56303): a scan folded into
+# a sequential walk costs more than the parallel, memory-bound pass it replaces.
 # ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of every name in ``SWITCHES``.
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment: the backward recomputes what the switches
 # below keep from the forward.
@@ -297,13 +300,6 @@ WALK_SEGMENT_SPREAD = 2.0
 # (64 at 32k, half a program per SM), each with the state [64, 128] float32 over 256 threads.
 # Off: ``tiles.walk_bv``'s rule (V block 64, 32 below one program per SM).
 WALK_FULL_V = True
-# The forward's chunk-local gate cumsum (and each chunk's ``span``) formed inside the forward walk,
-# which loads each chunk's gate rows anyway, instead of by ``_cumsum_kernel`` beforehand, where the
-# walk runs in one segment over all of V (2k-8k at 64k tokens of 16 heads): the walk reads gk where
-# it read gc and writes gc, so one [B, T, H, K] float32 pass less (``_cumsum_kernel``: 0.26 ms of
-# 4.20 at 2k, at the copy bandwidth). Tried in an earlier form (2026-12-01 02:52: two V-block
-# programs per key slice both forming it, 4 warps at 255 registers): +8.2 / +15.5% per step.
-FWD_H_CUMSUM = False
 # Lost (H200 2026-12-02 10:39, ``train_ab.py``, docs/benchmarks/train_ab_1202_walk_bk.md): the walks
 # at key slice 32 where key slice 64 gives fewer than one program per SM (16k, 32k: twice the
 # programs, each step's dot and exponentials halved), +1.7 / +1.3% per fwd+bwd step synced, +3.5 /
@@ -324,8 +320,7 @@ BWD_CHUNK_ONE_TOTAL = True
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True),
-            "FWD_H_CUMSUM": (False, True)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -428,16 +423,12 @@ def _cumsum_kernel(gk, gc, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl
 
 
 @_jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
-def _fwd_h_kernel(k, v, gc, h, h0, ht, gk, span, T, NT, C0, C1,
+def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  CUMSUM: tl.constexpr):
+                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, V/BV, B*H): walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (zero without
-    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``.
-    ``CUMSUM`` (``FWD_H_CUMSUM``, V/BV = 1): each chunk's cumulative gate is formed here from ``gk``
-    and written to ``gc``, and its ``span`` raised to this key slice's (``span`` zero before), as
-    ``_cumsum_kernel`` would; else both are read."""
+    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -452,17 +443,9 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, gk, span, T, NT, C0, C1,
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_t in range(C0, C1):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
-        if CUMSUM:
-            # rows past T load gk = 0, so they repeat the last valid G, as _g_rows makes them; the
-            # last row is then the chunk's last valid one, and they leave the span as it is
-            b_g = tl.cumsum(_rows(gk, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK).to(tl.float32), axis=0)
-            _store(gc, b_g, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-            g_last = tl.sum(tl.where((tl.arange(0, BT) == BT - 1)[:, None], b_g, 0.), axis=0)
-            tl.atomic_max(span + i_bh * NT + i_t, tl.max(tl.max(b_g, axis=0) - tl.min(b_g, axis=0), axis=0))
-        else:
-            last = tl.minimum(i_t * BT + BT, T) - 1
-            g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
-            b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_k = _rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_h *= tl.exp(g_last)[:, None]
@@ -982,20 +965,15 @@ def _walk_programs(x: torch.Tensor, B: int, H: int, K: int, V: int) -> int:
     return _cdiv(K, BK) * _cdiv(V, BV) * B * H
 
 
-def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1, gk=None, span=None):
+def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1):
     """The forward walk over chunks ``c0 .. c1 - 1`` into ``h [B, NT, H, K, V]``, from ``h_in``
-    (None: zero) to ``h_out`` (None: not stored), both ``[B, H, K, V]`` float32, possibly one buffer.
-    With ``gk`` (one V block only), ``gc`` and ``span`` (zeros) are filled by the walk (``FWD_H_CUMSUM``)."""
+    (None: zero) to ``h_out`` (None: not stored), both ``[B, H, K, V]`` float32, possibly one buffer."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     BK, BV = _walk_blocks(k, B, H, K, V)
-    cumsum = gk is not None
-    if cumsum and _cdiv(V, BV) > 1:
-        raise ValueError(f"the walk forms the gate cumsum with one V block only, got {_cdiv(V, BV)}")
     _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H)](
-        k, v, gc, h, h_in, h_out, gk, span, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), CUMSUM=cumsum,
-        **(_launch(LAUNCH, "walk_cumsum", k) if cumsum else _walk_launch(k, BV)))
+        k, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), **_walk_launch(k, BV))
 
 
 def _walk_buffers(k, V, output_final_state):
@@ -1053,36 +1031,20 @@ def _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, store_a, c0, c1):
         **_launch(LAUNCH, "fwd_o", q))
 
 
-def _walk_cumsum(segments: list, k: torch.Tensor, V: int) -> bool:
-    """Whether the forward walk forms the gate cumsum (``FWD_H_CUMSUM``): in one segment (the
-    segmented walks' per-chunk kernels need ``gc`` before the walk reaches their chunks) over all
-    of V in one block."""
-    B, T, H, K = k.shape
-    return FWD_H_CUMSUM and len(segments) == 1 and _cdiv(V, _walk_blocks(k, B, H, K, V)[1]) == 1
-
-
-def forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a):
-    """``(o [B, T, H, V], h, ht | None, A, gc, span)``: the gate's chunk-local cumsum
-    (``chunk_cumsum``, or inside the walk, ``FWD_H_CUMSUM``), the state walk, the steep chunks'
-    scores (``intra_a``; ``A`` in v's dtype with ``keep_a``, where ``_fwd_o_kernel`` stores the
-    other chunks' too) and the output. The walk runs in segments beside the output kernel when it
-    has few programs (``overlap``)."""
+def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a):
+    """``(o [B, T, H, V], h, ht | None, A)`` after ``chunk_cumsum``: the state walk, the steep
+    chunks' scores (``intra_a``; ``A`` in v's dtype with ``keep_a``, where ``_fwd_o_kernel`` stores
+    the other chunks' too) and the output. The walk runs in segments beside the output kernel when
+    it has few programs (``overlap``)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
     segments = _segments(NT, _walk_programs(k, B, H, K, V), k)
-    fused = _walk_cumsum(segments, k, V)
-    if fused:
-        gc = torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device)
-        span = torch.zeros(B * H, NT, dtype=torch.float32, device=gk.device)
-    else:
-        gc, span = chunk_cumsum(gk)
     h, ht = _walk_buffers(k, V, output_final_state)
     carry = None if len(segments) == 1 else k.new_empty(B, H, K, V, dtype=torch.float32)
 
     def walk(c0, c1, i):
-        _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1,
-                    *((gk, span) if fused else ()))
+        _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1)
 
     if len(segments) == 1:  # the walk launched first: host time before it is GPU idle time
         walk(0, NT, 0)
@@ -1099,7 +1061,7 @@ def forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a):
         output(0, NT)
     else:  # every buffer exists before the first walk (``overlap.run``'s contract)
         _overlap.run(segments, lambda c0, c1: None, walk, output, k)
-    return o, h, ht, A, gc, span
+    return o, h, ht, A
 
 
 def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, read_a=False):
@@ -1174,8 +1136,9 @@ class ChunkGLASubchunk(torch.autograd.Function):
     def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
         paths = chunk_paths()
         keep_a = KEEP_A and WHOLE_CHUNK  # without WHOLE_CHUNK every chunk's A comes from intra_a
+        gc, span = chunk_cumsum(gk)
         # kept A in v's dtype: both readers cast it to that for their dots (same bits as float32)
-        o, h, ht, A, gc, span = forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a)
+        o, h, ht, A = forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a)
         # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per
         # layer); the steep chunks' scores are recomputed too (A is [B, T, H, 64] float32 whether
         # one chunk or all are steep), except with KEEP_A (every chunk's A, kept) or without

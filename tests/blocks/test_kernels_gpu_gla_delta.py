@@ -269,27 +269,6 @@ def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=
 
 
 @gpu
-@pytest.mark.parametrize("shape", [(2, 65, 2, 64, 64), (1, 1000, 2, 128, 128), (3, 1984 - 10, 4, 128, 128)],
-                         ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpu_gla_walk_forms_the_gate_cumsum(shape, dtype, monkeypatch):
-    """``gla.FWD_H_CUMSUM`` with the walk in one segment (the small test shapes would otherwise run
-    it in segments, which keep ``_cumsum_kernel``): every decay case against the reference, the
-    span's atomic maximum over two key slices included (K = 128)."""
-    from blocks.kernels import gla
-
-    monkeypatch.setattr(gla, "WALK_SEGMENTS", 1)
-    monkeypatch.setattr(gla, "FWD_H_CUMSUM", True)
-    walk = _LaunchSpy(gla._fwd_h_kernel)
-    monkeypatch.setattr(gla, "_fwd_h_kernel", walk)
-    for decay, with_h0 in CASES:
-        errs = run_case(chunk_kernel("gla"), "gla", shape, dtype, decay, with_h0, "cuda")
-        bad = {n: e for n, e in errs.items() if e > TOL[dtype]}
-        assert not bad, f"{decay} h0={with_h0}: {bad} (all: {errs})"
-    assert walk.calls and all(kw["CUMSUM"] for _, kw in walk.calls[:1])
-
-
-@gpu
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule", "gla"])
 def test_gpu_walk_segments_give_the_same_bits(family, monkeypatch):
     """The walks in segments on their own stream, beside the per-chunk kernels on the current one
@@ -535,48 +514,6 @@ def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, monkeypatch):
     got = segmented_outputs("gla", shape, torch.float32, "cpu", 3, monkeypatch, decay="mixed", states=False)
     for i, (a, b) in enumerate(zip(got, ref)):
         assert torch.equal(a, b), f"segments=3 without states: output {i} differs"
-
-
-@interpreter
-@pytest.mark.parametrize("case", [c for c in INTERPRETER_CASES if c[0] == "gla"],
-                         ids=lambda c: "x".join(map(str, c[1])) + "-" + c[2])
-def test_interpreter_gla_walk_forms_the_gate_cumsum(case, monkeypatch):
-    """``gla.FWD_H_CUMSUM``: the forward walk forms each chunk's gate cumsum and span (no
-    ``_cumsum_kernel`` launch; the walk launched with ``CUMSUM``) where it runs in one segment over
-    one V block; the results match the reference and, bit for bit, the separate cumsum's (lengths
-    not a multiple of the chunk, steep and mixed chunks, V > 128 where the walk has two V blocks
-    and keeps the separate kernel)."""
-    from blocks.kernels import gla
-
-    family, shape, decay, with_h0 = case
-    monkeypatch.setattr(gla, "WALK_SEGMENTS", 1)
-    ref = run_outputs(family, shape, decay, with_h0, monkeypatch)
-    monkeypatch.setattr(gla, "FWD_H_CUMSUM", True)
-    walk, cumsum = _LaunchSpy(gla._fwd_h_kernel), _LaunchSpy(gla._cumsum_kernel)
-    monkeypatch.setattr(gla, "_fwd_h_kernel", walk)
-    monkeypatch.setattr(gla, "_cumsum_kernel", cumsum)
-    with checked_memory():
-        errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
-        got = run_outputs(family, shape, decay, with_h0, monkeypatch)
-    bad = {n: e for n, e in errs.items() if e > 2e-5}
-    assert not bad, f"{decay}: {bad} (all: {errs})"
-    one_block = shape[4] <= 128
-    assert [kw["CUMSUM"] for _, kw in walk.calls][:1] == [one_block] and bool(cumsum.calls) != one_block
-    for i, (a, b) in enumerate(zip(got, ref)):
-        assert torch.equal(a, b), f"output {i} differs"
-
-
-def run_outputs(family, shape, decay, with_h0, monkeypatch):
-    """The kernel's ``o``, final state and every input gradient on float32 CPU inputs of
-    ``make_inputs`` (the interpreter), with a final-state gradient."""
-    B, T, H, K, V = shape
-    args, h0 = make_inputs(family, B, T, H, K, V, decay, with_h0, 0)
-    leaves = [a.detach().clone().requires_grad_(True) for a in args]
-    gen = torch.Generator().manual_seed(4)
-    do, dht = torch.randn((B, T, H, V), generator=gen), torch.randn((B, H, K, V), generator=gen)
-    o, ht = chunk_kernel(family)(*leaves, initial_state=h0, output_final_state=True)
-    grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves)
-    return [o.detach(), ht.detach(), *grads]
 
 
 @interpreter
