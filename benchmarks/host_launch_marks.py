@@ -9,7 +9,9 @@ and after it. Per family and length, 20 steps each way: "synced" (each step afte
 ``torch.cuda.synchronize()``, from an idle GPU, as ``gpu_common.cuda_time`` times a synced step)
 and "queued" (back to back). A table row per way: the host's time for the step, from the step's
 start to its first Triton launch, the launches' own time, and the gap before each launch
-(medians). Then a ``cProfile`` of five synced steps, by own time (``train_ab.host_profile``).
+(medians). Then a ``cProfile`` of five synced steps, by own time (``train_ab.host_profile``), and
+the largest gaps between the Python / C calls before a synced step's first launch
+(``first_launch_trace``).
 ``step_gaps.py`` gives the GPU side (idle time and what it waited for) from a profiler trace; this
 one the host side without one. ``--out`` also writes ``host_launch_marks.{md,json}``.
 """
@@ -76,6 +78,53 @@ def marks_of(step, synced: bool, steps: int, sync=None) -> dict:
             "gap_before_us": [[n.strip("_"), med(g[j] for g in gaps)] for j, (n, _, _) in enumerate(MARKS[1:])]}
 
 
+def first_launch_trace(step, steps: int = 5, top: int = 12, sync=None) -> str:
+    """Where the host's time before a synced step's first Triton launch goes: every Python and C
+    call and return up to that launch noted with ``sys.setprofile`` (which slows each call by about
+    a microsecond: read the large gaps, not the sum), over ``steps`` synced steps; for the step with
+    the median time to the launch, the ``top`` largest gaps between consecutive events, each named
+    by the event before it (the code that ran in the gap), and the event count."""
+    import triton.runtime.jit as jit
+
+    sync = torch.cuda.synchronize if sync is None else sync
+    launch = jit.JITFunction.run  # the wrapper of ``wrap_triton_launches`` when installed
+    traces = []
+    for _ in range(steps):
+        events: list[tuple[float, str]] = []
+        done = [False]
+
+        def note(frame, event, arg):
+            if done[0]:
+                return
+            code = frame.f_code
+            name = (f"{event}:{getattr(arg, '__qualname__', getattr(arg, '__name__', arg))}" if event.startswith("c_")
+                    else f"{event}:{code.co_name} ({Path(code.co_filename).name}:{frame.f_lineno})")
+            if event == "call" and code is getattr(launch, "__code__", None):
+                done[0] = True
+            events.append((time.perf_counter(), name))
+
+        sync()
+        t0 = time.perf_counter()
+        sys.setprofile(note)
+        try:
+            step()
+        finally:
+            sys.setprofile(None)
+        events = [(t, n) for t, n in events if t >= t0]
+        cut = next((i for i, (_, n) in enumerate(events) if n.startswith("call:noted") or n.startswith("call:run (jit.py")),
+                   len(events) - 1)
+        traces.append(((events[cut][0] - t0) * 1e6, t0, events[:cut + 1]))
+    sync()
+    traces.sort(key=lambda x: x[0])
+    to_launch, t0, events = traces[len(traces) // 2]
+    marks = [(t0, "step start")] + events
+    gaps = sorted(((b[0] - a[0]) * 1e6, a[1], b[1]) for a, b in zip(marks, marks[1:]))[::-1][:top]
+    lines = [f"to the first launch {to_launch:.0f} us (median of {steps} synced steps, profiled; "
+             f"all: {', '.join(f'{x[0]:.0f}' for x in traces)}), {len(events)} events; largest gaps:"]
+    lines += [f"  {g:8.1f} us after {a}  (next: {b})" for g, a, b in gaps]
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| family | T | step | host step us | to first launch us | Triton launches (us) | gap before each launch (us) |",
              "|---|---|---|---|---|---|---|"]
@@ -123,6 +172,9 @@ def main(argv=None) -> int:
             text = host_profile(step, steps=5, top=12, busy=torch.cuda.synchronize)
             torch.cuda.synchronize()
             profiles.append(f"### cProfile, {family} T={T}, five synced steps\n\n```\n{text.strip()}\n```")
+            trace = first_launch_trace(step)
+            print(f"{family} T={T}: {trace}")
+            profiles.append(f"### Before the first launch, {family} T={T}\n\n```\n{trace}\n```")
     write_report("host_launch_marks", "Host time of a training step, Triton launch by launch",
                  table(rows) + "\n\n" + "\n\n".join(profiles), rows, a.out, argv)
     return 0

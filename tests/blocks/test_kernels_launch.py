@@ -1316,6 +1316,34 @@ def test_host_launch_marks_checks_its_arguments_and_needs_a_gpu(capsys, monkeypa
         marks.marks_of(lambda: None, synced=False, steps=1, sync=lambda: None)
 
 
+def test_host_launch_marks_traces_the_calls_before_the_first_launch(monkeypatch):
+    """``host_launch_marks.first_launch_trace``: the time to a step's first Triton launch and its
+    largest gaps named by the call that ran in them; what runs after the launch is not counted."""
+    import time
+
+    import triton.runtime.jit as jit
+
+    marks = _benchmark("host_launch_marks")
+
+    def noted(self, *args, **kwargs):  # the name wrap_triton_launches gives JITFunction.run
+        return None
+
+    monkeypatch.setattr(jit.JITFunction, "run", noted)
+
+    def step():
+        torch.empty(4)
+        time.sleep(0.02)
+        jit.JITFunction.run(None)
+        time.sleep(0.05)
+
+    text = marks.first_launch_trace(step, steps=3, top=2, sync=lambda: None)
+    head, first, second = text.splitlines()
+    to_launch = float(head.split("to the first launch ")[1].split(" us")[0])
+    assert 20_000 <= to_launch < 45_000, text
+    assert "after c_call:sleep" in first and "(next: c_return:sleep)" in first, text
+    assert float(first.split(" us")[0]) >= 20_000 > float(second.split(" us")[0]) * 10, text
+
+
 def test_walk_forms_needs_the_interpreter_for_its_check_and_a_gpu_for_its_timing(capsys):
     """``benchmarks/walk_forms.py`` (the delta walk's transition form, screened): ``--check`` outside
     Triton's interpreter and a bad length list are one-line errors; without CUDA the timing says so
