@@ -296,6 +296,10 @@ WALK_SEGMENT_SPREAD = 2.0
 # chunks' cumsum only (a quarter of a 0.26 ms pass at 32k), and the later segments' cumsums run
 # beside the walk; ``intra_a`` (every chunk's span) after the last one. Off until timed.
 CUMSUM_SEGMENTS = False
+# The segmented walks' launches interleaved with their "before" kernels (``overlap.run``'s
+# ``interleaved``): each walk segment launched right after the kernels it waits for, so that a step
+# from an idle GPU starts its first walk sooner. Off until timed.
+WALK_LAUNCH_INTERLEAVED = False
 # Lost (H200 2026-12-02 08:46, train_ab_1202_switches.md): the last segment (chunk order) cut to 1/8
 # or 1/16 of the chunks so that the forward's tail of output kernels and the backward's lone first
 # walk segment shrink: 16k -0.6 / +0.9%, 32k -1.3 / -1.1% (synced / queued) at 1/8, 16k +2.3% at 1/16.
@@ -326,7 +330,7 @@ SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTY
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
             "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True),
-            "CUMSUM_SEGMENTS": (False, True)}
+            "CUMSUM_SEGMENTS": (False, True), "WALK_LAUNCH_INTERLEAVED": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -1087,7 +1091,8 @@ def forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a):
     if len(segments) == 1:
         output(0, NT)
     else:  # every buffer the walks touch exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, before if per_segment else (lambda c0, c1: None), walk, output, k)
+        _overlap.run(segments, before if per_segment else (lambda c0, c1: None), walk, output, k,
+                     interleaved=WALK_LAUNCH_INTERLEAVED)
     return o, h, ht, A, gc, span
 
 
@@ -1140,7 +1145,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
     if len(segments) == 1:
         per_chunk(0, NT)
     else:  # every buffer exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, lambda c0, c1: None, walk, per_chunk, q)
+        _overlap.run(segments, lambda c0, c1: None, walk, per_chunk, q, interleaved=WALK_LAUNCH_INTERLEAVED)
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(_cdiv(K, BKf), _cdiv(NT * NC, units), B * H)](

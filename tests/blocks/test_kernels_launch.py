@@ -1052,6 +1052,59 @@ def test_overlap_plan_cuts_walks_with_few_programs_per_sm(monkeypatch):
     assert overlap.plan(5, 10 ** 6, torch.empty(0), 2, 2.0) == [(0, 2), (2, 5)]
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_overlap_run_orders_the_streams_by_events(interleaved, monkeypatch):
+    """``overlap.run`` on a stand-in CUDA device: each walk on the side stream waits for the event
+    after its segment's ``before`` launches, each ``after`` for the event after its walk, every
+    ``after`` comes after every walk is launched; the host launches every ``before`` first, or with
+    ``interleaved`` each walk right after its ``before``. The current stream waits for every walk."""
+    import contextlib
+
+    from blocks.kernels import overlap
+
+    log = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name, self.n = name, 0
+
+        def record_event(self):
+            self.n += 1
+            log.append(f"{self.name}:record{self.n}")
+            return f"{self.name}{self.n}"
+
+        def wait_event(self, ev):
+            log.append(f"{self.name}:wait({ev})")
+
+    main, side = Stream("main"), Stream("side")
+    current = [main]
+
+    @contextlib.contextmanager
+    def on(stream):
+        current.append(stream)
+        yield
+        current.pop()
+
+    class FakeCuda:
+        is_cuda = True
+        device = "cuda:0"
+
+    monkeypatch.setattr(overlap.torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(overlap.torch.cuda, "stream", on)
+    monkeypatch.setattr(overlap, "walk_stream", lambda device: side)
+    segments = [(0, 2), (2, 4), (4, 5)]
+    overlap.run(segments, lambda c0, c1: log.append(f"{current[-1].name}:before{c0}"),
+                lambda c0, c1, i: log.append(f"{current[-1].name}:walk{c0}#{i}"),
+                lambda c0, c1: log.append(f"{current[-1].name}:after{c0}"), FakeCuda(), interleaved=interleaved)
+    befores = [e for c0 in (0, 2, 4) for e in (f"main:before{c0}", f"main:record{c0 // 2 + 1}")]
+    walks = [e for i, c0 in enumerate((0, 2, 4)) for e in (f"side:wait(main{i + 1})", f"side:walk{c0}#{i}",
+                                                         f"side:record{i + 1}")]
+    afters = [e for i, c0 in enumerate((0, 2, 4)) for e in (f"main:wait(side{i + 1})", f"main:after{c0}")]
+    launches = ([e for j in range(3) for e in befores[2 * j:2 * j + 2] + walks[3 * j:3 * j + 3]] if interleaved
+                else befores + walks)
+    assert log == launches + afters + ["main:wait(side1)", "main:wait(side2)", "main:wait(side3)"]
+
+
 def test_gla_cuts_its_walks_into_about_two_over_programs_per_sm_segments(monkeypatch):
     """``gla._segments`` on a stand-in CUDA device of 132 SMs: the walks over all of V of the
     64k-token benchmark (64 chains per 32k sequence ... 1024 at 2k) get 4 / 2 / 1 / 1 segments at
