@@ -179,10 +179,6 @@ WALK_MIN_PER_SM = 0.5
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment.
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 1.0
-# Each walk segment launched right after its "before" kernels rather than after all of them
-# (``overlap.run``'s ``interleaved``): the first walk starts sooner in a step from an idle GPU.
-# Off until timed.
-WALK_LAUNCH_INTERLEAVED = False
 
 
 def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
@@ -290,7 +286,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "WALK_LAUNCH_INTERLEAVED": (False, True)}
+            "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
 @triton.jit
@@ -1091,8 +1087,7 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
         _fwd_h_walk(k, w, u, gc, h, vn, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry,
                     BV, c0, c1)
 
-    _overlap.run(segments, wy, walk, lambda c0, c1: _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1), k,
-                 interleaved=WALK_LAUNCH_INTERLEAVED)
+    _overlap.run(segments, wy, walk, lambda c0, c1: _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1), k)
     return o, Ai, w, u, h, vn, ht
 
 
@@ -1182,8 +1177,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         wy_bwd(0, NT)
     else:
         # every buffer exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, dv_local, walk, lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q,
-                     interleaved=WALK_LAUNCH_INTERLEAVED)
+        _overlap.run(segments, dv_local, walk, lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q)
     return dq, dk, dv, dbeta, dg, dh0
 
 

@@ -291,15 +291,12 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 WALK_SEGMENT_SPREAD = 2.0
-# With the forward walk in segments, ``_cumsum_kernel`` launched per segment (the ``before`` of
-# ``overlap.run``) instead of once over every chunk: the walk's first segment waits for its own
-# chunks' cumsum only (a quarter of a 0.26 ms pass at 32k), and the later segments' cumsums run
-# beside the walk; ``intra_a`` (every chunk's span) after the last one. Off until timed.
-CUMSUM_SEGMENTS = False
-# The segmented walks' launches interleaved with their "before" kernels (``overlap.run``'s
-# ``interleaved``): each walk segment launched right after the kernels it waits for, so that a step
-# from an idle GPU starts its first walk sooner. Off until timed.
-WALK_LAUNCH_INTERLEAVED = False
+# Lost (H200 2026-12-02 11:04 / 11:09, ``train_ab.py``, docs/benchmarks/train_ab_1202_cumsum_segments.md;
+# code in 6a0930d / 68cd9d2): ``_cumsum_kernel`` launched per walk segment as ``overlap.run``'s
+# "before" (the first walk segment waiting for its own chunks' cumsum only): -1.3 / -1.7% per step
+# queued at 32k, +2.3 / +2.2% synced, nothing at 16k; with each walk launched right after its
+# "before" (``overlap.run`` interleaved) -1.3% queued, +0.5% synced; for the delta rules the
+# interleaved launches changed nothing queued and cost delta_rule +2.2 / +4.0% synced at 16k / 32k.
 # Lost (H200 2026-12-02 08:46, train_ab_1202_switches.md): the last segment (chunk order) cut to 1/8
 # or 1/16 of the chunks so that the forward's tail of output kernels and the backward's lone first
 # walk segment shrink: 16k -0.6 / +0.9%, 32k -1.3 / -1.1% (synced / queued) at 1/8, 16k +2.3% at 1/16.
@@ -329,8 +326,7 @@ BWD_CHUNK_ONE_TOTAL = True
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True),
-            "CUMSUM_SEGMENTS": (False, True), "WALK_LAUNCH_INTERLEAVED": (False, True)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -415,13 +411,13 @@ def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
 
 
 # --- kernels ---------------------------------------------------------------------------------
-@_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
-def _cumsum_kernel(gk, gc, span, T, NT, C0, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """Grid (chunks, B*H), chunks from ``C0``, BK >= K: chunk-local inclusive cumsum of ``gk`` into
-    float32 ``gc``, and the chunk's ``span: [B*H, NT]`` float32, the largest range (max - min over
-    its rows) of that cumsum in any key channel: the chunk's scores factor through one reference row
-    while it is below ``SPAN_MAX_CHUNK``."""
-    i_t = tl.program_id(0) + C0
+@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
+def _cumsum_kernel(gk, gc, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Grid (NT, B*H), BK >= K: chunk-local inclusive cumsum of ``gk`` into float32 ``gc``, and the
+    chunk's ``span: [B*H, NT]`` float32, the largest range (max - min over its rows) of that cumsum
+    in any key channel: the chunk's scores factor through one reference row while it is below
+    ``SPAN_MAX_CHUNK``."""
+    i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -933,25 +929,14 @@ def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, 
     return BK, walk_bv(x, B * H * _cdiv(K, BK), V)
 
 
-def _cumsum_buffers(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(gc [B, T, H, K], span [B*H, NT])`` float32, empty."""
-    B, T, H, K = gk.shape
-    return (torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device),
-            torch.empty(B * H, _cdiv(T, BT), dtype=torch.float32, device=gk.device))
-
-
-def _cumsum_chunks(gk, gc, span, c0, c1):
-    """``_cumsum_kernel`` over chunks ``c0 .. c1 - 1`` into ``gc`` and ``span``."""
-    B, T, H, K = gk.shape
-    _cumsum_kernel[(c1 - c0, B * H)](gk, gc, span, T, span.shape[1], c0, H=H, K=K, BT=BT, BK=_pow2(K),
-                                     **_launch(LAUNCH, "cumsum", gk))
-
-
 def chunk_cumsum(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(gc [B, T, H, K] float32, span [B*H, NT] float32)``: the chunk-local cumsum of ``gk`` and
     each chunk's largest range of it over one key channel (``_cumsum_kernel``)."""
-    gc, span = _cumsum_buffers(gk)
-    _cumsum_chunks(gk, gc, span, 0, span.shape[1])
+    B, T, H, K = gk.shape
+    NT = _cdiv(T, BT)
+    gc = torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device)
+    span = torch.empty(B * H, NT, dtype=torch.float32, device=gk.device)
+    _cumsum_kernel[(NT, B * H)](gk, gc, span, T, NT, H=H, K=K, BT=BT, BK=_pow2(K), **_launch(LAUNCH, "cumsum", gk))
     return gc, span
 
 
@@ -1052,48 +1037,37 @@ def _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, store_a, c0, c1):
         **_launch(LAUNCH, "fwd_o", q))
 
 
-def forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a):
-    """``(o [B, T, H, V], h, ht | None, A, gc, span)``: the gate's chunk-local cumsum
-    (``_cumsum_kernel``), the state walk, the steep chunks' scores (``intra_a``; ``A`` in v's dtype
-    with ``keep_a``, where ``_fwd_o_kernel`` stores the other chunks' too) and the output. The walk
-    runs in segments beside the output kernel when it has few programs (``overlap``); then, with
-    ``CUMSUM_SEGMENTS``, the cumsum runs per segment too, each walk segment waiting for its own
-    chunks' only, and ``intra_a`` after the last segment's."""
+def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a):
+    """``(o [B, T, H, V], h, ht | None, A)`` after ``chunk_cumsum``: the state walk, the steep
+    chunks' scores (``intra_a``; ``A`` in v's dtype with ``keep_a``, where ``_fwd_o_kernel`` stores
+    the other chunks' too) and the output. The walk runs in segments beside the output kernel when
+    it has few programs (``overlap``)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
     segments = _segments(NT, _walk_programs(k, B, H, K, V), k)
-    gc, span = _cumsum_buffers(gk)
     h, ht = _walk_buffers(k, V, output_final_state)
     carry = None if len(segments) == 1 else k.new_empty(B, H, K, V, dtype=torch.float32)
-    a_dtype = v.dtype if keep_a else torch.float32
 
     def walk(c0, c1, i):
         _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1)
 
-    per_segment = CUMSUM_SEGMENTS and len(segments) > 1
-    if not per_segment:
-        _cumsum_chunks(gk, gc, span, 0, NT)
     if len(segments) == 1:  # the walk launched first: host time before it is GPU idle time
         walk(0, NT, 0)
-    A = None if per_segment else intra_a(q, k, gc, span, scale, paths, a_dtype)
+    # (with segments launched before the walks, so the first segment also waits for it, though it
+    # needs gc only: ~0.02 ms while no chunk is steep; launching it with the last segment's
+    # "before" would spare that wait: not yet run on a GPU)
+    A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
     o = torch.empty_like(v)
-
-    def before(c0, c1):
-        nonlocal A
-        _cumsum_chunks(gk, gc, span, c0, c1)
-        if c1 == NT:  # the steep chunks' scores need every chunk's span
-            A = intra_a(q, k, gc, span, scale, paths, a_dtype)
 
     def output(c0, c1):
         _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, c0, c1)
 
     if len(segments) == 1:
         output(0, NT)
-    else:  # every buffer the walks touch exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, before if per_segment else (lambda c0, c1: None), walk, output, k,
-                     interleaved=WALK_LAUNCH_INTERLEAVED)
-    return o, h, ht, A, gc, span
+    else:  # every buffer exists before the first walk (``overlap.run``'s contract)
+        _overlap.run(segments, lambda c0, c1: None, walk, output, k)
+    return o, h, ht, A
 
 
 def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, read_a=False):
@@ -1145,7 +1119,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
     if len(segments) == 1:
         per_chunk(0, NT)
     else:  # every buffer exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, lambda c0, c1: None, walk, per_chunk, q, interleaved=WALK_LAUNCH_INTERLEAVED)
+        _overlap.run(segments, lambda c0, c1: None, walk, per_chunk, q)
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(_cdiv(K, BKf), _cdiv(NT * NC, units), B * H)](
@@ -1168,8 +1142,9 @@ class ChunkGLASubchunk(torch.autograd.Function):
     def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
         paths = chunk_paths()
         keep_a = KEEP_A and WHOLE_CHUNK  # without WHOLE_CHUNK every chunk's A comes from intra_a
+        gc, span = chunk_cumsum(gk)
         # kept A in v's dtype: both readers cast it to that for their dots (same bits as float32)
-        o, h, ht, A, gc, span = forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a)
+        o, h, ht, A = forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a)
         # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per
         # layer); the steep chunks' scores are recomputed too (A is [B, T, H, 64] float32 whether
         # one chunk or all are steep), except with KEEP_A (every chunk's A, kept) or without

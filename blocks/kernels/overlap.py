@@ -46,13 +46,11 @@ def plan(nt: int, programs: int, x: torch.Tensor, segments: int, below_per_sm: f
 
 
 def run(segments: list[Segment], before: Callable[[int, int], None], walk: Callable[[int, int, int], None],
-        after: Callable[[int, int], None], x: torch.Tensor, interleaved: bool = False) -> None:
+        after: Callable[[int, int], None], x: torch.Tensor) -> None:
     """For each segment ``(c0, c1)`` in walk order: ``before(c0, c1)`` (what the walk needs), then
     ``walk(c0, c1, i)`` (``i``: the segment's place in walk order, 0 first), then ``after(c0, c1)``
     (what needs the walk's results). With several segments on CUDA, the walks run in order on
     ``walk_stream`` and every ``before``/``after`` launch on the current stream, ordered by events.
-    The host launches every ``before`` and then every walk, or with ``interleaved`` each segment's
-    walk right after its ``before`` (the first walk is launched sooner; the GPU's order is the same).
 
     Every tensor the walks touch must be allocated before this is called and stay referenced until
     it returns: the current stream waits for the last segment before returning, so memory freed
@@ -70,20 +68,14 @@ def run(segments: list[Segment], before: Callable[[int, int], None], walk: Calla
     ready: list[torch.cuda.Event] = []
     done: list[torch.cuda.Event] = []
     try:
-        def walk_after(i: int) -> None:  # segment i's walk on the side stream, after its "before"
-            with torch.cuda.stream(side):
-                side.wait_event(ready[i])
-                walk(*segments[i], i)
-                done.append(side.record_event())
-
-        for i, seg in enumerate(segments):  # no "before" kernel waits for a walk
+        for seg in segments:  # all the "before" kernels first: none waits for a walk
             before(*seg)
             ready.append(main.record_event())
-            if interleaved:
-                walk_after(i)
-        if not interleaved:
-            for i in range(len(segments)):
-                walk_after(i)
+        with torch.cuda.stream(side):
+            for i, (seg, ev) in enumerate(zip(segments, ready)):
+                side.wait_event(ev)
+                walk(*seg, i)
+                done.append(side.record_event())
         for seg, ev in zip(segments, done):
             main.wait_event(ev)
             after(*seg)

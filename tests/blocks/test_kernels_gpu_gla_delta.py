@@ -447,15 +447,14 @@ def test_interpreter_wy_dots_in_half_precision(family, input_dtype_dots, monkeyp
 
 
 class _LaunchSpy:
-    """Stands in for a Triton kernel: records each launch's arguments and grid, then launches it."""
+    """Stands in for a Triton kernel: records each launch's arguments, then launches it."""
 
     def __init__(self, kernel):
-        self.kernel, self.calls, self.grids = kernel, [], []
+        self.kernel, self.calls = kernel, []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.calls.append((args, kwargs))
-            self.grids.append(grid)
             return self.kernel[grid](*args, **kwargs)
         return launch
 
@@ -483,36 +482,29 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 
 @interpreter
-@pytest.mark.parametrize("keep_h,cumsum_segments", [(True, False), (False, False), (True, True)])
-def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, cumsum_segments, monkeypatch):
+@pytest.mark.parametrize("keep_h", [True, False])
+def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, monkeypatch):
     """gla's walks in segments (5 chunks: ranges 1, 2, 2 and five of 1), both chunk paths ("mixed":
     head 0's second chunk steep, its sub-chunk kernels after the last segment), the carried state
     through ``h0``/``ht`` and ``dht``/``dh0`` (and without either), the per-chunk kernels from their
-    segment's first chunk, with the forward's states kept or recomputed in one walk, and with
-    ``CUMSUM_SEGMENTS`` the gate cumsum launched per segment (then ``intra_a`` after the last): the
-    unsegmented bits. (Off the GPU the segments run one after another: the streams' ordering is the
-    GPU test's.)"""
+    segment's first chunk, with the forward's states kept or recomputed in one walk: the unsegmented
+    bits. (Off the GPU the segments run one after another: the streams' ordering is the GPU test's.)"""
     from blocks.kernels import gla
 
     monkeypatch.setattr(gla, "KEEP_H", keep_h)
-    monkeypatch.setattr(gla, "CUMSUM_SEGMENTS", cumsum_segments)
     shape = (1, 300, 2, 32, 16)
     ref = segmented_outputs("gla", shape, torch.float32, "cpu", 1, monkeypatch, decay="mixed")
     for segments in (3, 5):
         fwd, bwd = _LaunchSpy(gla._fwd_h_kernel), _LaunchSpy(gla._bwd_dh_kernel)
-        chunk, cumsum = _LaunchSpy(gla._bwd_chunk_kernel), _LaunchSpy(gla._cumsum_kernel)
+        chunk = _LaunchSpy(gla._bwd_chunk_kernel)
         monkeypatch.setattr(gla, "_fwd_h_kernel", fwd)
         monkeypatch.setattr(gla, "_bwd_dh_kernel", bwd)
         monkeypatch.setattr(gla, "_bwd_chunk_kernel", chunk)
-        monkeypatch.setattr(gla, "_cumsum_kernel", cumsum)
         with checked_memory():
             got = segmented_outputs("gla", shape, torch.float32, "cpu", segments, monkeypatch, decay="mixed")
         cuts = [(0, 1), (1, 3), (3, 5)] if segments == 3 else [(c, c + 1) for c in range(5)]
         recompute = [] if keep_h else [(0, 5)]  # the backward's walk for the states: one segment
         assert [args[8:10] for args, _ in fwd.calls] == cuts + recompute
-        # the cumsum's first chunk, its launch's chunk count
-        assert [(args[5], grid[0]) for grid, (args, _) in zip(cumsum.grids, cumsum.calls)] == \
-            ([(c0, c1 - c0) for c0, c1 in cuts] if cumsum_segments else [(0, 5)])
         assert [args[9:11] for args, _ in bwd.calls] == cuts[::-1]
         assert [args[16] for args, _ in chunk.calls] == [c0 for c0, _ in cuts[::-1]]
         for i, (a, b) in enumerate(zip(got, ref)):

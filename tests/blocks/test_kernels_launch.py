@@ -1052,12 +1052,11 @@ def test_overlap_plan_cuts_walks_with_few_programs_per_sm(monkeypatch):
     assert overlap.plan(5, 10 ** 6, torch.empty(0), 2, 2.0) == [(0, 2), (2, 5)]
 
 
-@pytest.mark.parametrize("interleaved", [False, True])
-def test_overlap_run_orders_the_streams_by_events(interleaved, monkeypatch):
-    """``overlap.run`` on a stand-in CUDA device: each walk on the side stream waits for the event
-    after its segment's ``before`` launches, each ``after`` for the event after its walk, every
-    ``after`` comes after every walk is launched; the host launches every ``before`` first, or with
-    ``interleaved`` each walk right after its ``before``. The current stream waits for every walk."""
+def test_overlap_run_orders_the_streams_by_events(monkeypatch):
+    """``overlap.run`` on a stand-in CUDA device: the host launches every ``before`` first; each walk
+    on the side stream waits for the event after its segment's ``before`` launches, each ``after``
+    for the event after its walk, and every ``after`` comes after every walk is launched; the
+    current stream waits for every walk before returning."""
     import contextlib
 
     from blocks.kernels import overlap
@@ -1092,17 +1091,14 @@ def test_overlap_run_orders_the_streams_by_events(interleaved, monkeypatch):
     monkeypatch.setattr(overlap.torch.cuda, "current_stream", lambda device=None: main)
     monkeypatch.setattr(overlap.torch.cuda, "stream", on)
     monkeypatch.setattr(overlap, "walk_stream", lambda device: side)
-    segments = [(0, 2), (2, 4), (4, 5)]
-    overlap.run(segments, lambda c0, c1: log.append(f"{current[-1].name}:before{c0}"),
+    overlap.run([(0, 2), (2, 4), (4, 5)], lambda c0, c1: log.append(f"{current[-1].name}:before{c0}"),
                 lambda c0, c1, i: log.append(f"{current[-1].name}:walk{c0}#{i}"),
-                lambda c0, c1: log.append(f"{current[-1].name}:after{c0}"), FakeCuda(), interleaved=interleaved)
-    befores = [e for c0 in (0, 2, 4) for e in (f"main:before{c0}", f"main:record{c0 // 2 + 1}")]
+                lambda c0, c1: log.append(f"{current[-1].name}:after{c0}"), FakeCuda())
+    befores = [e for i, c0 in enumerate((0, 2, 4)) for e in (f"main:before{c0}", f"main:record{i + 1}")]
     walks = [e for i, c0 in enumerate((0, 2, 4)) for e in (f"side:wait(main{i + 1})", f"side:walk{c0}#{i}",
                                                          f"side:record{i + 1}")]
     afters = [e for i, c0 in enumerate((0, 2, 4)) for e in (f"main:wait(side{i + 1})", f"main:after{c0}")]
-    launches = ([e for j in range(3) for e in befores[2 * j:2 * j + 2] + walks[3 * j:3 * j + 3]] if interleaved
-                else befores + walks)
-    assert log == launches + afters + ["main:wait(side1)", "main:wait(side2)", "main:wait(side3)"]
+    assert log == befores + walks + afters + ["main:wait(side1)", "main:wait(side2)", "main:wait(side3)"]
 
 
 def test_gla_cuts_its_walks_into_about_two_over_programs_per_sm_segments(monkeypatch):
