@@ -112,12 +112,10 @@ KEEP_WU = not LOW_MEMORY
 # 19:37, ``benchmarks/train_ab.py``, docs/benchmarks/train_ab_1201_evening.md): +7.3 / +6.1% gated,
 # +4.0 / +2.3% delta_rule at 2k / 32k; at 2 stages +8..+14%.
 DQKWG_BK = 64
-# Value block of ``_bwd_dqkwg_kernel``'s loop (ungated / gated): 32, or 16, where the ungated kernel
-# compiles to 154 instead of 164 registers and 47 instead of 77 KB of shared memory at 3 stages
-# (sm_90, Triton 3.9 on CPU), 3 programs per SM instead of 2; the gated one stays at 255 registers.
-# Off until timed.
-DQKWG_BV = 32
-DQKWG_BV_GATED = 32
+# Also lost (H200 2026-12-02 11:27, ``train_ab.py``, docs/benchmarks/train_ab_1202_dqkwg_bv.md; code
+# in 7dee638): the value loop in blocks of 16 instead of 32 (the ungated kernel then 154 registers
+# and 47 KB of shared memory, 3 programs per SM): +4.1 / +6.5 / +5.3% per step queued at 2k / 8k /
+# 32k (delta_rule), gated +5.8 / +6.5 / +5.4%.
 # Keep the forward's chunk states h ([B, T/64, H, K, V]) and U for the backward instead of
 # rerunning the state walk (``fwd_h``, 0.68 ms of a 6.6 ms step at 64k tokens): +805 MB per
 # layer at 64k tokens, 16 heads of 128, bf16 (h 537 MB, U 268 MB), about 12 KB per token.
@@ -292,7 +290,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "DQKWG_BV": (16, 32), "DQKWG_BV_GATED": (16, 32)}
+            "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
 @triton.jit
@@ -1141,8 +1139,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
-            BV=min(DQKWG_BV_GATED if use_g else DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec,
-            PAIR_FACTORED=PAIR_DECAY_FACTORED,
+            BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
             DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
             **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
 
