@@ -91,16 +91,15 @@ def first_launch_trace(step, steps: int = 5, top: int = 12, sync=None) -> str:
     traces = []
     for _ in range(steps):
         events: list[tuple[float, str]] = []
-        done = [False]
+        launched = [False]
 
         def note(frame, event, arg):
-            if done[0]:
+            if launched[0]:  # the step's first launch is the last event kept
                 return
             code = frame.f_code
             name = (f"{event}:{getattr(arg, '__qualname__', getattr(arg, '__name__', arg))}" if event.startswith("c_")
                     else f"{event}:{code.co_name} ({Path(code.co_filename).name}:{frame.f_lineno})")
-            if event == "call" and code is getattr(launch, "__code__", None):
-                done[0] = True
+            launched[0] = event == "call" and code is getattr(launch, "__code__", None)
             events.append((time.perf_counter(), name))
 
         sync()
@@ -110,10 +109,9 @@ def first_launch_trace(step, steps: int = 5, top: int = 12, sync=None) -> str:
             step()
         finally:
             sys.setprofile(None)
-        events = [(t, n) for t, n in events if t >= t0]
-        cut = next((i for i, (_, n) in enumerate(events) if n.startswith("call:noted") or n.startswith("call:run (jit.py")),
-                   len(events) - 1)
-        traces.append(((events[cut][0] - t0) * 1e6, t0, events[:cut + 1]))
+        if not launched[0]:
+            raise RuntimeError("no Triton launch in the step (the op ran its PyTorch form)")
+        traces.append(((events[-1][0] - t0) * 1e6, t0, events))
     sync()
     traces.sort(key=lambda x: x[0])
     to_launch, t0, events = traces[len(traces) // 2]

@@ -1367,7 +1367,8 @@ def test_host_launch_marks_checks_its_arguments_and_needs_a_gpu(capsys, monkeypa
 
 def test_host_launch_marks_traces_the_calls_before_the_first_launch(monkeypatch):
     """``host_launch_marks.first_launch_trace``: the time to a step's first Triton launch and its
-    largest gaps named by the call that ran in them; what runs after the launch is not counted."""
+    largest gaps named by the call that ran in them; what runs after the launch is not counted; a
+    step without a launch is an error."""
     import time
 
     import triton.runtime.jit as jit
@@ -1391,6 +1392,8 @@ def test_host_launch_marks_traces_the_calls_before_the_first_launch(monkeypatch)
     assert 20_000 <= to_launch < 45_000, text
     assert "after c_call:sleep" in first and "(next: c_return:sleep)" in first, text
     assert float(first.split(" us")[0]) >= 20_000 > float(second.split(" us")[0]) * 10, text
+    with pytest.raises(RuntimeError, match="no Triton launch"):
+        marks.first_launch_trace(lambda: torch.empty(4), steps=1, sync=lambda: None)
 
 
 def test_walk_forms_needs_the_interpreter_for_its_check_and_a_gpu_for_its_timing(capsys):
