@@ -159,8 +159,8 @@ LAUNCH = {
 # walk instead of by ``_cumsum_kernel``) 7.90 / 9.72 (+8.2 / +15.5%).
 # Tried again in today's walk (over all of V, one program per key slice at 8 warps, where it runs
 # in one segment: 512-8k), with the span as an atomic maximum over the key slices: +21..+26% per
-# step (H200 2026-12-02 10:49, ``train_ab.py``, docs/benchmarks/train_ab_1202_fwd_h_cumsum.md; 117
-# shuffles and 26 barriers per chunk step on the walk's chain; code in 3b56303): a scan folded into
+# step (H200 2026-12-02 10:49, ``train_ab.py``, docs/benchmarks/train_ab_1202_fwd_h_cumsum.md; the
+# compiled walk then holds 117 shuffle and 26 barrier instructions; code in 3b56303): a scan folded into
 # a sequential walk costs more than the parallel, memory-bound pass it replaces.
 # ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of every name in ``SWITCHES``.
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment: the backward recomputes what the switches
