@@ -57,36 +57,29 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K run
 # 1 for float32): the fastest of benchmarks/kernel_launch_sweep.py's one-at-a-time variants on the
 # H200 (docs/benchmarks/kernel_launch_sweep.md), which beat the fewest-spills choice of
 # benchmarks/kernels_aot_regs.py for wy_bwd, wu and bwd_dqkwg (4 warps spill there, yet ran faster).
+# history: docs/benchmarks/kernel_decisions/delta.md#launch
 LAUNCH = {
     "kkt": dict(num_warps=4, num_stages=None),
-    "solve_tril": dict(num_warps=2, num_stages=1),  # 2 warps: -2.0 / -2.0% (delta_rule), -1.3 / -1.6% (gated) at 2k / 32k (sweep 19:13)
+    # 2 warps: -2.0 / -2.0% (delta_rule), -1.3 / -1.6% (gated) at 2k / 32k (sweep 19:13)
+    "solve_tril": dict(num_warps=2, num_stages=1),
     "wu": dict(num_warps=4, num_stages=None),
     "fwd_o": dict(num_warps=8, num_stages=None),
     "bwd_dv_local": dict(num_warps=8, num_stages=None),
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
     "bwd_dh": dict(num_warps=4, num_stages=3),
-    # the forward state walk at V block 64 (many (batch, head) pairs) and 32 (long sequences);
-    # first swept 2026-12-01 03:14 (it had been 8 / 4 warps, 2 stages, from compiles without the
-    # alignment hint): 4 warps at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at
-    # block 32 -6.6 / -4.6% (32k)
+    # the forward state walk at V block 64 (many (batch, head) pairs) and 32 (long sequences): 4 warps
+    # at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at block 32 -6.6 / -4.6% (32k),
+    # sweep 2026-12-01 03:14; the walks at 8 warps lost (H200 2026-12-02 04:09)
     "fwd_h": dict(num_warps=4, num_stages=None),
     "fwd_h_bv32": dict(num_warps=4, num_stages=3),
-    # (not gla's walks over all of V: at V block 128 and 8 warps the walks need 280 KB of shared
-    # memory; 8 warps at block 64 lost +7.5 / +2.7% (delta_rule, 2k / 32k), +6.2 / +2.0% (gated), at
-    # block 32 +3.6% / +3.9% at 32k, bwd_dh alone at 8 warps +0.8..+2.4%: H200 2026-12-02 04:09,
-    # docs/benchmarks/train_ab_1202_walks.md)
-    # (the ungated one at 2 stages, 56 KB of shared memory: 3 programs per SM, which 76 KB at 3 stages
-    # keeps to 2, lost +1.7 / +2.5 / +4.3 / +3.6% per fwd+bwd step at 1k / 2k / 8k / 32k synced; H200
-    # 2026-12-02 05:36, docs/benchmarks/train_ab_1202_epilogue.md)
+    # (the ungated bwd_dqkwg at 2 stages lost +1.7 / +2.5 / +4.3 / +3.6% per step at 1k / 2k / 8k /
+    # 32k: H200 2026-12-02 05:36, docs/benchmarks/train_ab_1202_epilogue.md)
     "bwd_dqkwg": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
     # the gated rule's own entries for its two largest kernels, whose gate terms change their
     # registers (sm_90 compiles, 4 warps: bwd_dqkwg 242 gated vs 164 ungated; swept 05:24, the
-    # shared settings stay best)
-    # (at 8 warps capped to 128 registers, 2 programs of 8 warps per SM: bwd_dqkwg_gated +2.5 / +3.0%,
-    # wy_bwd_gated +10.0 / +9.1% per fwd+bwd step at 2k / 32k synced, H200 2026-12-02 01:33,
-    # docs/benchmarks/train_ab_1202_caps.md)
+    # shared settings stay best; 8 warps capped to 128 registers lost, H200 2026-12-02 01:33)
     "bwd_dqkwg_gated": dict(num_warps=4, num_stages=3),
     "wy_bwd_gated": dict(num_warps=4, num_stages=3),
 }
@@ -101,86 +94,46 @@ KEEP_WU = not LOW_MEMORY
 # Key block of ``_bwd_dqkwg_kernel``: 64 (two programs per chunk, [BT, 64] float32 accumulators,
 # vn/do/dv2 read twice) or the whole K up to 128 (fla's choice on Hopper: one program, reads
 # everything once, three [BT, 128] accumulators; +8% delta_rule, +12-15% gated per step, 2026-11-30).
-# Swept as a switch. 32 (four programs; the gated kernel takes 249 registers at 64, sm_90 compile)
-# lost on the H200 (2026-12-01 12:11, docs/benchmarks/kernel_launch_sweep_1201_dqkwg_bk32.md):
-# +2.6 / +1.6% per step (delta_rule, 2k / 32k), +15.7 / +15.7% (gated).
-# Also lost in that kernel (no gain; 2026-12-01 12:32, kernel_launch_sweep_1201_hdh.md): the gated
-# ``sum(h * dh)`` accumulated as [BV, BK] products and reduced once after the value loop instead of
-# in every iteration: 4.926 -> 4.916 and 5.661 -> 5.657 ms per step at 2k / 32k (-0.2 / -0.1%, the
-# base's own repeat moved 0.1-0.4%). 128 at 8 warps (sm_90: 255 registers gated, 146 ungated, no
-# spills; one program of 8 warps per SM, as many warps as today's two of 4) also lost (2026-12-01
-# 19:37, ``benchmarks/train_ab.py``, docs/benchmarks/train_ab_1201_evening.md): +7.3 / +6.1% gated,
-# +4.0 / +2.3% delta_rule at 2k / 32k; at 2 stages +8..+14%.
+# Also lost: 32, 128 at 8 warps, the gated ``sum(h * dh)`` reduced once, a value block of 16.
+# history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_bk
 DQKWG_BK = 64
-# Also lost (H200 2026-12-02 11:27, ``train_ab.py``, docs/benchmarks/train_ab_1202_dqkwg_bv.md; code
-# in 7dee638): the value loop in blocks of 16 instead of 32 (the ungated kernel then 154 registers
-# and 47 KB of shared memory, 3 programs per SM): +4.1 / +6.5 / +5.3% per step queued at 2k / 8k /
-# 32k (delta_rule), gated +5.8 / +6.5 / +5.4%.
 # Keep the forward's chunk states h ([B, T/64, H, K, V]) and U for the backward instead of
 # rerunning the state walk (``fwd_h``, 0.68 ms of a 6.6 ms step at 64k tokens): +805 MB per
 # layer at 64k tokens, 16 heads of 128, bf16 (h 537 MB, U 268 MB), about 12 KB per token.
 # Sweep 2026-11-30 15:20 (H200): fwd+bwd -10.3 / -11.2% (delta_rule, 2k / 32k), -10.4 / -11.6%
 # (gated).
 KEEP_H = not LOW_MEMORY
-# Removed after losing in H200 sweeps: ``WY_BWD_SPLIT`` (``_wy_bwd_kernel`` as two kernels: +7.4 /
-# +7.7% fwd+bwd at 2k / 32k, 16:49) and ``UNGATED_WALK_BV`` (the ungated walks capped at V block
-# 32: won 5.3% at 2k at 15:03, lost 3.1% at 17:09 once the WY kernels took bf16 operands), and
-# ``FUSED_WY_FWD`` (``_kkt_kernel``, ``_solve_tril_kernel`` and ``_wu_kernel`` as one program per
-# chunk, A kept in registers, 1.2 instead of ~2.4 GB moved): 5.25 vs 4.66 ms per step at 2k at its
-# best launch (4 warps; 8 warps 6.28), +11..13% for both rules at 2k and 32k (sweeps 22:57-22:59,
-# ``kernel_launch_sweep_fused_wy.md``). Nsight Compute (22:59, ``docs/benchmarks/ncu/ncu_kernels.md``)
-# suggests why (not shown): ``_solve_tril_kernel`` is L1-bound (96% of L1 throughput, no tensor-core
-# use: its float32 "ieee" dots go through shared memory), and in one program its chain of dots
-# serialises with the rest.
+# Removed after losing in H200 sweeps: ``WY_BWD_SPLIT``, ``UNGATED_WALK_BV``, ``FUSED_WY_FWD``.
+# history: docs/benchmarks/kernel_decisions/delta.md#removed-wy_bwd_split-ungated_walk_bv-fused_wy_fwd
 # The WY kernels (``_wu_kernel``, ``_wy_bwd_kernel``) take their dot operands in the activations'
 # dtype and ``Ai`` is stored in it ([B, T, H, 64]: half the bytes in bf16), as fla 0.6 does;
 # accumulation stays float32. False: float32 operands (TF32 dots) and a float32 ``Ai``. Makes no
 # difference for float32 inputs. Sweep 2026-11-30 17:09 (H200): False is +19.2 / +13.7% fwd+bwd
-# (delta_rule, 2k / 32k), +14.2 / +10.3% (gated); with it (and wy_bwd's k k^T tile gone) delta_rule
-# ran 5.27 ms per 64k-token step at 2k in that sweep (with UNGATED_WALK_BV, since removed), 6.19
-# before.
+# (delta_rule, 2k / 32k), +14.2 / +10.3% (gated).
+# history: docs/benchmarks/kernel_decisions/delta.md#wy_input_dtype_dots
 WY_INPUT_DTYPE_DOTS = True
 # The ungated rule's ``_bwd_dh_kernel`` runs the gated code on a zero gate (same results: every
-# factor is exp(0) = 1). Before this switch (17:13, 2k): ungated bwd_dh 0.93 ms, gated 0.58 ms.
-# Sweep 2026-11-30 17:25 (H200): turning it off costs +8.0 / +9.3% fwd+bwd (delta_rule, 2k /
-# 32k); 2026-12-01 03:04: +7.2 / +9.3%. Why is not known: the reason first given (Triton leaves
-# the ungated loop unpipelined) came from sm_90 compiles made without the JIT's pointer-alignment
-# hint; with it both loops are pipelined (Triton 3.9, 4 warps, 3 stages: 12 async copies ungated,
-# 24 with the gate; ``kernels_aot_regs.py --kernels delta.bwd_dh --set UNGATED_DH_ZERO_GATE=False``
-# and without ``--set``). Costs a zeroed [B, T, H] float32 tensor per backward.
+# factor is exp(0) = 1); costs a zeroed [B, T, H] float32 tensor per backward. Off: +7.2 / +9.3%
+# fwd+bwd (delta_rule, 2k / 32k; H200 2026-12-01 03:04); why is not known (both loops pipeline).
+# history: docs/benchmarks/kernel_decisions/delta.md#ungated_dh_zero_gate
 UNGATED_DH_ZERO_GATE = True
 # The delta walks keep V block 64 down to half a program per SM at that block (``tiles.walk_bv``'s
-# ``min_per_sm``; the other families' walks switch to 32 below 4). Sweep 2026-12-01 04:11 (H200,
-# with the 4-warp forward walk): block 64 instead of 32 -7.6 / -7.7 / -3.2% per fwd+bwd step at
-# 4k / 8k / 16k (delta_rule; 512, 256, 128 programs), -5.8 / -5.6 / -4.5% (gated); at 32k (64
-# programs) block 64 had lost by 11% (2026-11-30 23:23, with the 8-warp forward walk). Again with
-# the walks in segments (2026-12-01 19:35, ``train_ab.py``, docs/benchmarks/train_ab_1201_evening.md):
-# block 32 at 8k / 16k +8.5 / +4.8% (delta_rule), +9.3 / +5.8% (gated); block 64 at 32k +2.4 / +3.7%
-# synced, a tie queued.
-# Screened and not built: the walk in transition form, ``h <- h - N h + k^T u`` with ``N = k^T w``
-# formed per chunk beforehand (one dot on the chain instead of two): the walk alone 9-38% faster
-# (host time included), but forming ``N`` ([B, T/64, H, K, K]) takes 0.35 ms at 64k tokens, more
-# than any length saves (``benchmarks/walk_forms.py``, docs/benchmarks/walk_forms.md).
+# ``min_per_sm``; the other families' walks switch to 32 below 4). With the walks in segments (H200
+# 2026-12-01 19:35, docs/benchmarks/train_ab_1201_evening.md): block 32 at 8k / 16k +8.5 / +4.8%
+# (delta_rule), +9.3 / +5.8% (gated). history (and the walk in transition form, screened and not
+# built): docs/benchmarks/kernel_decisions/delta.md#walk_min_per_sm
 WALK_MIN_PER_SM = 0.5
 
 
 # The state walks in segments of chunks on a high-priority stream, the per-chunk kernels before
 # and after them running on the current stream as each segment's chunks are ready (``overlap``),
-# when a walk has fewer than WALK_OVERLAP_BELOW_PER_SM programs per SM (long sequences: 128
-# programs at 16k and 32k tokens in a 64k-token batch of 16 heads, where each SM holds at most one
-# walk program and runs it at ~6% occupancy). WALK_SEGMENTS = 1: one launch of each kernel over
-# every chunk, as before. H200, 2026-12-01 16:44-17:05, four calls of ``benchmarks/train_ab.py``
-# (docs/benchmarks/walk_overlap.md), per fwd+bwd step against one segment at 16k / 32k: 4
-# segments -3.3..-4.1 / -4.2..-5.9% (gated), -1.4..-3.3 / -1.4..-2.0% (delta_rule); 2 segments
-# within 1.5% of 4; 8 segments +6..+22% (each segment's launches cost host time a step from an
-# idle GPU waits for: 1.7-2.2 ms of host time per step in one segment, 3.4-3.5 in four, of which
-# the Triton launches are 14-38 us each, docs/benchmarks/triton_launch_cost.md); at 8k
-# (256 programs) +1.0 / +2.7% (gated / delta_rule), at 2k / 4k +4..+7%. The walks at fewer
-# stages or V block 16: slower. Memory: with segments every buffer of the forward / backward
-# exists before the first walk (``overlap.run``), so transient peaks grow (computed, not
-# measured): the forward's float32 A beside h, vn and o (+268 MB at 64k tokens of 16 heads of
-# 128), the backward's dv_loc and dh beside dk, dv, dbeta, dg (+805 MB, bf16).
-# ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment.
+# when a walk has fewer than WALK_OVERLAP_BELOW_PER_SM programs per SM (long sequences: each SM
+# holds at most one walk program and runs it at ~6% occupancy). WALK_SEGMENTS = 1: one launch of
+# each kernel over every chunk. 4 segments against 1 at 16k / 32k: -3.3..-4.1 / -4.2..-5.9% per
+# fwd+bwd step (gated), -1.4..-3.3 / -1.4..-2.0% (delta_rule) (H200 2026-12-01 16:44-17:05,
+# docs/benchmarks/walk_overlap.md). Every buffer then exists before the first walk (``overlap.run``):
+# larger transient peaks. ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment.
+# history: docs/benchmarks/kernel_decisions/delta.md#walk_segments
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
@@ -190,33 +143,21 @@ def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
     return _tiles_walk_bv(x, chains, V, min_per_sm=WALK_MIN_PER_SM)
 
 
-# Removed after losing (sweep 2026-12-01 03:04, H200, fwd+bwd per step at 2k / 32k): ``FUSED_FWD_O``
-# (the forward walk forms the output from the state in its registers instead of
-# ``_fwd_o_kernel`` reading h back): delta_rule -0.7 / -0.5% (inside the repeat spread), gated
-# +8.7 / +6.5%; ``FUSED_DV_LOCAL`` (the reverse walk forms ``P^T do`` instead of
-# ``_bwd_dv_local_kernel``): +8.7 / +24.3% delta_rule, +6.2 / +19.3% gated. Work added to the walks'
-# programs costs more than the separate kernels it replaces: the walks run few programs per SM
-# (Nsight Compute: 6-12% occupancy), so their extra dots are not hidden.
-# Removed after losing (sweep 2026-12-01 05:40, ``kernel_launch_sweep_1201_last.md``; per fwd+bwd
-# step with the switch on, 2k / 32k): ``GATE_LOADS_EARLY`` (the gated ``_bwd_dqkwg_kernel`` /
-# ``_wy_bwd_kernel`` loading G and the dG shares before their dots rather than where used;
-# bwd_dqkwg 236 -> 252 registers): +1.2 / +1.8% (gated; the ungated rule, which it does not touch,
-# moved 0.3 / 1.1%: the noise floor); ``SOLVE_TRIL_DIAG_TF32X3`` (split-TF32 "tf32x3" dots in the
-# diagonal blocks, emulated as accurate as exact): -0.3 / +0.9% (delta_rule), no gain.
+# Removed after losing (H200 sweeps 2026-12-01 03:04 and 05:40): ``FUSED_FWD_O`` and ``FUSED_DV_LOCAL``
+# (work added to the walks' programs costs more than the separate kernels it replaces: the walks run
+# few programs per SM, so their extra dots are not hidden), ``GATE_LOADS_EARLY`` and
+# ``SOLVE_TRIL_DIAG_TF32X3`` (no gain). history:
+# docs/benchmarks/kernel_decisions/delta.md#removed-fused_fwd_o-fused_dv_local and
+# docs/benchmarks/kernel_decisions/delta.md#removed-gate_loads_early-solve_tril_diag_tf32x3
 
 # The gated kernels' pair decays ``exp(G_i - G_j)`` ([BT, BT] tiles in ``_kkt_kernel``,
 # ``_fwd_o_kernel``, ``_bwd_dv_local_kernel``, ``_bwd_dqkwg_kernel``, ``_wy_bwd_kernel``) as the outer
 # product of two [BT] vectors of exponentials through the chunk's first row, while the chunk's decay
 # spans less than ``PAIR_SPAN_MAX`` (one uniform branch per program; else one exponential per pair,
-# as before), as gla's diagonal blocks do (``gla.SPAN_MAX``). In sm_90 compiles the exact pair decay
-# of the gated ``bwd_dqkwg`` is 250 of its 2280 SASS instructions, 30 of them MUFU (ex2) per thread
-# (``benchmarks/kernels_aot_regs.py --kernels gated_delta.bwd_dqkwg --lines 5``). With the switch on
-# the kernels hold both paths (static counts up: ``--set PAIR_DECAY_FACTORED=True``); with the
-# exact branch edited out (not kept) the factored path compiled to 784 / 792 / 648 / 2136 / 2160
-# instructions against 928 / 848 / 672 / 2280 / 2312 (kkt, fwd_o, bwd_dv_local, bwd_dqkwg,
-# wy_bwd). On since the sweep of 2026-12-01 10:22 (H200, ``kernel_launch_sweep_1201_pair.md``):
-# off costs gated_delta_rule +0.4 / +1.5% per fwd+bwd step at 2k / 32k (delta_rule, which it does
-# not touch, moved 0.1 / 0.4%: the noise floor); the GPU tests passed with it on.
+# as before), as gla's diagonal blocks do (``gla.SPAN_MAX``).
+# Off costs gated_delta_rule +0.4 / +1.5% per fwd+bwd step at 2k / 32k (H200 2026-12-01 10:22,
+# ``kernel_launch_sweep_1201_pair.md``).
+# history: docs/benchmarks/kernel_decisions/delta.md#pair_decay_factored
 PAIR_DECAY_FACTORED = True
 # Both factors stay normal float32 numbers up to a span of ~85; but an exponent of size x carries
 # ~x float32 ulps of rounding into its factor (the GPU's exp scales x by log2(e) before ex2), so the
@@ -229,61 +170,36 @@ PAIR_SPAN_MAX = tl.constexpr(40.0)
 SOLVE_TRIL_TF32_MERGES = True
 # ``_solve_tril_kernel``'s diagonal blocks by forward substitution (``_inv_diag_blocks``: 15 steps
 # of a [16, 64] product and column sums over the four blocks at once, no dots) instead of repeated
-# squaring (``_inv_unit_lower``: six exact float32 dots per block, which go through shared memory;
-# with them edited out, ``benchmarks/kernel_parts.py --variants delta_base,solve_no_diag``, the
-# gated step's kernels at 2k lost 0.24 of 4.64 ms). H200 2026-12-02 06:52 (``train_ab.py``,
-# docs/benchmarks/train_ab_1202_solve_tril.md): ``_solve_tril_kernel`` 0.347 -> 0.154 ms per step at
-# 2k; per fwd+bwd step -5.2 / -5.2 / -2.7% (delta_rule, 2k / 8k / 32k synced), -4.0 / -4.4 / -4.1%
-# (gated). The same solve as [4, 16, 16] tiles (each thread a whole column, no shuffles, but 154
-# registers: 6 programs per SM instead of 8) won less: -2.9 / -2.8 / -0.9%, -1.9 / -2.2 / -2.0%
-# (at 1 warp -3.4 / -4.0 / -2.6%, -2.7 / -3.6 / -2.3%). At 4 warps this form won less than at 2
-# (-2.7 / -2.8 / +2.3%, -2.0 / -2.7 / -2.8%); at 1 warp it is not timed.
+# squaring (``_inv_unit_lower``: six exact float32 dots per block, which go through shared memory).
+# H200 2026-12-02 06:52 (docs/benchmarks/train_ab_1202_solve_tril.md): per fwd+bwd step -5.2 / -5.2 /
+# -2.7% (delta_rule, 2k / 8k / 32k synced), -4.0 / -4.4 / -4.1% (gated).
+# history: docs/benchmarks/kernel_decisions/delta.md#solve_tril_diag_subst
 SOLVE_TRIL_DIAG_SUBST = True
 # The gated ``_bwd_dqkwg_kernel``'s gate terms of the intra-chunk pairs, ``sum_j M_ij - sum_j M_ji``
 # with ``M = ds * (q k^T)`` strictly lower, as ``q_i . (ds k)_i - k_i . (ds^T q)_i`` from the dq / dk
 # dots it makes anyway (``ds`` strictly lower there, its diagonal added to dq / dk apart, so that the
-# ``G_x - G_x`` terms still stay out): no [BT, BT] ``q k^T`` dot, no row and column sums of ``M``
-# (sm_90 AOT: 2320 instead of 2576 instructions, 30 instead of 106 shuffles). Sweep 2026-12-01
-# 14:27 (H200, docs/benchmarks/kernel_launch_sweep_1201_dg_from_rows.md): off +1.8 / +0.4% per
-# fwd+bwd step at 2k / 32k (gated; delta_rule, which it does not touch, moved 0.2 / 0.1%). Its gate
-# terms come from ``ds`` as a dot operand in the activations' dtype (bf16), as dq / dk do, where the
-# old form multiplied float32 ``ds`` by a TF32 ``q k^T``; the benchmark's bf16 gate-gradient errors
-# against the float64 reference stayed put (2.5e-3 / 2.0e-3 at 14:33 against 2.6e-3 / 2.3e-3 at 13:30).
+# ``G_x - G_x`` terms still stay out): no [BT, BT] ``q k^T`` dot, no row and column sums of ``M``.
+# Off +1.8 / +0.4% per fwd+bwd step at 2k / 32k (gated; H200 2026-12-01 14:27,
+# docs/benchmarks/kernel_launch_sweep_1201_dg_from_rows.md). ``ds`` enters the gate terms as a dot
+# operand in the activations' dtype, as for dq / dk; the bf16 gate-gradient errors stayed put.
+# history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_dg_from_rows
 DQKWG_DG_FROM_ROWS = True
-# Within the spread (H200 2026-12-02 08:46, gated 2k / 8k / 32k: -0.4 / +0.5 / +1.6% synced, 0.0% queued;
-# not kept): ``q . dq - k . (ds^T q)`` as one row sum of the [BT, BK] difference instead of two.
-# Lost (not kept as a switch): the gated ``_bwd_dqkwg_kernel``'s state term ``sum(h * dh)`` (0.13 of
-# its 1.22 ms per step at 2k, ``kernel_parts.py --variants delta_base,dqkwg_no_hdh``) from h and dh
-# loaded again as [BK, BV] tiles (L2 hits), so that the dots' transposed tiles stay in the
-# asynchronous copies (GPU host compile: 247 registers, 77824 B of shared memory, no spills, against
-# 255 / 69632 / 8 B): +1.7 / +2.1 / +2.1% per step at 2k / 8k / 32k (H200 2026-12-02 06:44,
-# docs/benchmarks/train_ab_1202_solve_tril.md).
-# Not kept (not timed): the gated ``_bwd_dqkwg_kernel``'s pair decay folded into its ds dots, its
-# factors ``exp(G_i - G_0)``, ``exp(G_0 - G_j)`` onto q, k and the dots' output rows instead of a
-# [BT, BT] decay tile (the exact tile kept for steep chunks): 256-320 B of spills at 255 registers in
-# sm_90 compiles (2026-12-02), against none. The decay tile costs that kernel ~0.08 of 1.22 ms per
-# step at 2k (``kernel_parts.py --variants delta_base,dqkwg_no_decay``, H200 06:44).
-# Also lost in the gated ``_bwd_dqkwg_kernel`` (2026-12-01 19:23, H200, ``benchmarks/train_ab.py``,
-# per fwd+bwd step at 2k / 32k): its epilogue reordered so that fewer float32 tiles live at once
-# (``dw`` stored right after the value loop, ``dq`` finished and stored before the ``dk`` side's
-# dot): 255 -> 244 registers in sm_90 compiles, still 2 programs per SM (and still 592 B of spills
-# under a 168 cap), +1.2 / +1.5% (4.982 / 5.428 against 4.923 / 5.345 ms, three passes each).
+# Not kept in the gated ``_bwd_dqkwg_kernel`` (H200 2026-12-01 / 2026-12-02: within the spread, lost or
+# not timed): one row sum for the gate terms, ``sum(h * dh)`` from reloaded [BK, BV] tiles, the pair
+# decay folded into the ds dots, a reordered epilogue.
+# history: docs/benchmarks/kernel_decisions/delta.md#_bwd_dqkwg_kernel-variants-not-kept
 # The gated rule's chunk-local cumsum of the gate (``gc``) formed and written by ``_kkt_kernel``, the
 # forward's first kernel, which reads the chunk's gate anyway, instead of by ``_cumsum_kernel``
-# launched before it: one launch less per forward, and in a step from an idle GPU the 0.14-0.27 ms
-# (median per step at 2k-32k) the GPU idled after that 13 us kernel while the host launched the next
-# (``benchmarks/step_gaps.py``, docs/benchmarks/step_gaps.md). H200 2026-12-01 19:41
+# launched before it: one launch less per forward. H200 2026-12-01 19:41
 # (docs/benchmarks/train_ab_1201_evening.md): -0.9 / -0.5 / -0.9% per step at 2k / 8k / 32k.
+# history: docs/benchmarks/kernel_decisions/delta.md#kkt_cumsum
 KKT_CUMSUM = True
 # ``_wy_bwd_kernel``'s dbeta / dG row sums of its second pass combined before summing
 # (``_wy_bwd_dk``: ``sum_c k (P + exp(G) dXw)`` instead of ``sum_c k P`` and ``sum_c k dXw`` apart; the
 # gated rule's three sums become two): one row sum per key slice instead of two for delta_rule.
-# With those sums edited out (``kernel_parts.py --variants delta_base,wy_no_rowsums``, H200
-# 2026-12-02 07:22, docs/benchmarks/kernel_parts_1202.md) delta_rule's wy_bwd took 0.709 instead of
-# 0.767 ms per step at 2k (gated: no change). Timed twice (H200 2026-12-02 08:25 and 08:46,
-# ``train_ab.py``, three rounds each), delta_rule at 2k / 8k / 32k: -1.8 / -1.7 / +2.8% and -2.1 / -1.0 /
-# -2.1% per step synced, -0.9 / -0.4 / +0.2% and -1.9 / -1.3 / -1.0% queued; gated within 0.6%
-# (sm_90 on the GPU host: delta 1592 -> 1520 instructions, 127 registers, no spills).
+# delta_rule at 2k / 8k / 32k: -1.8 / -1.7 / +2.8% and -2.1 / -1.0 / -2.1% per step synced (H200
+# 2026-12-02 08:25 and 08:46, ``train_ab.py``); gated within 0.6%.
+# history: docs/benchmarks/kernel_decisions/delta.md#wy_bwd_rowsums_combined
 WY_BWD_ROWSUMS_COMBINED = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
@@ -368,14 +284,12 @@ def _pair_decay_exact(b_g, b_gj, m, FLIP: tl.constexpr):
 def _inv_unit_lower(b_A, BC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower ``[BC, BC]`` block ``A`` (float32), BC = 16. ``A`` is
     nilpotent (``A^16 = 0``), so ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six
-    independent-of-each-row dots instead of 15 dependent forward-substitution steps (a first
-    substitution measured 2 ms per training step at 64k tokens on the H200, latency-bound; since
-    2026-12-02 ``_inv_diag_blocks`` substitutes the four blocks' columns at once, 0.15 ms for the
-    whole kernel against these dots' 0.35: ``SOLVE_TRIL_DIAG_SUBST``, which turns this off). Exact float32
+    independent-of-each-row dots instead of 15 dependent forward-substitution steps
+    (``SOLVE_TRIL_DIAG_SUBST`` turns this off for ``_inv_diag_blocks``' substitution). Exact float32
     dots always: the powers of A grow and cancel, which amplifies rounding of the dot inputs (TF32
     here: relative error of the inverse up to 1.4 for keys with pairwise cosine 0.97 and beta 1,
     ``benchmarks/solve_tril_precision.py``). Split TF32 ("tf32x3") would be as accurate (emulated)
-    but measured no faster (sweep 2026-12-01 05:40: -0.3 / +0.9% per step, delta_rule 2k / 32k)."""
+    but measured no faster. Timings: docs/benchmarks/kernel_decisions/delta.md#_inv_unit_lower"""
     o = tl.arange(0, BC)
     eye = (o[:, None] == o[None, :]).to(tl.float32)
     n1 = -b_A
@@ -959,12 +873,10 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
     With bf16 the inverse is stored in bf16 (``WY_INPUT_DTYPE_DOTS``), whose rounding dominates
     TF32 merges: relative error of the inverse <= 1e-3 against bf16 storage's 9e-4 even for keys
     of pairwise cosine 0.97 and beta 1 (``benchmarks/solve_tril_precision.py``, CPU emulation).
-    TF32 in every dot measured -5.7 / -4.5% per fwd+bwd step (delta_rule, 2k / 32k) and -3.2 /
-    -4.6% (gated) against exact (H200 sweep 2026-12-01 03:14) but is not accurate: the diagonal
-    blocks' repeated squaring amplifies TF32 input rounding (error 4e-2 at cosine 0.7, 1.4 at 0.97,
-    beta 1). This split (diagonal exact, merges TF32) is 1.5-1.7% faster per step than all-exact
-    (delta_rule; sweep 05:13); float16 (10-bit mantissa like TF32) and a float32 inverse
-    (``WY_INPUT_DTYPE_DOTS`` off) keep exact merges."""
+    TF32 in every dot is not accurate: the diagonal blocks' repeated squaring amplifies TF32 input
+    rounding (error 4e-2 at cosine 0.7, 1.4 at 0.97, beta 1). Float16 (10-bit mantissa like TF32) and
+    a float32 inverse (``WY_INPUT_DTYPE_DOTS`` off) keep exact merges. Timings:
+    docs/benchmarks/kernel_decisions/delta.md#_solve_tril_prec"""
     return "tf32" if SOLVE_TRIL_TF32_MERGES and dtype == torch.bfloat16 and WY_INPUT_DTYPE_DOTS else "ieee"
 
 

@@ -77,20 +77,10 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is 
 # walk; ``num_stages: None`` = ``tiles.stages``): the fastest of benchmarks/kernel_launch_sweep.py's
 # one-at-a-time variants on the H200 (docs/benchmarks/kernel_launch_sweep.md).
 # ``maxnreg``: a cap on registers per thread (ptxas; bf16 inputs only, ``tiles.launch``) that lets
-# one more program onto each SM: ``intra_a`` 156 -> 128 registers (3 -> 4 programs of 4 warps, 64 B
-# of spills in sm_90 compiles), ``bwd_dv`` (replaced by ``bwd_chunk`` since 21:40) 132 -> 128
-# (1 -> 2 programs of 8 warps, 16 B), the
-# reverse cumsum 139 -> 128 (3 -> 4, no spills; ``benchmarks/kernels_aot_regs.py --maxnreg``). The
-# walks' 104 does not change their programs per SM (4 at V block 64: shared memory holds them to 4;
-# at 32: 104 registers still give 4) and spills 40 B (forward) / 24 B (reverse) at block 64; yet
-# lifting it alone measured a tie at 2k and +1.8% at 32k (19:29,
-# docs/benchmarks/train_ab_1201_evening.md), so it stays. H200 2026-12-01 18:06,
-# ``benchmarks/train_ab.py`` (docs/benchmarks/register_caps.md), per fwd+bwd step at 2k / 32k: the
-# four together -3.6 / -3.4% (lifting all four at 18:41: +2.8% at 2k); ``intra_a`` alone -2.1 /
-# -1.6% (-2.2 / -1.6% in an earlier call), the others alone within 1.2% either way (the walks' -0.6
-# / -1.2%). Caps that spill more
-# lost: ``bwd_sub`` at 200 / 168 / 128 +7.6 / +4.5 / +26.5% (2k), at 4 warps capped to 168 (3 programs
-# per SM) +4.2 / +4.0%, at 8 warps capped to 128 (2 programs, no spills) +25.6 / +22.6% (18:27).
+# one more program onto each SM: ``intra_a``, the reverse cumsum, the walks (and that day's ``bwd_dv``)
+# capped together -3.6 / -3.4% per fwd+bwd step at 2k / 32k (H200 2026-12-01 18:06,
+# docs/benchmarks/register_caps.md); ``fwd_o``'s and ``bwd_chunk``'s caps: at their entries.
+# history: docs/benchmarks/kernel_decisions/gla.md#launch
 LAUNCH = {
     "cumsum": dict(num_warps=4, num_stages=3),
     "walk": dict(num_warps=4, num_stages=2, maxnreg=104),
@@ -99,35 +89,22 @@ LAUNCH = {
     # docs/benchmarks/train_ab_1202_bwd_chunk.md); at block 64 (2k) the same +4.1%, so it stays 2
     "walk_bv32": dict(num_warps=4, num_stages=3, maxnreg=104),
     # the walks over all of V (``WALK_FULL_V``, V block 128) at 8 warps with the walks' 104-register cap:
-    # -1.9 / -3.6% per fwd+bwd step at 2k / 32k synced, -2.4 / -3.6% queued against V block 64 / 32 at
-    # 4 warps (uncapped -2.3 / -3.3%, -2.5 / -3.1%); 16 warps +4.0 / -0.1%, 4 warps uncapped -1.0 /
-    # -0.3% (H200 2026-12-02 03:54, ``train_ab.py``, docs/benchmarks/train_ab_1202_walks.md); then 3
-    # stages -0.4 / +0.4 / -1.7 / -3.9% at 2k / 8k / 16k / 32k against 2, 1 stage +3.6% at 16k, a
-    # 128-register cap within 0.4% (04:02)
+    # -1.9 / -3.6% per fwd+bwd step at 2k / 32k synced against V block 64 / 32 at 4 warps (H200
+    # 2026-12-02 03:54, docs/benchmarks/train_ab_1202_walks.md); 3 stages -1.7 / -3.9% at 16k / 32k vs 2 (04:02)
+    # history: docs/benchmarks/kernel_decisions/gla.md#launch-walk_bv128
     "walk_bv128": dict(num_warps=8, num_stages=3, maxnreg=104),
     "intra_a": dict(num_warps=4, num_stages=3, maxnreg=128),
-    # the whole-chunk kernels at 4 warps (2 programs per SM, 255 registers with 40 / 552 B of
-    # spills in sm_90 compiles) against 8 (1 program, no spills): fwd_o 0.78 vs 1.05 ms, bwd_chunk
-    # 3.81 vs 4.60 ms per fwd+bwd step at 2k (H200 2026-12-01 21:37, docs/benchmarks/gla_whole_chunk.md)
-    # 1 stage: -1.7 / -2.9% per fwd+bwd step at 2k / 32k synced against 2 (3: within 0.6%), with
-    # bwd_chunk at 3 stages (H200 2026-12-02 02:55, docs/benchmarks/train_ab_1202_bwd_chunk.md)
-    # since its q exp(G) came from the factored exponentials (248 registers at 4 warps, none spilled
-    # at 8 warps capped to 128): 8 warps capped, 2 programs per SM, -1.0 / -1.1 / -1.2 / -0.6% per
-    # fwd+bwd step at 2k / 8k / 16k / 32k synced, -0.9 / -0.8 / -0.8 / -0.9% queued against 4 warps
-    # uncapped (2 stages the same within 0.2%; H200 2026-12-02 05:49, docs/benchmarks/train_ab_1202_epilogue.md);
-    # before that change the same launch had lost (+2.1 / +1.3% synced, 01:33)
+    # the whole-chunk output kernel at 8 warps capped to 128 registers (2 programs per SM, no spills):
+    # -1.0 / -1.1 / -1.2 / -0.6% per fwd+bwd step at 2k / 8k / 16k / 32k synced against 4 warps uncapped
+    # (H200 2026-12-02 05:49, docs/benchmarks/train_ab_1202_epilogue.md); 1 stage: -1.7 / -2.9% at 2k /
+    # 32k synced against 2 (H200 2026-12-02 02:55, docs/benchmarks/train_ab_1202_bwd_chunk.md)
+    # history: docs/benchmarks/kernel_decisions/gla.md#launch-fwd_o
     "fwd_o": dict(num_warps=8, num_stages=1, maxnreg=128),
     # bwd_chunk at 8 warps capped to 128 registers (2 programs of 8 warps per SM, 368 B of spills in
     # sm_90 compiles, against 2 of 4 warps at 255 registers): -2.1 / -1.4% per fwd+bwd step at 2k /
-    # 32k synced, -2.5 / -2.9% queued (H200 2026-12-02 01:33, ``train_ab.py``,
-    # docs/benchmarks/train_ab_1202_caps.md); 3 stages
-    # (both of its 2 value blocks' loads issued up front; 2 programs of 80 KB of shared memory per
-    # SM) -2.4 / -2.5% synced, -2.7 / -1.9% queued against 2 (H200 2026-12-02 02:52, ``train_ab.py``,
-    # docs/benchmarks/train_ab_1202_bwd_chunk.md); 16 warps +8.8%, with BWD_CHUNK_BK=128 +11.7%; 16
-    # warps uncapped again (113-121 registers, no spills, one program per SM) +10.1 / +9.1 / +8.2 /
-    # +7.7% at 2k / 8k / 16k / 32k (05:35, docs/benchmarks/train_ab_1202_epilogue.md); with
-    # BWD_CHUNK_ONE_TOTAL (168 B of spills) 2 stages within 0.8%, as fwd_o at 2 (09:16,
-    # docs/benchmarks/train_ab_1202_switches.md)
+    # 32k synced (H200 2026-12-02 01:33, docs/benchmarks/train_ab_1202_caps.md); 3 stages -2.4 / -2.5%
+    # against 2 (H200 2026-12-02 02:52, docs/benchmarks/train_ab_1202_bwd_chunk.md)
+    # history: docs/benchmarks/kernel_decisions/gla.md#launch-bwd_chunk
     "bwd_chunk": dict(num_warps=8, num_stages=3, maxnreg=128),
     "bwd_dv": dict(num_warps=8, num_stages=None),  # with BWD_DV_SEPARATE; 4 warps within 0.2% (23:53)
     # 2 warps -43.5 / -40.5% vs 8 (sweep 19:35), 1 stage -7.9 / -6.7% vs 2 (19:46);
@@ -137,31 +114,14 @@ LAUNCH = {
 }
 # On the sub-chunk path (steep chunks; every chunk without ``WHOLE_CHUNK``) the backward of dq, dk
 # and the gate runs one program per 16-row sub-chunk (``_bwd_sub_kernel``) plus a reverse-cumsum
-# pass (``_rev_cumsum_kernel``); the notes down to ``INTRA_A_INPUT_DTYPE_DOTS`` are about that path,
-# from before the whole-chunk kernels. Removed after H200 sweeps (2026-11-30, ms per
-# fwd+bwd step at 2k / 32k): a one-program-per-chunk intra backward (+13..21% in three sweeps); the
-# sub-chunk kernel launched once per sub-chunk position (+1.1%, 16:49); the split pair this kernel
-# fuses, ``_bwd_inter_kernel`` per chunk writing float32 partials of dq, dk, dg (1.5 KB per token
-# and head at K=128) and the score gradients dA for a per-sub-chunk intra kernel to read back:
-# 8.35 / 9.43 vs the fused 7.70 / 8.82 (19:59), with 1.75 KB per token and head more transient
-# memory (float32 dA [64] and three [K=128] partials; 3.5 KB of traffic written and read back).
-# (At 8 warps the fused kernel took twice the split pair's time, 19:35: each program re-reads
-# [64, 64] tiles of h and dh for dots of 16 rows; 2 warps and 1 stage suit it.)
-# Its V loops at block 32 instead of 64 (half the h/dh tiles; sm_90 AOT spills 840 -> 288 B at
-# 2 warps): +14.6 / +12.8% at 1 stage; at 3 stages 7.22 / 8.26 ms against 7.26 / 8.38 for today's
-# kernel, but from a second sweep process (sweep 23:42, ``kernel_launch_sweep_gla_bv.md``): not
-# adopted. (Those spill figures came from compiles without the pointer-alignment hint; with it,
-# as on the GPU, today's kernel spills 80 B.)
-# Also removed after losing (sweep 2026-12-01 02:52, H200, ms per fwd+bwd step at 2k / 32k against
-# 7.31 / 8.42): ``BWD_DA_KEPT`` (each chunk's score gradients dA = scale do v^T stored float32 by
-# ``_bwd_dv_kernel`` for this kernel to read instead of recomputing 3 [16, 16] blocks per program)
-# 7.37 / 8.53 (+0.9 / +1.3%); ``FWD_H_CUMSUM`` (the forward's gate cumsum formed inside the state
-# walk instead of by ``_cumsum_kernel``) 7.90 / 9.72 (+8.2 / +15.5%).
-# Tried again in today's walk (over all of V, one program per key slice at 8 warps, where it runs
-# in one segment: 512-8k), with the span as an atomic maximum over the key slices: +21..+26% per
-# step (H200 2026-12-02 10:49, ``train_ab.py``, docs/benchmarks/train_ab_1202_fwd_h_cumsum.md; the
-# compiled walk then holds 117 shuffle and 26 barrier instructions; code in 3b56303): a scan folded into
-# a sequential walk costs more than the parallel, memory-bound pass it replaces.
+# pass (``_rev_cumsum_kernel``): against the split pair it fuses (float32 partials and score
+# gradients through memory) 7.70 / 8.82 vs 8.35 / 9.43 ms per fwd+bwd step at 2k / 32k (H200
+# 2026-11-30 19:59, docs/benchmarks/kernel_launch_sweep_gla_final.md).
+# history: docs/benchmarks/kernel_decisions/gla.md#sub-chunk-backward
+# The forward's gate cumsum is a pass of its own (``_cumsum_kernel``): formed inside the state walk
+# (``FWD_H_CUMSUM``, removed) it lost +21..+26% per step (H200 2026-12-02 10:49,
+# docs/benchmarks/train_ab_1202_fwd_h_cumsum.md).
+# history: docs/benchmarks/kernel_decisions/gla.md#bwd_da_kept-and-fwd_h_cumsum
 # ``benchmarks/kernel_launch_sweep.py`` keeps timing the other value of every name in ``SWITCHES``.
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment: the backward recomputes what the switches
 # below keep from the forward.
@@ -171,33 +131,10 @@ LOW_MEMORY = low_memory_from_env()
 # at 64k tokens). Sweep 2026-11-30 16:49 (H200): fwd+bwd -4.6 / -9.0% (2k / 32k). Off under
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1.
 KEEP_H = not LOW_MEMORY
-# Also lost (sweeps 2026-12-01 14:18 / 14:21, H200, ms per fwd+bwd step at 2k / 32k;
-# docs/benchmarks/kernel_launch_sweep_1201_gla_per_chunk.md): this kernel and the reverse cumsum
-# replaced by one program per chunk and key slice (``_bwd_chunk_kernel``, commit a54d6c0): the state
-# parts and the chunk's dA = do v^T from one value loop, the intra-chunk parts as full [64, 64] dots
-# per sub-chunk with the rows of that sub-chunk kept (factors X = k exp(G_m(s) - G), Y = q exp(G -
-# G_n(s)) and per-sub-chunk vectors, so 4 full-tile exps), the exact diagonal path one key row at a
-# time, the gate's reverse cumsum in registers. Against 7.21 / 8.35 for this pair: 10.87 / 12.04 at
-# 8 warps, key slice 32; 8.12 / 9.24 at 4 warps; key slice 64 8.56 / 9.72; 2 warps 8.58 / 9.71.
-# sm_90 AOT: 255 registers at every key slice (16-64), value block (32, 64) and warp count (4, 8),
-# 1-2 programs per SM: each program a serial chain of ~14 small dots, latency-bound. (The first
-# form checked each diagonal block's span once per key row, in every program: 21.0 / 22.3.)
-# Key slice of ``_bwd_sub_kernel``: 64 (two programs per sub-chunk) or 128 (one: the dA blocks and
-# the do, v rows behind them once instead of twice, [16, 128] float32 tiles). At the kernel's
-# launch (2 warps, 1 stage) 128 measured +18.7 / +16.0% at 2k / 32k (sweep 19:59); at 8 warps it
-# had been -27 / -25% (19:35), when that launch was twice as slow as today's.
-# Key slice 32 or 16 (four / eight programs per sub-chunk, each re-deriving the sub-chunk's score
-# gradients from do, v): +19.2 / +66.5% at 2k, +16.5 / +58.1% at 32k (H200 2026-12-01 17:59; at slice
-# 32, 4 warps +17.7 / +15.6%, 2 stages +24.5 / +21.0%). Also lost that day (``benchmarks/train_ab.py``, per fwd+bwd
-# step at 2k / 32k): the kernel on transposed tiles ([BK, 16] instead of [16, BK], so that its dots
-# have 64 rows for 4 warps or one sm_90 warp-group MMA; 234 registers at 4 warps, no fewer) +5.3 /
-# +4.6% at its best launch (4 warps, 3 stages; 8 warps +72 / +63%); the four sub-chunks of a chunk
-# in one program one after another (their h, dh and do, v from L1 instead of L2) +12.4 / +11.6%
-# at 2 warps, 1 stage (4 warps or 2 stages worse). Both ways of fewer, longer programs and of more,
-# smaller ones lose against one program per sub-chunk and 64-key slice. Written and not timed: the
-# kernel in two phases (the dq side finished and stored before the dk side, fewer float32 tiles
-# live at once): sm_90 compiles gave 255 registers at 2 warps (40 B of spills against 80), 227 at
-# 4 (220), so no more programs per SM, and more spills than today's under a cap of 200 or 168.
+# ``_bwd_sub_kernel``'s key slice: 64, two programs per sub-chunk at K = 128; 128 (one) measured
+# +18.7 / +16.0% per fwd+bwd step at 2k / 32k at the kernel's launch (H200 sweep 2026-11-30 19:59,
+# docs/benchmarks/kernel_launch_sweep_gla_final.md). Other shapes of the kernel lost too.
+# history: docs/benchmarks/kernel_decisions/gla.md#bwd_sub_bk (other shapes: #sub-chunk-backward-per-chunk)
 BWD_SUB_BK = 64
 # ``_intra_a_kernel``'s dots on operands in the activations' dtype (bf16 tensor-core dots; the
 # exponent factors are <= 1 off the diagonal and <= exp(SPAN_MAX) on it, in bf16's range but not
@@ -217,49 +154,25 @@ INTRA_A_INPUT_DTYPE_DOTS = True
 # short when few are steep). Off: every chunk takes the sub-chunk kernels, as before this switch.
 SPAN_MAX_CHUNK = 60.0
 WHOLE_CHUNK = True
-# key slices of _bwd_chunk_kernel (128: one program per chunk, +151% at 4 warps, -12% at 8) and of
-# _fwd_o_kernel's loop (32: 0.84-0.86 vs 0.78 ms); H200 21:31-21:37, docs/benchmarks/gla_whole_chunk.md.
-# _bwd_chunk_kernel at 32 hit an illegal memory access on the H200 at 21:34 (with dv in the same
-# kernel; not understood); with dv separate it runs, and loses: +5.8 / +5.3% per fwd+bwd step at
-# 2k / 32k synced (H200 2026-12-02 00:53, ``train_ab.py``).
-# _bwd_chunk_kernel at key slice 32 in its launch (8 warps, 3 stages, 128 registers: 24 B of spills
-# against 368 at 64, four programs per chunk each forming dA = do v^T): +6.2 / +6.8 / +5.2 / +4.5% per
-# fwd+bwd step at 2k / 8k / 16k / 32k synced (2 stages +7.8 / +7.0 / +7.5 / +5.6%) (H200 2026-12-02
-# 04:02, ``train_ab.py``, docs/benchmarks/train_ab_1202_walks.md).
-# _fwd_o_kernel at V block 64 (two programs per chunk, each forming the chunk's scores; at 8 warps
-# capped to 128 registers 125 without spills, 2 programs per SM): +4.3 / +5.2 / +4.4 / +3.7% per
-# fwd+bwd step at 2k / 8k / 16k / 32k synced (2 stages +7.4..+9.0%; at its 4 warps +8.2..+9.3%)
-# against one program over V block 128 (H200 2026-12-02 04:07, docs/benchmarks/train_ab_1202_walks.md).
+# Key slices of ``_bwd_chunk_kernel`` (64: two programs per chunk at K = 128) and of ``_fwd_o_kernel``'s
+# loop. ``_bwd_chunk_kernel`` at 32 in its launch: +6.2 / +6.8 / +5.2 / +4.5% per fwd+bwd step at
+# 2k / 8k / 16k / 32k synced (H200 2026-12-02 04:02, docs/benchmarks/train_ab_1202_walks.md);
+# ``_fwd_o_kernel`` at 32: 0.84-0.86 vs 0.78 ms (H200 2026-12-01 21:31-21:37, docs/benchmarks/gla_whole_chunk.md).
+# history: docs/benchmarks/kernel_decisions/gla.md#bwd_chunk_bk-and-fwd_o_bk
 BWD_CHUNK_BK = 64
 FWD_O_BK = 64
-# Also lost (H200 2026-12-02 02:52 / 02:55, ``train_ab.py``, docs/benchmarks/train_ab_1202_bwd_chunk.md;
-# the switch is gone since): _bwd_chunk_kernel's epilogue rows (q, k and the gate's cumsum of its key
-# slice) loaded before its value loop instead of after it (``BWD_CHUNK_PREFETCH``, 360 B of spills
-# at the cap): +3.3 / +2.5% per step at 2k / 32k at 2 stages, +5.2 / +5.7% at 3. And its reverse
-# cumsum as a dot with a triangular matrix of ones (not timed: sm_90 compiles spilled 1.2 KB at the
-# cap, tf32 or tf32x3 alike, against 368 B). And one program per chunk taking its two key slices one
-# after another, forming dA = scale do v^T once instead of in each slice's program
-# (``BWD_CHUNK_SERIAL_SLICES``, commit 2f4aafc; 544 B of spills at the cap, 2 programs per SM):
-# +25.8 / +21.7% per step at 2k / 32k (H200 2026-12-02 03:21): half the programs, each twice as long
-# a chain, and the SMs' slots, not the dots, are what the kernel is short of.
-# dv from its own kernel (``_bwd_dv_kernel``, one program per chunk and 128 value columns) and
-# ``_bwd_chunk_kernel`` the dq, dk and gate part only (a shorter chain per program: 464 B of spills
-# instead of 568-592 in sm_90 compiles), and
-# keep every chunk's scores A from the forward for that dv (``_fwd_o_kernel`` stores the
-# whole-chunk ones it forms; ``[B, T, H, 64]`` in the activations' dtype: 2 KB per token and layer
-# at 16 heads in bf16) instead of forming A^T again in the backward (in every key slice's program of
-# ``_bwd_chunk_kernel``, or once per chunk in ``_bwd_dv_kernel``). ms per fwd+bwd step at 2k / 32k
-# (H200 2026-12-01 23:53, ``benchmarks/train_ab.py``, docs/benchmarks/gla_whole_chunk.md): both off
-# 5.954 / 6.911; BWD_DV_SEPARATE 5.313 / 6.282 (-10.8 / -9.1%); KEEP_A 5.308 / 6.278 (-10.8 /
-# -9.2%); both 5.068 / 6.053 (-14.9 / -12.4%). Then ``_bwd_dv_kernel`` at 4 warps 5.055 / 6.046
-# (-0.2 / -0.1% more: within the noise, not taken); ``_bwd_chunk_kernel`` at 8 warps 5.212 / 6.197.
+# Removed after losing (H200 2026-12-02): ``_bwd_chunk_kernel``'s ``BWD_CHUNK_PREFETCH`` and
+# ``BWD_CHUNK_SERIAL_SLICES``.
+# history: docs/benchmarks/kernel_decisions/gla.md#bwd_chunk_prefetch-and-bwd_chunk_serial_slices
+# ``BWD_DV_SEPARATE``: dv from its own kernel (``_bwd_dv_kernel``, one program per chunk and 128 value
+# columns), ``_bwd_chunk_kernel`` the dq, dk and gate part only; ``KEEP_A``: every chunk's scores A kept
+# from the forward for that dv (``[B, T, H, 64]`` in the activations' dtype: 2 KB per token and layer
+# at 16 heads in bf16) instead of formed again in the backward. Both: -14.9 / -12.4% per fwd+bwd step
+# at 2k / 32k against neither (H200 2026-12-01 23:53, docs/benchmarks/gla_whole_chunk.md).
 # KEEP_A is off under ARCHSEARCH_LOW_MEMORY_KERNELS=1.
+# history: docs/benchmarks/kernel_decisions/gla.md#bwd_dv_separate-and-keep_a
 BWD_DV_SEPARATE = True
 KEEP_A = not LOW_MEMORY
-# Also lost (H200 21:54, benchmarks/train_ab.py, docs/benchmarks/gla_whole_chunk.md): the chunk's
-# A^T and the state write's dv term of a program's first value block from one pass over the keys
-# (k and G tiles read once, k exp(G_C - G) = (k exp(G_0 - G)) exp(G_C - G_0) without exponentials
-# of its own) instead of two: +1.9 / +1.3% per fwd+bwd step at 2k / 32k (608 B of spills vs 568).
 STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks are steep (not swept)
 # The state walks (``_fwd_h_kernel``, ``_bwd_dh_kernel``) in segments of chunks on a high-priority
 # stream, the per-chunk kernels after them (``_fwd_o_kernel``; ``_bwd_dv_kernel``,
@@ -268,61 +181,36 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 # per SM: long sequences, where each walk program is a chain of T/64 dependent steps at low
 # occupancy (H200 2026-12-02 00:52, ms per fwd+bwd step: the two walks 0.97 + 0.85 at 32k
 # against 0.44 + 0.43 at 2k, the whole step's difference). WALK_SEGMENTS = 1: one launch of each
-# kernel over every chunk. Small gains: H200 2026-12-02 01:01 (``train_ab.py``,
-# docs/benchmarks/train_ab_1202_gla_segments.md), ms per fwd+bwd step synced / queued against one
-# segment: 2 segments -0.5 / -0.8% at 16k, -1.3 / -2.6% at 32k (4: +1.0 / -0.4%, -0.7 / -1.9%; 8:
-# +6.3 / +2.6%, -0.3 / -1.3%); at 2k and 8k forced to 4 segments +5.5 / +4.7%, +3.7 / +3.4%
-# (2k / 8k have 15 / 3.9 walk programs per SM; 16k and 32k 1.9 at V block 64 / 32). The
-# per-chunk kernels fill the SMs (``fwd_o`` and, at the time, ``bwd_chunk`` 2 programs of 255
-# registers per SM), so the walks get few slots beside them. Memory: one [B, H, K, V] float32
-# carry more (every other buffer coexists with the walks' outputs either way: ``dh`` lives until
-# ``_bwd_sub_kernel``); ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment all the same, as for
-# delta. Also lost (H200 2026-12-02 01:13,
-# docs/benchmarks/gla_walks_1202.md): the walks on operands decayed beforehand (``_cumsum_kernel``
-# writing ``k exp(G_C - G)``, ``_fwd_o_kernel`` keeping ``scale q exp(G)``, so that a walk step reads
-# one row of ``gc`` instead of 64): +7.3 / +6.0 / +0.9% per step at 2k / 16k / 32k synced. L2 serves
-# the walk programs' repeated reads of k and ``gc``; the extra traffic only costs.
-# With the walks over all of V (``WALK_FULL_V``: 1.9 / 1.0 / 0.5 walk programs per SM at 8k / 16k / 32k)
-# the best segment count follows the programs per SM (H200 2026-12-02 04:02, ``train_ab.py``, ms per
-# fwd+bwd step synced against 2 segments, docs/benchmarks/train_ab_1202_walks.md): 1 segment -1.5 /
-# +2.6 / +8.0%, 4 segments +2.2 / +1.2 / -4.1% (at the walks' 3 stages, 04:07: 2 instead of 4 at 32k
-# +2.7%; a spread of 4, 2 segments at 8k and 4 at 16k, +1.2 / +0.7%). Hence about ``WALK_SEGMENT_SPREAD`` / (programs per
-# SM) segments, at most ``WALK_SEGMENTS``, and none below ``WALK_OVERLAP_BELOW_PER_SM``.
+# kernel over every chunk. Memory: one [B, H, K, V] float32 carry more (every other buffer coexists
+# with the walks' outputs either way: ``dh`` lives until ``_bwd_sub_kernel``);
+# ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment all the same, as for delta. About
+# ``WALK_SEGMENT_SPREAD`` / (programs per SM) segments, at most ``WALK_SEGMENTS``, and none below
+# ``WALK_OVERLAP_BELOW_PER_SM``: with the walks over all of V, 1 segment at 8k -1.5% and 4 at 32k
+# -4.1% per fwd+bwd step synced against 2 (H200 2026-12-02 04:02, docs/benchmarks/train_ab_1202_walks.md).
+# history: docs/benchmarks/kernel_decisions/gla.md#walk_segments
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 WALK_SEGMENT_SPREAD = 2.0
-# Lost (H200 2026-12-02 11:04 / 11:09, ``train_ab.py``, docs/benchmarks/train_ab_1202_cumsum_segments.md;
-# code in 6a0930d / 68cd9d2): ``_cumsum_kernel`` launched per walk segment as ``overlap.run``'s
-# "before" (the first walk segment waiting for its own chunks' cumsum only): -1.3 / -1.7% per step
-# queued at 32k, +2.3 / +2.2% synced, nothing at 16k; with each walk launched right after its
-# "before" (``overlap.run`` interleaved) -1.3% queued, +0.5% synced; for the delta rules the
-# interleaved launches changed nothing queued and cost delta_rule +2.2 / +4.0% synced at 16k / 32k.
-# Lost (H200 2026-12-02 08:46, train_ab_1202_switches.md): the last segment (chunk order) cut to 1/8
-# or 1/16 of the chunks so that the forward's tail of output kernels and the backward's lone first
-# walk segment shrink: 16k -0.6 / +0.9%, 32k -1.3 / -1.1% (synced / queued) at 1/8, 16k +2.3% at 1/16.
 # Each walk program forms its chunk's decayed keys ``k exp(G_C - G)`` ([64, BK] with an exponential
 # per element) before its dot, and every V block's program of one key slice forms the same ones.
 # Over all of V at once (V block 128, 8 warps) they are formed once per key slice: fewer programs
 # (64 at 32k, half a program per SM), each with the state [64, 128] float32 over 256 threads.
 # Off: ``tiles.walk_bv``'s rule (V block 64, 32 below one program per SM).
+# On: -1.9 / -3.6% per fwd+bwd step at 2k / 32k synced against V block 64 / 32 at 4 warps (H200
+# 2026-12-02 03:54, docs/benchmarks/train_ab_1202_walks.md; its launch: ``LAUNCH["walk_bv128"]``).
 WALK_FULL_V = True
-# Lost (H200 2026-12-02 10:39, ``train_ab.py``, docs/benchmarks/train_ab_1202_walk_bk.md): the walks
-# at key slice 32 where key slice 64 gives fewer than one program per SM (16k, 32k: twice the
-# programs, each step's dot and exponentials halved), +1.7 / +1.3% per fwd+bwd step synced, +3.5 /
-# +4.2% queued at 16k / 32k (8 warps, no spills; 4 warps worse): the long walks are not held back by
-# their steps' dots, and twice the programs re-read v beside the per-chunk kernels (code in 9164c2e).
+# The walks' key slice stays 64 (``_walk_blocks``): 32 where 64 gives fewer than one program per SM
+# lost, +1.7 / +1.3% per fwd+bwd step synced at 16k / 32k (H200 2026-12-02 10:39,
+# docs/benchmarks/train_ab_1202_walk_bk.md).
+# history: docs/benchmarks/kernel_decisions/gla.md#walk-key-slice
 # ``_bwd_chunk_kernel``'s gate: the reverse cumsum's chunk total and the chunk-wide term
 # ``sum_{j<last} k_j dk_j`` (the state write's part of dk) in one column sum, that of ``q.dq - k.dk``
 # without the state write's part, before it is taken out of the rows (which is also what the two sums
 # added up to: the ``+x - x`` of those terms is gone), instead of two column sums of [BT, BK] tiles,
-# each across the warps. -3.0 / -2.7 / -3.5 / -2.0% per step synced at 2k / 8k / 16k / 32k, -3.2 /
-# -3.2 / -3.0 / -3.1% queued (H200 2026-12-02 08:25, ``train_ab.py --families gla``; spills 216 ->
-# 168 B, 2608 -> 2432 instructions on the GPU host's Triton 3.6; off again at 08:46: +3.4 / +2.6 /
-# +3.2 / +3.0% synced). Lost at 08:25: the reverse cumsum as a product with the triangular ones
-# (tf32x3; +60..64%, 688 B of spills; docs/benchmarks/train_ab_1202_switches.md).
+# each across the warps. -3.0 / -2.7 / -3.5 / -2.0% per step synced at 2k / 8k / 16k / 32k (H200
+# 2026-12-02 08:25, ``train_ab.py --families gla``, docs/benchmarks/train_ab_1202_switches.md).
+# history: docs/benchmarks/kernel_decisions/gla.md#bwd_chunk_one_total
 BWD_CHUNK_ONE_TOTAL = True
-# Lost (08:46, same tool): the diagonal score gradients ``dA_tt = scale do_t . v_t`` as row sums of
-# the value loop's loaded rows instead of picked out of ``dA``: +10.5..11.4% per step (344 B of spills).
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
@@ -781,10 +669,8 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
         # the moved part (every row but the chunk's last) masked where used, not kept as a tile of
         # its own beside dk: 232 B of spills instead of 256 on the GPU host's Triton 3.6 (sm_90, 8
         # warps, 128 registers); -1.8 / -0.5 / -1.0% per fwd+bwd step at 2k / 8k / 32k synced, -1.3 /
-        # -0.9 / -1.1% queued (H200 2026-12-02 05:44, docs/benchmarks/train_ab_1202_epilogue.md). Lost
-        # there: the reverse cumsum below as one ``tl.cumsum(reverse=True)`` (232 B, but 229 shuffles
-        # instead of 95: -0.1 / +1.1 / +0.7%), q and k kept in bf16 (-1.0 / +0.2 / +0.3%), that
-        # reverse cumsum with this mask (-0.6 / -0.2 / 0.0%)
+        # -0.9 / -1.1% queued (H200 2026-12-02 05:44, docs/benchmarks/train_ab_1202_epilogue.md).
+        # history: docs/benchmarks/kernel_decisions/gla.md#bwd_chunk-epilogue
         m_moved = ((r0 + o_i) < last)[:, None]
         if ONE_TOTAL:
             # the chunk-wide total sum_t (q.dq - k.dk_intra)_t in one column sum (BWD_CHUNK_ONE_TOTAL)
