@@ -299,16 +299,13 @@ class GraphDecoder:
             x = model.embed(self.token[:, None])  # [B, 1, d_model]
             hn = None  # norm1 of x, where the fused layer before computed it
         for i, layer in enumerate(model.layers):
-            # the next fused layer's input projection, for this one's last GEMM to prefetch
-            next_in_proj = model.layers[i + 1].mixer.in_proj.weight if i + 1 in self.fused_layers else None
             if i in self.fused_layers and i in self.caches:
                 x, hn = decode_layer.attention_step(layer, x, hn, self.caches[i].attend, self.pos,
-                                                    self.next_norms[i], hand_on=i + 1 in self.fused_layers,
-                                                    next_in_proj=next_in_proj)
+                                                    self.next_norms[i], hand_on=i + 1 in self.fused_layers)
                 continue
             if i in self.fused_layers:
                 x, hn, new = decode_layer.step(layer, x, hn, self.states[i], self.next_norms[i],
-                                               hand_on=i + 1 in self.fused_layers, next_in_proj=next_in_proj)
+                                               hand_on=i + 1 in self.fused_layers)
                 self._keep_state(i, layer, new)
                 continue
             if i not in self.caches:

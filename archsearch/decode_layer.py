@@ -104,7 +104,7 @@ def embed(embed, tokens: torch.Tensor, norm1) -> tuple[torch.Tensor, torch.Tenso
     return x[:, None], hn[:, None]
 
 
-def step(layer, x: torch.Tensor, hn, state: dict, next_norm=None, hand_on: bool = False, next_in_proj=None):
+def step(layer, x: torch.Tensor, hn, state: dict, next_norm=None, hand_on: bool = False):
     """One decode step of ``layer`` (``applies`` said yes): ``x: [B, 1, D]`` the residual stream,
     ``hn`` its ``norm1`` (``[B, 1, D]``, or ``skinny.NormedRows`` ``[B, D]``, from the previous fused
     layer) or None, ``state`` the mixer's decode state, ``next_norm`` an RMSNorm (``is_rmsnorm``)
@@ -115,40 +115,29 @@ def step(layer, x: torch.Tensor, hn, state: dict, next_norm=None, hand_on: bool 
 
     With ``skinny.RESIDUAL_EPILOGUE`` o_proj and w2 are ``skinny.residual_linear`` (the residual
     add and the next norm in the GEMM), except a w2 whose norm is wanted as a tensor (the model's
-    final norm, before the head): ``partials`` + ``add_norm`` there.
-
-    ``next_in_proj``: the next fused layer's input-projection weight (or None): with
-    ``skinny.PREFETCH_NEXT`` every kernel of the step pulls the first K tiles of the next one's
-    weight into L2 as its programs finish, the last GEMM this one's; with ``skinny.PREFETCH_STATE``
-    the input projection pulls in the mixer's state."""
-    from blocks.kernels import skinny
-
-    proj = _in_proj(layer, x, hn, skinny.state_reads(state["S"]) if "S" in state else None)
-    o_proj = "o_proj" if skinny.RESIDUAL_EPILOGUE else "o_proj_partials"
-    fused = layer.mixer.fused_decode(x, proj, state, skinny.weight_reads(layer.mixer.o_proj.weight, o_proj))
+    final norm, before the head): ``partials`` + ``add_norm`` there."""
+    proj = _in_proj(layer, x, hn)
+    fused = layer.mixer.fused_decode(x, proj, state)
     if fused is None:  # the mixer was switched off after the plan: the layer's own path, still correct
         out, new_state = layer(x, state)
         return out, None if next_norm is None else next_norm(out), new_state
     o, new_state = fused  # [B, 1, H*V]
-    return *_after_mixer(layer, x, o, next_norm, hand_on, next_in_proj), new_state
+    return *_after_mixer(layer, x, o, next_norm, hand_on), new_state
 
 
-def attention_step(layer, x: torch.Tensor, hn, attend, pos: torch.Tensor, next_norm=None, hand_on: bool = False,
-                   next_in_proj=None):
+def attention_step(layer, x: torch.Tensor, hn, attend, pos: torch.Tensor, next_norm=None, hand_on: bool = False):
     """One decode step of a softmax ``layer`` (``attention_applies`` said yes) as ``step`` runs a
     linear one, the attention between the projections by ``attend(proj, pos) -> o [B, 1, H*D]``
     (the decoder's static KV cache: rotary, cache write, SDPA, output gate; ``proj`` the input
     projection's columns by name, ``[B, 1, width]`` views) -> ``(x_out [B, 1, D], next_norm(x_out))``
-    as ``step`` returns them (the cache is the state, written by ``attend``); ``next_in_proj`` as
-    there (the attention kernel prefetches nothing)."""
+    as ``step`` returns them (the cache is the state, written by ``attend``)."""
     o = attend(_in_proj(layer, x, hn), pos)
-    return _after_mixer(layer, x, o.reshape(x.shape[0], 1, -1), next_norm, hand_on, next_in_proj)
+    return _after_mixer(layer, x, o.reshape(x.shape[0], 1, -1), next_norm, hand_on)
 
 
-def _in_proj(layer, x: torch.Tensor, hn, prefetch=None) -> dict[str, torch.Tensor]:
+def _in_proj(layer, x: torch.Tensor, hn) -> dict[str, torch.Tensor]:
     """``norm1(x)`` (``hn``, or computed here) through the mixer's input projection as one skinny GEMM
-    (``prefetch``: what its programs pull into L2 for the next kernel) -> its columns by name,
-    ``[B, 1, width]`` views."""
+    -> its columns by name, ``[B, 1, width]`` views."""
     from blocks.kernels import skinny
 
     B, _, D = x.shape
@@ -157,34 +146,29 @@ def _in_proj(layer, x: torch.Tensor, hn, prefetch=None) -> dict[str, torch.Tenso
     elif not isinstance(hn, skinny.NormedRows):
         hn = hn.view(B, D)
     in_proj = layer.mixer.in_proj
-    proj_all = skinny.linear(hn, in_proj.weight, "in_proj", prefetch)  # [B, sum(widths)]
+    proj_all = skinny.linear(hn, in_proj.weight, "in_proj")  # [B, sum(widths)]
     return dict(zip(in_proj.names, proj_all.view(B, 1, -1).split(in_proj.widths, dim=-1)))
 
 
-def _after_mixer(layer, x: torch.Tensor, o: torch.Tensor, next_norm, hand_on: bool, next_in_proj=None):
+def _after_mixer(layer, x: torch.Tensor, o: torch.Tensor, next_norm, hand_on: bool):
     """The layer after its mixer's output ``o: [B, 1, H*V]``: o_proj with the residual add and norm2,
     the SwiGLU MLP, w2 with the residual add and the next norm -> ``(x_out, next_norm(x_out))`` as
-    ``step`` returns them; each GEMM prefetches the next one's first weight tiles
-    (``skinny.weight_reads``), w2 those of ``next_in_proj`` (if given)."""
+    ``step`` returns them."""
     from blocks.kernels import skinny
 
     B, _, D = x.shape
     x2 = x.view(B, D)
     mixer = layer.mixer
     gamma, eps = (None, 0.0) if next_norm is None else (next_norm.weight, _eps(next_norm))
-    w13, w2 = layer.mlp.w13.weight, layer.mlp.w2.weight
-    after_w2 = skinny.weight_reads(next_in_proj, "in_proj") if next_in_proj is not None else None
-    w2_fused = skinny.RESIDUAL_EPILOGUE and (hand_on or next_norm is None)
     if skinny.RESIDUAL_EPILOGUE:
         h, hn2 = skinny.residual_linear(o.view(B, -1), mixer.o_proj.weight, x2, layer.norm2.weight,
-                                        _eps(layer.norm2), "o_proj", skinny.weight_reads(w13, "swiglu"))
+                                        _eps(layer.norm2), "o_proj")
     else:
-        h, hn2 = skinny.add_norm(skinny.partials(o.view(B, -1), mixer.o_proj.weight, "o_proj_partials",
-                                                 skinny.weight_reads(w13, "swiglu")),
-                                 x2, layer.norm2.weight, _eps(layer.norm2))
-    a = skinny.swiglu(hn2, w13, prefetch=skinny.weight_reads(w2, "w2" if w2_fused else "w2_partials"))  # [B, hidden]
-    if w2_fused:
-        out, hn_next = skinny.residual_linear(a, w2, h, gamma, eps, "w2", after_w2)
+        h, hn2 = skinny.add_norm(skinny.partials(o.view(B, -1), mixer.o_proj.weight, "o_proj_partials"), x2,
+                                 layer.norm2.weight, _eps(layer.norm2))
+    a = skinny.swiglu(hn2, layer.mlp.w13.weight)  # [B, hidden]
+    if skinny.RESIDUAL_EPILOGUE and (hand_on or next_norm is None):
+        out, hn_next = skinny.residual_linear(a, layer.mlp.w2.weight, h, gamma, eps, "w2")
         return out.view(B, 1, D), hn_next
-    out, hn_next = skinny.add_norm(skinny.partials(a, w2, "w2_partials", after_w2), h, gamma, eps)
+    out, hn_next = skinny.add_norm(skinny.partials(a, layer.mlp.w2.weight, "w2_partials"), h, gamma, eps)
     return out.view(B, 1, D), None if hn_next is None else hn_next.view(B, 1, D)

@@ -70,9 +70,6 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
                  scale_log2="fp32")
     types.update(T="i32", NT="i32", B="i32", C0="i32", C1="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
                  **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "sg_h", "H", "C")},
-                 # a skinny.Prefetch target (the decode mixer's: the o_proj weight)
-                 pf=f"*{act}", **{n: "i32" for n in ("pf_rows", "pf_row_bytes", "pf_row_len", "pf_split_bytes",
-                                                      "pf_cols")},
                  **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
     return types
 
@@ -181,8 +178,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         for nc in (1, 4):  # the whole state at once, and in four slices of value columns (decode_mixer.CHUNKS)
             yield (f"decode_mixer{'' if nc == 1 else f'_chunks{nc}'}.{tag}", dm._mixer_kernel,
                    dict(K=K, V=V, BK=BK, BV=BV, NC=nc, W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True,
-                        WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype], PF_RP=0, PF_S=1, PF_LINES=1),
-                   dm.NUM_WARPS, 1, None)
+                        WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1, None)
     # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)
     for tag, G in (("mha", 1), ("gqa4", 4)):
         for splits in (1, 4):

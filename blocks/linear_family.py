@@ -187,17 +187,16 @@ class LinearBlock(Block):
         """The op's ``o: [B, T, H, Vs]`` -> ``[B, T, H, V]``."""
         return o
 
-    def fused_decode(self, x: torch.Tensor, proj: dict[str, torch.Tensor], state: State, prefetch=None):
+    def fused_decode(self, x: torch.Tensor, proj: dict[str, torch.Tensor], state: State):
         """One decode step (``x: [B, 1, d_model]`` continuing ``state``) between the projections as
         one kernel on CUDA (``blocks.kernels.decode_mixer``, for the families it says it serves and
         while it is switched on): ``(o: [B, 1, H*V]`` for ``o_proj``, ``new_state)``, or None to
-        take the block's own path. ``prefetch``: the next kernel's first reads for the kernel to pull
-        into L2 (``blocks.kernels.skinny.Prefetch``), or None."""
+        take the block's own path."""
         # its inputs: the projection and the block's own parameters (conv, gates, norm)
         step = cuda_kernel("mixer", "decode", proj["qkv"], *self.parameters())
         if step is None or not step.applies(self, x):
             return None
-        return step(self, proj, state, prefetch)
+        return step(self, proj, state)
 
     # ----- the shared machinery -----------------------------------------------------------
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 from . import register_kernel
-from .skinny import Prefetch, prefetch_args, prefetch_next
 from .step import state_buffers
 from .tiles import INTERPRET as _INTERPRET, pow2
 
@@ -110,11 +109,9 @@ def _l2norm(x, DTYPE: tl.constexpr):
 @triton.jit
 def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log, dt_bias,
                   s_in, s_out, gate, sg_b, norm_w, eps, o, scale, H, C,
-                  pf, pf_rows, pf_row_bytes, pf_row_len, pf_split_bytes, pf_cols,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NC: tl.constexpr,
                   W: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
-                  OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr,
-                  PF_RP: tl.constexpr, PF_S: tl.constexpr, PF_LINES: tl.constexpr):
+                  OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
     """Grid (B*H,): one head. ``proj: [B, C]`` the q|k|v columns of the input projection (row
     stride ``sp_b``; C = H*(2K+V)); ``cache``/``new_cache: [B, W-1, C]``; ``conv_w: [C, W]``;
     ``DELTA``: the delta rule with L2-normed q, k (else ``S += k v^T``); ``GATED``: Mamba-2's decay.
@@ -122,9 +119,7 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     slices of the projection); ``A_log, dt_bias: [H]``; state ``[B, H, K, V]`` float32; ``gate``:
     the output gate's pre-activation ``[B, H*V]`` (stride ``sg_b``); ``norm_w: [V]``;
     ``o: [B, H*V]``. The value columns go in ``NC`` slices of ``BV // NC`` (``CHUNKS``); with more
-    than one and a norm, each slice's output is stored before the norm and the row re-read.
-    ``pf, pf_*, PF_*``: the next kernel's first reads (``skinny.Prefetch``, the o_proj weight), this
-    program's share pulled into L2 at its end."""
+    than one and a norm, each slice's output is stored before the norm and the row re-read."""
     BC: tl.constexpr = BV // NC
     i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
@@ -177,7 +172,6 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
         m_f = o_f < V
         b_f = tl.load(o + i_b * H * V + i_h * V + o_f, mask=m_f, other=0.).to(tl.float32)
         _finish_row(b_f, o_f, m_f, sum_sq, norm_w, gate, sg_b, o, eps, i_b, i_h, H, V, NORM, OUT_GATE, DTYPE)
-    prefetch_next(pf, i_bh, pf_rows, pf_row_bytes, pf_row_len, pf_split_bytes, pf_cols, PF_RP, PF_S, PF_LINES)
 
 
 @triton.jit
@@ -214,16 +208,14 @@ def _kind(block) -> tuple[bool, str | None] | None:
 
 @register_kernel("mixer", "decode")
 @torch.compiler.disable  # compiled callers break here, as at blocks.kernels.step.fused_step
-def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
-               prefetch: Prefetch | None = None) -> tuple[torch.Tensor, dict]:
+def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
     """The decode step of a ``deltanet`` / ``gated_deltanet`` / ``simple_gla`` block between its
     projections.
 
     ``proj``: the block's ``InputProjection`` output for one position (``[B, 1, width]`` views);
     ``state``: its decode state (``S: [B, H, K, V]`` float32, ``conv: [B, W-1, C]``). Returns
     ``(o: [B, 1, H*V]`` ready for ``o_proj``, ``new_state)``, in place inside
-    ``inplace_decode_state()`` when the state tensors allow it. ``prefetch``: the next kernel's first
-    reads (``skinny.weight_reads`` of ``o_proj``), pulled into L2 by the programs as they finish."""
+    ``inplace_decode_state()`` when the state tensors allow it."""
     H, K, V = block.num_heads, block.head_dim_k, block.head_dim_v
     qkv = _unit_last(proj["qkv"][:, 0])  # [B, C]
     B, C = qkv.shape
@@ -252,7 +244,6 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         qkv, qkv.stride(0), cache, new_cache, conv_w, a, a.stride(0), beta_logit, beta_logit.stride(0),
         block.A_log if decay else s_in, block.dt_bias if decay else s_in, s_in, s_out, gate, gate.stride(0),
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
-        **prefetch_args(prefetch, B * H, s_in),
         K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), W=W, DELTA=delta,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
         DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS)

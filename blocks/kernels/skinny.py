@@ -66,26 +66,17 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Lost (H200, 2026-12-01 12:01-12:03): the weights read by TMA (a host-built descriptor per weight,
 # configurations swept for it, docs/benchmarks/skinny_configs_tma.md): graph 1.394 / 1.445 ->
 # 1.430 / 1.435 ms gated_deltanet x24, 1.383 / 1.386 -> 1.381 / 1.376 simple_gla (no gain).
+# Lost (H200, 2026-12-02 12:12, docs/benchmarks/decode_prefetch_next.md; code in ed3f6fa): the
+# next kernel's first reads (its weights' first K tiles, the mixer's state) prefetched into L2 by
+# the programs of the kernel before as they finish: +0.3..+2.8% per step; the bytes moved between
+# kernels instead of into idle time.
 PDL = True
 PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one prefetch per cache line)
 # ``archsearch.decode_layer``: o_proj and w2 as ``residual_linear`` (the residual add and the next
 # norm in the GEMM's last split, the norm's 1 / rms applied by the next GEMM) instead of
 # ``partials`` + ``add_norm``: 5 kernels per layer instead of 7.
 RESIDUAL_EPILOGUE = True
-# Each program of a decode kernel, once its own reads are issued, pulls a share of what the next
-# kernel reads first into L2 (``Prefetch``; ``prefetch.global.L2``, one per 128-byte line): the
-# first ``PREFETCH_NEXT`` K tiles of every split of the next GEMM's weight rows (the mixer kernel
-# for o_proj, each GEMM for the next), and with ``PREFETCH_STATE`` the input projection the mixer's
-# whole state. Aimed at the tails: a kernel's last programs leave DRAM idle while the next kernel
-# cannot start (its ``gdc_wait``), and the next kernel's first loads then come from L2. Unlike
-# ``PDL_PREFETCH`` (the next kernel's own programs prefetching as they launch, which at 8-32 tiles
-# competed with the kernel before), these are issued by programs that have finished reading.
-# 0 / False: off.
-PREFETCH_NEXT = 0
-PREFETCH_STATE = False
-SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True),
-            "PREFETCH_NEXT": (0, 1, 2, 4, 8), "PREFETCH_STATE": (False, True)}
-_LINE_BYTES = 128  # the L2 line a prefetch pulls in
+SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True)}
 
 
 @triton.jit
@@ -99,41 +90,13 @@ def _prefetch_l2(w, o_n, m_n, swn, k0, k_end, BK: tl.constexpr, TILES: tl.conste
                               dtype=tl.int32, is_pure=False, pack=1)
 
 
-@triton.jit
-def _next_lines(pf, pid, rows, row_bytes, row_len, split_bytes, cols,
-                RP: tl.constexpr, S: tl.constexpr, LINES: tl.constexpr):
-    """Program ``pid``'s share of a ``Prefetch``: ``(addresses, mask)``, ``[RP, LINES]`` byte
-    pointers, one per 128-byte line of the ``cols`` bytes at split ``s`` of row ``r`` (not past the
-    row's ``row_len`` bytes) for the (row, split) pairs ``pid * RP .. pid * RP + RP - 1`` (pair
-    ``r * S + s``)."""
-    o_p = pid * RP + tl.arange(0, RP)
-    r = o_p // S
-    c0 = (o_p % S) * split_bytes
-    o_l = tl.arange(0, LINES) * 128
-    m = (r < rows)[:, None] & (o_l < cols)[None, :] & (c0[:, None] + o_l[None, :] < row_len)
-    p = pf.to(tl.pointer_type(tl.int8)) + (r.to(tl.int64) * row_bytes + c0)[:, None] + o_l[None, :]
-    return p, m
-
-
-@triton.jit
-def prefetch_next(pf, pid, rows, row_bytes, row_len, split_bytes, cols,
-                  RP: tl.constexpr, S: tl.constexpr, LINES: tl.constexpr):
-    """``prefetch.global.L2`` of program ``pid``'s share of a ``Prefetch`` (``RP`` 0: nothing)."""
-    if RP > 0:
-        p, m = _next_lines(pf, pid, rows, row_bytes, row_len, split_bytes, cols, RP, S, LINES)
-        tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l,b", [p, m],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
 @_jit
 def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    ss_in, T_in, N_in, eps_in, res, srm, part, xg, sxg, gamma, ss_out, tickets,
-                   pf, pf_rows, pf_row_bytes, pf_row_len, pf_split_bytes, pf_cols,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, K_PER: tl.constexpr,
                    SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                    LINE: tl.constexpr, ROW_SCALE: tl.constexpr, BT: tl.constexpr, RESIDUAL: tl.constexpr,
-                   SPLITS: tl.constexpr, GAMMA: tl.constexpr,
-                   PF_RP: tl.constexpr, PF_S: tl.constexpr, PF_LINES: tl.constexpr):
+                   SPLITS: tl.constexpr, GAMMA: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
@@ -150,10 +113,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     up, finishes the tile and sets the ticket back to 0 for the next call (one split: no partials,
     no ticket). ``GAMMA``: it also writes ``xg = out * gamma`` (in the activation dtype) and
     ``ss_out[i_n, m]``, the tile's sum of ``out[m]^2`` (float32): the next GEMM's ``ROW_SCALE``
-    operands.
-
-    ``pf, pf_*`` and ``PF_*``: the ``Prefetch`` of the next kernel's first reads, this program's
-    share pulled into L2 after its K loop (``PF_RP`` 0: none)."""
+    operands."""
     i_n = tl.program_id(0)
     i_s = tl.program_id(1)
     o_m = tl.arange(0, BM)
@@ -189,8 +149,6 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
             b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
                            other=0.)
             acc3 += tl.dot(b_x, tl.trans(b_w3), input_precision=DOT_PREC)
-    prefetch_next(pf, i_n + i_s * tl.num_programs(0), pf_rows, pf_row_bytes, pf_row_len, pf_split_bytes, pf_cols,
-                  PF_RP, PF_S, PF_LINES)
     if ROW_SCALE:
         rstd = tl.rsqrt(tl.sum(ss, 0) / N_in + eps_in)
         acc = acc * rstd[:, None]
@@ -298,53 +256,6 @@ class NormedRows(NamedTuple):
         return (self.scaled.float() * rstd[:, None]).to(self.scaled.dtype)
 
 
-class Prefetch(NamedTuple):
-    """What the next kernel reads first, for the kernel before it to pull into L2 (``PREFETCH_NEXT``,
-    ``PREFETCH_STATE``): for every row ``r < rows`` and split ``s < splits``, the ``cols`` bytes
-    starting ``r * row_bytes + s * split_bytes`` bytes into ``base``'s data, not past the row's
-    first ``row_len`` bytes."""
-
-    base: torch.Tensor
-    rows: int
-    row_bytes: int
-    row_len: int
-    splits: int
-    split_bytes: int
-    cols: int
-
-
-def weight_reads(w: torch.Tensor, config: str) -> Prefetch | None:
-    """The first ``PREFETCH_NEXT`` K tiles of every split of every row of ``w [N, K]`` (unit last
-    stride) as the skinny GEMM ``config`` reads it; None when switched off."""
-    if not PREFETCH_NEXT:
-        return None
-    cfg = _config(config, w.dtype)
-    k_per, splits = _split(w.shape[1], cfg)
-    size = w.element_size()
-    return Prefetch(w, w.shape[0], w.stride(0) * size, w.shape[1] * size, splits, k_per * size,
-                    min(PREFETCH_NEXT * cfg[1], k_per) * size)
-
-
-def state_reads(S: torch.Tensor) -> Prefetch | None:
-    """All of a decode state ``S`` (contiguous), one 128-byte line per row; None unless
-    ``PREFETCH_STATE``."""
-    if not PREFETCH_STATE or not S.is_contiguous():
-        return None
-    return Prefetch(S, cdiv(S.numel() * S.element_size(), _LINE_BYTES), _LINE_BYTES, _LINE_BYTES, 1, 0, _LINE_BYTES)
-
-
-def prefetch_args(pf: Prefetch | None, programs: int, dummy: torch.Tensor) -> dict:
-    """A kernel's ``pf, pf_*`` arguments and ``PF_*`` constants for ``pf`` dealt to ``programs``
-    programs (``PF_RP`` 0 without one, and always in Triton's interpreter, which runs no inline PTX;
-    ``dummy``: a pointer for the unused argument)."""
-    if pf is None or _INTERPRET:
-        return dict(pf=dummy, pf_rows=0, pf_row_bytes=0, pf_row_len=0, pf_split_bytes=0, pf_cols=0,
-                    PF_RP=0, PF_S=1, PF_LINES=1)
-    return dict(pf=pf.base, pf_rows=pf.rows, pf_row_bytes=pf.row_bytes, pf_row_len=pf.row_len,
-                pf_split_bytes=pf.split_bytes, pf_cols=pf.cols, PF_RP=pow2(cdiv(pf.rows * pf.splits, programs), 1),
-                PF_S=pf.splits, PF_LINES=pow2(cdiv(pf.cols, _LINE_BYTES), 1))
-
-
 # Split-K tickets of ``residual_linear`` (int32, one per column tile; each call's last split sets
 # its tile's back to 0). One buffer per device serves every call: a kernel touches the tickets only
 # after ``gdc_wait``, so after every kernel before it in the stream has finished. Two streams
@@ -366,12 +277,10 @@ def _tickets(device: torch.device, tiles: int) -> torch.Tensor:
 
 
 def _launch(grid, x, w, out, N, k_per, cfg, so_m, *, half=0, so_s=0, swiglu=False, norm_in: NormedRows | None = None,
-            res=None, part=None, norm_out: NormedRows | None = None, gamma=None, splits=1,
-            prefetch: Prefetch | None = None):
+            res=None, part=None, norm_out: NormedRows | None = None, gamma=None, splits=1):
     """One ``_skinny_kernel`` launch: ``norm_in`` the ``NormedRows`` whose row scale it applies
     (``ROW_SCALE``), ``res`` / ``part`` / ``norm_out`` / ``gamma`` the residual epilogue's operands
-    (``RESIDUAL``, ``GAMMA``), ``prefetch`` the next kernel's first reads. A pointer the launch does
-    not use gets ``out`` (never read)."""
+    (``RESIDUAL``, ``GAMMA``). A pointer the launch does not use gets ``out`` (never read)."""
     BN, BK, _, warps, stages = cfg
 
     def given(t):
@@ -385,7 +294,6 @@ def _launch(grid, x, w, out, N, k_per, cfg, so_m, *, half=0, so_s=0, swiglu=Fals
                          given(part), given(norm_out and norm_out.scaled),
                          norm_out.scaled.stride(0) if norm_out else 0, given(gamma),
                          given(norm_out and norm_out.sumsq), _tickets(x.device, grid[0]) if ticketed else out,
-                         **prefetch_args(prefetch, grid[0] * grid[1], out),
                          BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
                          DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", PREFETCH=PDL_PREFETCH,
                          LINE=128 // x.element_size(), ROW_SCALE=norm_in is not None, BT=pow2(tiles_in, 1),
@@ -414,21 +322,18 @@ def _operand(x: torch.Tensor | NormedRows, w: torch.Tensor, name: str) -> tuple[
     return x, rows
 
 
-def linear(x: torch.Tensor | NormedRows, w: torch.Tensor, config: str = "in_proj",
-           prefetch: Prefetch | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor | NormedRows, w: torch.Tensor, config: str = "in_proj") -> torch.Tensor:
     """``x [M, K] @ w [N, K]^T -> [M, N]`` in ``x``'s dtype (float32 accumulation), one split;
-    ``x`` may be ``NormedRows`` (the product of the normed rows). ``prefetch``: the next kernel's
-    first reads, pulled into L2 (here and in the other GEMMs)."""
+    ``x`` may be ``NormedRows`` (the product of the normed rows)."""
     x, rows = _operand(x, w, "linear")
     cfg = _config(config, x.dtype)
     N = w.shape[0]
     out = x.new_empty(x.shape[0], N)
-    _launch((cdiv(N, cfg[0]), 1), x, w, out, N, x.shape[1], cfg, out.stride(0), norm_in=rows, prefetch=prefetch)
+    _launch((cdiv(N, cfg[0]), 1), x, w, out, N, x.shape[1], cfg, out.stride(0), norm_in=rows)
     return out
 
 
-def partials(x: torch.Tensor, w: torch.Tensor, config: str = "o_proj_partials",
-             prefetch: Prefetch | None = None) -> torch.Tensor:
+def partials(x: torch.Tensor, w: torch.Tensor, config: str = "o_proj_partials") -> torch.Tensor:
     """``x [M, K] @ w [N, K]^T`` as float32 partial sums ``[S, M, N]`` over S slices of K (the
     config's split, fewer when K is short); ``add_norm`` adds them up."""
     _check(x, w, "partials")
@@ -437,7 +342,7 @@ def partials(x: torch.Tensor, w: torch.Tensor, config: str = "o_proj_partials",
     N = w.shape[0]
     k_per, S = _split(K, cfg)
     out = torch.empty(S, M, N, dtype=torch.float32, device=x.device)
-    _launch((cdiv(N, cfg[0]), S), x, w, out, N, k_per, cfg, out.stride(1), so_s=out.stride(0), prefetch=prefetch)
+    _launch((cdiv(N, cfg[0]), S), x, w, out, N, k_per, cfg, out.stride(1), so_s=out.stride(0))
     return out
 
 
@@ -449,8 +354,7 @@ def _split(K: int, cfg) -> tuple[int, int]:
 
 
 def residual_linear(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor | None = None,
-                    eps: float = 1e-6, config: str = "o_proj",
-                    prefetch: Prefetch | None = None) -> tuple[torch.Tensor, NormedRows | None]:
+                    eps: float = 1e-6, config: str = "o_proj") -> tuple[torch.Tensor, NormedRows | None]:
     """``h = residual + x [M, K] @ w [N, K]^T`` (``h`` in ``x``'s dtype) and, with ``gamma``, the
     RMSNorm of ``h`` as ``NormedRows`` for the next ``linear`` / ``swiglu``, in one kernel: the
     config's split-K partials are added up by each column tile's last split (``partials`` +
@@ -471,12 +375,11 @@ def residual_linear(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, ga
     normed = (NormedRows(torch.empty_like(h), torch.empty(tiles, M, dtype=torch.float32, device=x.device), eps)
               if gamma is not None else None)
     _launch((tiles, S), x, w, h, N, k_per, cfg, h.stride(0), res=residual, part=part, norm_out=normed, gamma=gamma,
-            splits=S, prefetch=prefetch)
+            splits=S)
     return h, normed
 
 
-def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor, config: str = "swiglu",
-           prefetch: Prefetch | None = None) -> torch.Tensor:
+def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor, config: str = "swiglu") -> torch.Tensor:
     """``silu(x W1^T) * (x W3^T) -> [M, hidden]`` in ``x``'s dtype, ``w13 = [W1; W3]``
     (``[2 * hidden, K]``, as ``archsearch.model.SwiGLU.w13``); ``x`` may be ``NormedRows``."""
     x, rows = _operand(x, w13, "swiglu")
@@ -486,7 +389,7 @@ def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor, config: str = "swigl
     hidden = w13.shape[0] // 2
     out = x.new_empty(x.shape[0], hidden)
     _launch((cdiv(hidden, cfg[0]), 1), x, w13, out, hidden, x.shape[1], cfg, out.stride(0), half=hidden, swiglu=True,
-            norm_in=rows, prefetch=prefetch)
+            norm_in=rows)
     return out
 
 

@@ -152,7 +152,7 @@ def test_linear_blocks_hand_a_decode_step_to_the_fused_mixer_when_it_applies(nam
     _, state = block(xs)
     calls = []
 
-    def fake_step(blk, proj, st, prefetch=None):
+    def fake_step(blk, proj, st):
         calls.append((blk, set(proj), st))
         return torch.ones(2, 1, 2 * blk.head_dim_v), {"S": st["S"] + 1}
 

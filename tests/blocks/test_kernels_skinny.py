@@ -120,49 +120,6 @@ def test_residual_linear_tickets_choose_the_split_that_finishes_a_tile_in_interp
         tickets.zero_()
 
 
-def _prefetched_offsets(pf, programs: int) -> list[int]:
-    """The byte offsets (into ``pf.base``) of the lines ``programs`` programs prefetch for ``pf``, as
-    ``skinny._next_lines`` forms them (run in the interpreter by a probe kernel that stores them)."""
-    from prefetch_probe import probe
-
-    from blocks.kernels import skinny
-
-    args = skinny.prefetch_args(pf, programs, pf.base)
-    out = torch.full((programs * args["PF_RP"] * args["PF_LINES"],), -2, dtype=torch.int64)
-    probe[(programs,)](pf.base, out, args["pf_rows"], args["pf_row_bytes"], args["pf_row_len"],
-                       args["pf_split_bytes"], args["pf_cols"], RP=args["PF_RP"], S=args["PF_S"],
-                       LINES=args["PF_LINES"])
-    assert (out != -2).all()  # every slot written
-    return out[out >= 0].tolist()
-
-
-@interpreter
-@pytest.mark.parametrize("tiles", [1, 2, 8])
-def test_prefetch_lines_cover_the_next_gemms_first_tiles_in_interpreter(tiles, monkeypatch):
-    """``skinny.weight_reads`` and the kernels' ``_next_lines``: the programs' shares of the
-    ``Prefetch`` pull in each 128-byte line of the first ``PREFETCH_NEXT`` K tiles of every split of
-    every row exactly once, never past a row's end (the last split of w2's K is short here);
-    ``state_reads`` the whole state; both None while switched off."""
-    from blocks.kernels import skinny
-
-    w = torch.zeros(70, 900, dtype=torch.bfloat16)  # w2's config: BK 128, splits of 256 keys, the last 132
-    S = torch.zeros(3, 2, 8, 16)
-    assert skinny.weight_reads(w, "w2") is None and skinny.state_reads(S) is None
-    monkeypatch.setattr(skinny, "_INTERPRET", False)  # prefetch_args' real constants, for the probe
-    monkeypatch.setattr(skinny, "PREFETCH_NEXT", tiles)
-    monkeypatch.setattr(skinny, "PREFETCH_STATE", True)
-    monkeypatch.setitem(skinny.CONFIGS, "w2", (32, 128, 4, 2, 4))
-    pf = skinny.weight_reads(w, "w2")
-    assert (pf.rows, pf.splits, pf.split_bytes, pf.row_len) == (70, 4, 512, 1800)
-    cols = min(tiles * 128, 256) * 2
-    want = sorted(r * 1800 + s * 512 + c for r in range(70) for s in range(4) for c in range(0, cols, 128)
-                  if s * 512 + c < 1800)
-    for programs in (7, 64, 300):  # fewer programs than (row, split) pairs, and more
-        assert sorted(_prefetched_offsets(pf, programs)) == want
-    whole = skinny.state_reads(S)
-    assert sorted(_prefetched_offsets(whole, 5)) == list(range(0, S.numel() * 4, 128))
-
-
 @interpreter
 def test_embed_norm_in_interpreter():
     """``skinny.embed_norm``: the rows of the tokens (repeated, first and last of the vocabulary)
@@ -258,8 +215,7 @@ def test_decode_layer_step_in_interpreter(block, config, given_norm, epilogue, m
     reference = copy.deepcopy(layer)  # the block's own path (no mixer kernel)
     mixer = layer.mixer
     # on CPU the block finds no kernel: hand its decode step to the mixer kernel directly
-    monkeypatch.setattr(mixer, "fused_decode",
-                        lambda x, proj, state, prefetch=None: decode_mixer.mixer_step(mixer, proj, state, prefetch))
+    monkeypatch.setattr(mixer, "fused_decode", lambda x, proj, state: decode_mixer.mixer_step(mixer, proj, state))
     next_norm = torch.nn.RMSNorm(32, eps=1e-6)
     with torch.no_grad():
         next_norm.weight.add_(0.1 * torch.randn(32))
@@ -285,47 +241,6 @@ def test_decode_layer_step_in_interpreter(block, config, given_norm, epilogue, m
     assert rel(out4, ref_out4) < 1e-5
     assert set(new) == set(ref_state) and all(rel(new[n], ref_state[n]) < 1e-5 for n in ref_state)
     assert torch.equal(out2, out3) and none is None and all(new2[n] is mine[n] for n in mine)
-
-
-@interpreter
-@pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
-def test_decode_layer_step_hands_each_kernel_the_next_ones_first_reads_in_interpreter(epilogue, monkeypatch):
-    """With ``skinny.PREFETCH_NEXT`` and ``PREFETCH_STATE`` on, ``decode_layer.step`` hands each
-    kernel what the next one reads first: the input projection the mixer's state, the mixer the
-    o_proj weight, o_proj w13, the SwiGLU w2, w2 the next layer's input projection (nothing
-    without one); the results are those without. (The interpreter runs no prefetch instruction.)"""
-    from blocks.kernels import decode_mixer, skinny
-
-    monkeypatch.setattr(skinny, "RESIDUAL_EPILOGUE", epilogue)
-    layer = _layer("gated_deltanet", {"num_heads": 2})
-    mixer = layer.mixer
-    monkeypatch.setattr(mixer, "fused_decode",
-                        lambda x, proj, state, prefetch=None: decode_mixer.mixer_step(mixer, proj, state, prefetch))
-    seen = []
-
-    def spy(pf, programs, dummy):
-        seen.append(None if pf is None else pf.base)
-        return real(pf, programs, dummy)
-
-    real = skinny.prefetch_args
-    monkeypatch.setattr(skinny, "prefetch_args", spy)
-    monkeypatch.setattr(decode_mixer, "prefetch_args", spy)
-    next_w = torch.randn(40, 32)
-    with torch.no_grad():
-        _, state = copy.deepcopy(layer)(torch.randn(3, 5, 32))
-        x = torch.randn(3, 1, 32)
-        off = decode_layer.step(layer, x, None, state, layer.norm1, hand_on=True, next_in_proj=next_w)
-        assert seen == [None] * 5
-        seen.clear()
-        monkeypatch.setattr(skinny, "PREFETCH_NEXT", 2)
-        monkeypatch.setattr(skinny, "PREFETCH_STATE", True)
-        on = decode_layer.step(layer, x, None, state, layer.norm1, hand_on=True, next_in_proj=next_w)
-        order = [state["S"], mixer.o_proj.weight, layer.mlp.w13.weight, layer.mlp.w2.weight, next_w]
-        assert len(seen) == 5 and all(a is b for a, b in zip(seen, order))
-        seen.clear()
-        decode_layer.step(layer, x, None, state, layer.norm1, hand_on=True)
-        assert seen[-1] is None and all(a is b for a, b in zip(seen[:4], order))
-    assert torch.equal(on[0], off[0]) and all(torch.equal(on[2][n], off[2][n]) for n in off[2])
 
 
 ATTENTION_CONFIGS = [{"num_heads": 2}, {"num_heads": 4, "num_kv_heads": 2, "window": 3, "output_gate": True}]
@@ -391,8 +306,7 @@ def test_decode_attention_step_in_interpreter(config, given_norm, epilogue, kern
     linear.norm1.load_state_dict(next_norm.state_dict())
     mixer = linear.mixer
     from blocks.kernels import decode_mixer
-    monkeypatch.setattr(mixer, "fused_decode",
-                        lambda x, proj, state, prefetch=None: decode_mixer.mixer_step(mixer, proj, state, prefetch))
+    monkeypatch.setattr(mixer, "fused_decode", lambda x, proj, state: decode_mixer.mixer_step(mixer, proj, state))
     with torch.no_grad():
         _, lin_state = linear(torch.randn(B, P, 32))
         ref_out3, _ = linear(ref_x, lin_state)
@@ -538,34 +452,21 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case):
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("compile_mode", [False, True], ids=["graph", "compiled"])
-@pytest.mark.parametrize("pdl, prefetch", [(False, False), (True, False), (True, True)],
-                         ids=["", "pdl", "pdl_prefetch"])
-def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, prefetch, monkeypatch):
+@pytest.mark.parametrize("pdl", [False, True], ids=["", "pdl"])
+def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, monkeypatch):
     """With ``decode_layer.ENABLED`` the layers of a captured decode graph (two linear in a row
     after the fused embedding + norm, a softmax layer handed its norm1 and handing on its next, a
     linear one after it, one last: the final norm fused) run as the skinny kernels and the fused
     mixer (the softmax layer: the skinny GEMMs around the cache's attention), step by step against
     the eager model with both off; with and without the skinny kernels' programmatic dependent
-    launch (``skinny.PDL``), and with each kernel prefetching the next one's first reads
-    (``skinny.PREFETCH_NEXT``, ``PREFETCH_STATE``)."""
+    launch (``skinny.PDL``)."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer, skinny, tiles
 
     monkeypatch.setattr(skinny, "PDL", pdl)
-    monkeypatch.setattr(skinny, "PREFETCH_NEXT", 2 if prefetch else 0)
-    monkeypatch.setattr(skinny, "PREFETCH_STATE", prefetch)
     launches = []
     real_pdl = tiles.pdl_launch  # every launch's PDL arguments, recorded
     monkeypatch.setattr(skinny, "pdl_launch", lambda on, device: launches.append(real_pdl(on, device)) or launches[-1])
-    targets = []
-    real_args = skinny.prefetch_args  # every launch's prefetch target, recorded
-
-    def spy(pf, programs, dummy):
-        targets.append(pf)
-        return real_args(pf, programs, dummy)
-
-    monkeypatch.setattr(skinny, "prefetch_args", spy)
-    monkeypatch.setattr(decode_mixer, "prefetch_args", spy)
 
     model = _tiny_model([("gated_deltanet", {"num_heads": 2}), ("deltanet", {"num_heads": 2}),
                          ("softmax", {"num_heads": 2}), ("simple_gla", {"num_heads": 2}),
@@ -582,11 +483,6 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
     _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)
     # the switch reached the launches: the GEMMs, add_norm and embed_norm
     assert len(launches) > 10 and all(("launch_pdl" in kw) == pdl for kw in launches)
-    # prefetching, per step: the 4 linear layers' in_proj (their states), mixers (o_proj), o_proj
-    # (w13) and SwiGLU (w2), the softmax layer's o_proj and SwiGLU, and every w2 but the last
-    # (the next layer's in_proj): 22 targets
-    given = sum(t is not None for t in targets)
-    assert (given > 0 and given % 22 == 0) if prefetch else given == 0, given
 
 
 @gpu
