@@ -51,13 +51,8 @@ NUM_WARPS = 4
 # compiled fused-layer graphs of 24 layers at batch 16, docs/benchmarks/decode_pdl_sets.md): the
 # simple_gla kernel 10.73 -> 9.62 / 9.46 us at 2 / 4 slices (graph 1.423 -> 1.385 / 1.386 ms); the
 # gated_deltanet kernel 12.18 -> 11.63 / 12.42 us, its graph 1.391 -> 1.498 / 1.487 ms: one slice.
-# Lost on the H200 (2026-12-01 11:47): splitting the value columns over 4 programs per head with the
-# last one finishing the norm (15.1 us; the q, k conv and norms done 4 times, an atomic count), and
-# launching the kernel early with PDL to read the state under the input projection
-# (gated_deltanet x24 1.471 -> 1.560 ms: its programs hold SMs the GEMM needs). Lost (13:29): the
-# kernel's first instruction ``gdc_launch_dependents``, so that o_proj's GEMM (launched with PDL)
-# starts during the mixer and prefetches its weights there: 1.383 -> 1.477 ms gated_deltanet x24,
-# 1.339 -> 1.380 simple_gla (docs/benchmarks/decode_residual_epilogue.md).
+# Lost: the value columns split over 4 programs per head, the kernel launched early with PDL, its
+# first instruction ``gdc_launch_dependents``. history: docs/benchmarks/kernel_decisions/decode_mixer.md#lost
 CHUNKS = 1
 PLAIN_CHUNKS = 4
 SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4)}

@@ -63,13 +63,8 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # 1.488 -> 1.449 and 1.524 -> 1.398 ms in two calls, simple_gla x24 1.497 -> 1.423 and 1.497 -> 1.420.
 # Prefetch depth in one call: 0 / 2 / 8 / 32 tiles 1.516 / 1.446 / 1.638 / 1.635 ms (gated): deeper
 # prefetches compete with the kernel before for bandwidth.
-# Lost (H200, 2026-12-01 12:01-12:03): the weights read by TMA (a host-built descriptor per weight,
-# configurations swept for it, docs/benchmarks/skinny_configs_tma.md): graph 1.394 / 1.445 ->
-# 1.430 / 1.435 ms gated_deltanet x24, 1.383 / 1.386 -> 1.381 / 1.376 simple_gla (no gain).
-# Lost (H200, 2026-12-02 12:12, docs/benchmarks/decode_prefetch_next.md; code in ed3f6fa): the
-# next kernel's first reads (its weights' first K tiles, the mixer's state) prefetched into L2 by
-# the programs of the kernel before as they finish: +0.3..+2.8% per step; the bytes moved between
-# kernels instead of into idle time.
+# Lost: the weights read by TMA; the next kernel's first reads prefetched into L2 by the kernel
+# before as its programs finish. history: docs/benchmarks/kernel_decisions/skinny.md#lost
 PDL = True
 PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one prefetch per cache line)
 # ``archsearch.decode_layer``: o_proj and w2 as ``residual_linear`` (the residual add and the next
