@@ -138,7 +138,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     walks = ((128, "", "walk_bv128"), (32, "_bv32", "walk_bv32"))
     for bv, tag, entry in walks:
         yield (f"gla.fwd_h{tag}", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(bv, BV), USE_H0=True, STORE_HT=True,
-                                                       DOT_PREC=prec), *table(g.LAUNCH, entry, s))
+                                                       DOT_PREC=prec, STORE_LATE=g.WALK_STORE_LATE),
+               *table(g.LAUNCH, entry, s))
     ia_lowp, ia_lowp_diag = g._intra_a_lowp(dtype)
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
                                                   DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX,
@@ -149,7 +150,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                               LOWP=wc_lowp, STORE_A=keep_a), *table(g.LAUNCH, "fwd_o", s))
     for bv, tag, entry in walks:
         yield (f"gla.bwd_dh{tag}", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(bv, BV), USE_DHT=True,
-                                                         STORE_DH0=True, DOT_PREC=prec), *table(g.LAUNCH, entry, s))
+                                                         STORE_DH0=True, DOT_PREC=prec, STORE_LATE=g.WALK_STORE_LATE),
+               *table(g.LAUNCH, entry, s))
     yield ("gla.bwd_chunk", g._bwd_chunk_kernel, dict(C, BK=min(g.BWD_CHUNK_BK, BK), BV=min(64, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
                                                       LOWP=wc_lowp, WITH_DV=not g.BWD_DV_SEPARATE,
                                                       READ_A=keep_a, ONE_TOTAL=g.BWD_CHUNK_ONE_TOTAL),
