@@ -106,15 +106,13 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec),
                *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
-                                                     DOT_PREC=prec, STORE_LATE=d.WALK_STORE_LATE),
-               *table(d.LAUNCH, "fwd_h_bv32", s))
+                                                     DOT_PREC=prec), *table(d.LAUNCH, "fwd_h_bv32", s))
         yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED), *table(d.LAUNCH, "fwd_o", s))
         yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
                                                                    DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED), *table(d.LAUNCH, "bwd_dv_local", s))
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=dh_gated, USE_DHT=True,
-                                                       STORE_DH0=True, DOT_PREC=prec, STORE_LATE=d.WALK_STORE_LATE),
-               *table(d.LAUNCH, "bwd_dh", s))
+                                                       STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(32, BV), USE_G=use_g,
                                                              DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS),
                *table(d.LAUNCH, "bwd_dqkwg_gated" if use_g else "bwd_dqkwg", s))
@@ -140,8 +138,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     walks = ((128, "", "walk_bv128"), (32, "_bv32", "walk_bv32"))
     for bv, tag, entry in walks:
         yield (f"gla.fwd_h{tag}", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(bv, BV), USE_H0=True, STORE_HT=True,
-                                                       DOT_PREC=prec, STORE_LATE=g.WALK_STORE_LATE),
-               *table(g.LAUNCH, entry, s))
+                                                       DOT_PREC=prec), *table(g.LAUNCH, entry, s))
     ia_lowp, ia_lowp_diag = g._intra_a_lowp(dtype)
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
                                                   DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX,
@@ -152,8 +149,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                               LOWP=wc_lowp, STORE_A=keep_a), *table(g.LAUNCH, "fwd_o", s))
     for bv, tag, entry in walks:
         yield (f"gla.bwd_dh{tag}", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(bv, BV), USE_DHT=True,
-                                                         STORE_DH0=True, DOT_PREC=prec, STORE_LATE=g.WALK_STORE_LATE),
-               *table(g.LAUNCH, entry, s))
+                                                         STORE_DH0=True, DOT_PREC=prec), *table(g.LAUNCH, entry, s))
     yield ("gla.bwd_chunk", g._bwd_chunk_kernel, dict(C, BK=min(g.BWD_CHUNK_BK, BK), BV=min(64, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
                                                       LOWP=wc_lowp, WITH_DV=not g.BWD_DV_SEPARATE,
                                                       READ_A=keep_a, ONE_TOTAL=g.BWD_CHUNK_ONE_TOTAL),

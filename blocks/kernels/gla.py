@@ -211,15 +211,10 @@ WALK_FULL_V = True
 # 2026-12-02 08:25, ``train_ab.py --families gla``, docs/benchmarks/train_ab_1202_switches.md).
 # history: docs/benchmarks/kernel_decisions/gla.md#bwd_chunk_one_total
 BWD_CHUNK_ONE_TOTAL = True
-# The walks' per-chunk state store (``h`` / ``dh``, bf16, through a shared-memory layout change)
-# issued after the step's dot instead of before its loads, so that it is not ahead of the chain's
-# next dot. Off: not yet timed on a GPU (the walks at 32k are latency-bound chains, 1.5-1.7 us per
-# step; docs/benchmarks/ncu/ncu_kernels_1202_1220.md).
-WALK_STORE_LATE = False
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "WALK_STORE_LATE": (False, True)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -325,12 +320,9 @@ def _cumsum_kernel(gk, gc, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl
 def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  STORE_LATE: tl.constexpr):
+                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, V/BV, B*H): walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (zero without
-    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``.
-    ``STORE_LATE`` (``WALK_STORE_LATE``): each chunk's state stored after the step's dot is issued,
-    not before its loads."""
+    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -344,10 +336,7 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_t in range(C0, C1):
-        p_h = h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv
-        b_hs = b_h.to(h.dtype.element_ty)
-        if not STORE_LATE:
-            tl.store(p_h, b_hs, mask=m_kv)
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
         b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
@@ -356,8 +345,6 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
         b_h *= tl.exp(g_last)[:, None]
         b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_v.dtype)
         b_h += tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PREC)
-        if STORE_LATE:
-            tl.store(p_h, b_hs, mask=m_kv)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
@@ -503,11 +490,10 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
 def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
-                   STORE_LATE: tl.constexpr):
+                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, V/BV, B*H): reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (zero without
     ``USE_DHT``); ``dh[b, t, h]`` = dLoss/d(state after chunk t); ``dh0``: the gradient of the state
-    before chunk ``C0``. ``STORE_LATE`` as in ``_fwd_h_kernel``."""
+    before chunk ``C0``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -522,10 +508,7 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     for i_r in range(C1 - C0):
         i_t = C1 - 1 - i_r
-        p_dh = dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv
-        b_dhs = b_dh.to(dh.dtype.element_ty)
-        if not STORE_LATE:
-            tl.store(p_dh, b_dhs, mask=m_kv)
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
         b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
@@ -534,8 +517,6 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
         b_dh *= tl.exp(g_last)[:, None]
         b_qd = (b_q * tl.exp(b_g) * scale).to(b_do.dtype)
         b_dh += tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PREC)
-        if STORE_LATE:
-            tl.store(p_dh, b_dhs, mask=m_kv)
     if STORE_DH0:
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
@@ -884,8 +865,7 @@ def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1):
     BK, BV = _walk_blocks(k, B, H, K, V)
     _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H)](
         k, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), STORE_LATE=WALK_STORE_LATE,
-        **_walk_launch(k, BV))
+        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), **_walk_launch(k, BV))
 
 
 def _walk_buffers(k, V, output_final_state):
@@ -1001,8 +981,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
         d_out = dh0 if i == len(segments) - 1 else carry
         _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
             q, do, gc, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
-            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, STORE_LATE=WALK_STORE_LATE,
-            **_walk_launch(q, BVw))
+            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, **_walk_launch(q, BVw))
 
     dv_separate = BWD_DV_SEPARATE
     BKc = min(BWD_CHUNK_BK, _pow2(K))
