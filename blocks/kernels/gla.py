@@ -191,16 +191,6 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 WALK_SEGMENT_SPREAD = 2.0
-# In segments, the first one in walk order (the forward's first chunks, the backward's last) walks
-# alone: nothing else is ready, and at 32k its ~0.5 walk programs per SM leave most SMs idle for a
-# chain of T/64/segments steps (1.5-1.7 us each, ``ncu/ncu_kernels_1202_1220.md``). With
-# ``WALK_FIRST_PARTS`` = n > 1 that segment is walked in n parts side by side, two launches: parts
-# 0 .. n-2 walk from zero (part 0 from the segment's start) to their end states and total log
-# decays; then every part starts from those folded (``exp(sum g) * state + end``) and stores its
-# states. The chain is 2 / n of the segment's, the work (2n - 1) / n of it, on SMs otherwise idle.
-# The states differ from the one-part walk's in rounding only (the decay of a part as one
-# exponential of a float32 sum). 1: one part.
-WALK_FIRST_PARTS = 1
 # Each walk program forms its chunk's decayed keys ``k exp(G_C - G)`` ([64, BK] with an exponential
 # per element) before its dot, and every V block's program of one key slice forms the same ones.
 # Over all of V at once (V block 128, 8 warps) they are formed once per key slice: fewer programs
@@ -224,8 +214,7 @@ BWD_CHUNK_ONE_TOTAL = True
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True),
-            "WALK_FIRST_PARTS": (1, 2, 4, 8)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -328,32 +317,15 @@ def _cumsum_kernel(gk, gc, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl
 
 
 @_jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
-def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1, ends, dsum,
+def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  PARTS: tl.constexpr = 1, ENDS: tl.constexpr = False):
+                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, V/BV, B*H): walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (zero without
-    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``.
-
-    ``PARTS > 1`` (``WALK_FIRST_PARTS``): the chunks in ``PARTS`` parts walked side by side, the
-    grid's last axis ``B*H*(PARTS - 1)`` / ``B*H*PARTS``. ``ENDS`` (first pass): part ``p < PARTS - 1``
-    walks from zero (part 0 from ``h0``) without storing ``h`` and writes its end state
-    ``ends[p, bh]: [K, V]`` float32 and its total log decay ``dsum[p, bh]: [K]``. Second pass: part
-    ``p`` starts from ``ends[0]`` folded with ``exp(dsum[r]) * . + ends[r]`` for ``r = 1 .. p - 1``
-    (the state before its first chunk), stores ``h`` and, the last part, ``ht``."""
+    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
-    c_lo = C0
-    c_hi = C1
-    i_p = 0
-    if PARTS > 1:
-        n_p = PARTS - 1 if ENDS else PARTS
-        i_p = (i_bh % n_p).to(tl.int32)
-        i_bh = i_bh // n_p
-        c_lo = C0 + i_p * (C1 - C0) // PARTS
-        c_hi = C0 + (i_p + 1) * (C1 - C0) // PARTS
     i_b = i_bh // H
     i_h = i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
@@ -361,56 +333,20 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1, ends, dsum,
     m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
     p_kv = o_k[:, None] * V + o_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if PARTS > 1:
-        if i_p == 0:
-            if USE_H0:
-                b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-        elif not ENDS:
-            b_h = _fold_ends(ends, dsum, i_bh, i_p, o_k, p_kv, m_kv, K, V, BK, BV, PARTS - 1)
-    elif USE_H0:
+    if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    b_d = tl.zeros([BK], dtype=tl.float32)
-    for i_t in range(c_lo, c_hi):
-        if not ENDS:
-            tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
+    for i_t in range(C0, C1):
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
         b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_k = _rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_h *= tl.exp(g_last)[:, None]
-        if ENDS:
-            b_d += g_last
         b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_v.dtype)
         b_h += tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PREC)
-    if ENDS:
-        _store_end(ends, dsum, b_h, b_d, i_bh, i_p, i_v, o_k, p_kv, m_kv, K, V, PARTS - 1)
-    elif STORE_HT:
-        if i_p == PARTS - 1:  # always so for one part
-            tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
-
-
-@triton.jit
-def _fold_ends(ends, dsum, i_bh, i_p, o_k, p_kv, m_kv, K: tl.constexpr, V: tl.constexpr,
-               BK: tl.constexpr, BV: tl.constexpr, NE: tl.constexpr):
-    """The state before part ``i_p >= 1`` of a walk in parts, ``[BK, BV]`` float32: ``ends[0]``,
-    then ``exp(dsum[r]) * state + ends[r]`` for ``r = 1 .. i_p - 1`` (``ends: [B*H, NE, K, V]``,
-    ``dsum: [B*H, NE, K]``, ``NE = PARTS - 1``)."""
-    b_h = tl.load(ends + i_bh * NE * K * V + p_kv, mask=m_kv, other=0.)
-    for r in range(1, i_p):
-        b_d = tl.load(dsum + (i_bh * NE + r) * K + o_k, mask=o_k < K, other=0.)
-        b_h = b_h * tl.exp(b_d)[:, None] + tl.load(ends + (i_bh * NE + r) * K * V + p_kv, mask=m_kv, other=0.)
-    return b_h
-
-
-@triton.jit
-def _store_end(ends, dsum, b_h, b_d, i_bh, i_p, i_v, o_k, p_kv, m_kv, K: tl.constexpr, V: tl.constexpr,
-               NE: tl.constexpr):
-    """Part ``i_p``'s end state ``b_h: [BK, BV]`` into ``ends[i_bh, i_p]`` and its total log decay
-    ``b_d: [BK]`` into ``dsum[i_bh, i_p]`` (by the first V block's program)."""
-    tl.store(ends + (i_bh * NE + i_p) * K * V + p_kv, b_h, mask=m_kv)
-    if i_v == 0:
-        tl.store(dsum + (i_bh * NE + i_p) * K + o_k, b_d, mask=o_k < K)
+    if STORE_HT:
+        tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
 @triton.jit
@@ -551,27 +487,16 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
 
 
 @_jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
-def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1, ends, dsum,
+def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
-                   PARTS: tl.constexpr = 1, ENDS: tl.constexpr = False):
+                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, V/BV, B*H): reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (zero without
     ``USE_DHT``); ``dh[b, t, h]`` = dLoss/d(state after chunk t); ``dh0``: the gradient of the state
-    before chunk ``C0``. ``PARTS``, ``ENDS``: as ``_fwd_h_kernel``'s, the parts in walk order (part
-    0 the last chunks)."""
+    before chunk ``C0``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
-    w_lo = 0
-    w_hi = C1 - C0
-    i_p = 0
-    if PARTS > 1:
-        n_p = PARTS - 1 if ENDS else PARTS
-        i_p = (i_bh % n_p).to(tl.int32)
-        i_bh = i_bh // n_p
-        w_lo = i_p * (C1 - C0) // PARTS
-        w_hi = (i_p + 1) * (C1 - C0) // PARTS
     i_b = i_bh // H
     i_h = i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
@@ -579,34 +504,21 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1, ends, dsum,
     m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
     p_kv = o_k[:, None] * V + o_v[None, :]
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if PARTS > 1:
-        if i_p == 0:
-            if USE_DHT:
-                b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-        elif not ENDS:
-            b_dh = _fold_ends(ends, dsum, i_bh, i_p, o_k, p_kv, m_kv, K, V, BK, BV, PARTS - 1)
-    elif USE_DHT:
+    if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    b_d = tl.zeros([BK], dtype=tl.float32)
-    for i_r in range(w_lo, w_hi):
+    for i_r in range(C1 - C0):
         i_t = C1 - 1 - i_r
-        if not ENDS:
-            tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
         b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
         b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_do = _rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_dh *= tl.exp(g_last)[:, None]
-        if ENDS:
-            b_d += g_last
         b_qd = (b_q * tl.exp(b_g) * scale).to(b_do.dtype)
         b_dh += tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PREC)
-    if ENDS:
-        _store_end(ends, dsum, b_dh, b_d, i_bh, i_p, i_v, o_k, p_kv, m_kv, K, V, PARTS - 1)
-    elif STORE_DH0:
-        if i_p == PARTS - 1:  # always so for one part
-            tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
 @triton.jit
@@ -945,34 +857,15 @@ def _walk_programs(x: torch.Tensor, B: int, H: int, K: int, V: int) -> int:
     return _cdiv(K, BK) * _cdiv(V, BV) * B * H
 
 
-def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1, parts=None):
+def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1):
     """The forward walk over chunks ``c0 .. c1 - 1`` into ``h [B, NT, H, K, V]``, from ``h_in``
-    (None: zero) to ``h_out`` (None: not stored), both ``[B, H, K, V]`` float32, possibly one buffer.
-    ``parts``: None, or ``(PARTS, ends, dsum)`` from ``_part_buffers`` (then ``h_in`` and ``h_out``
-    must be different buffers): the chunks walked in that many parts side by side, in two launches."""
+    (None: zero) to ``h_out`` (None: not stored), both ``[B, H, K, V]`` float32, possibly one buffer."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     BK, BV = _walk_blocks(k, B, H, K, V)
-    args = dict(H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_H0=h_in is not None, DOT_PREC=_prec(k), **_walk_launch(k, BV))
-    if parts is None:
-        _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H)](
-            k, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, None, None, STORE_HT=h_out is not None, **args)
-        return
-    n, ends, dsum = parts
-    for n_p, last_pass in ((n - 1, False), (n, True)):
-        _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H * n_p)](
-            k, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, ends, dsum,
-            STORE_HT=last_pass and h_out is not None, PARTS=n, ENDS=not last_pass, **args)
-
-
-def _part_buffers(x: torch.Tensor, B: int, H: int, K: int, V: int, chunks: int):
-    """``(PARTS, ends [B*H, PARTS-1, K, V], dsum [B*H, PARTS-1, K])`` float32 for a walk segment of
-    ``chunks`` chunks walked in ``WALK_FIRST_PARTS`` parts, or None (one part)."""
-    n = min(WALK_FIRST_PARTS, chunks)
-    if n <= 1:
-        return None
-    return (n, x.new_empty(B * H, n - 1, K, V, dtype=torch.float32),
-            x.new_empty(B * H, n - 1, K, dtype=torch.float32))
+    _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H)](
+        k, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), **_walk_launch(k, BV))
 
 
 def _walk_buffers(k, V, output_final_state):
@@ -1041,12 +934,9 @@ def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a):
     segments = _segments(NT, _walk_programs(k, B, H, K, V), k)
     h, ht = _walk_buffers(k, V, output_final_state)
     carry = None if len(segments) == 1 else k.new_empty(B, H, K, V, dtype=torch.float32)
-    # the first segment walks alone (nothing else is ready): in parts side by side
-    parts = None if len(segments) == 1 else _part_buffers(k, B, H, K, V, segments[0][1] - segments[0][0])
 
     def walk(c0, c1, i):
-        _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1,
-                    parts if i == 0 else None)
+        _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1)
 
     if len(segments) == 1:  # the walk launched first: host time before it is GPU idle time
         walk(0, NT, 0)
@@ -1085,23 +975,13 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
     carry = None if len(segments) == 1 else q.new_empty(B, H, K, V, dtype=torch.float32)
-    # the first segment (the last chunks) walks alone: in parts side by side, as the forward's
-    parts = None if len(segments) == 1 else _part_buffers(q, B, H, K, V, segments[0][1] - segments[0][0])
 
     def walk(c0, c1, i):
         d_in = dht if i == 0 else carry
         d_out = dh0 if i == len(segments) - 1 else carry
-        args = dict(H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw, USE_DHT=d_in is not None, DOT_PREC=prec,
-                    **_walk_launch(q, BVw))
-        if parts is None or i > 0:
-            _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
-                q, do, gc, dh, d_in, d_out, scale, T, NT, c0, c1, None, None, STORE_DH0=d_out is not None, **args)
-            return
-        n, ends, dsum = parts
-        for n_p, last_pass in ((n - 1, False), (n, True)):
-            _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H * n_p)](
-                q, do, gc, dh, d_in, d_out, scale, T, NT, c0, c1, ends, dsum,
-                STORE_DH0=last_pass and d_out is not None, PARTS=n, ENDS=not last_pass, **args)
+        _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
+            q, do, gc, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
+            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, **_walk_launch(q, BVw))
 
     dv_separate = BWD_DV_SEPARATE
     BKc = min(BWD_CHUNK_BK, _pow2(K))
