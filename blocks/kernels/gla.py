@@ -60,6 +60,7 @@ from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, overlap as _overlap, register_kernel
 from .fitted import jit as _jit
+from .tiles import fast_exp as _exp
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
@@ -242,7 +243,7 @@ def _dq_from_earlier(b_dAab, k, gc, g_last, b_gn, i_b, i_h, i_t, b, T, H: tl.con
     rb = i_t * BT + b * BC
     b_kb = _rows(k, i_b, i_h, rb, T, H, K, c0, BC, BK).to(tl.float32)
     b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, c0, BC, BK)
-    return tl.dot(b_dAab, b_kb * tl.exp(b_gn[None, :] - b_gb), input_precision=DOT_PREC)
+    return tl.dot(b_dAab, b_kb * _exp(b_gn[None, :] - b_gb), input_precision=DOT_PREC)
 
 
 @triton.jit
@@ -254,7 +255,7 @@ def _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H: tl.const
     rc = i_t * BT + c * BC
     b_qc = _rows(q, i_b, i_h, rc, T, H, K, c0, BC, BK).to(tl.float32)
     b_gc = _g_rows(gc, g_last, i_b, i_h, rc, T, H, K, c0, BC, BK)
-    return tl.dot(tl.trans(b_dAca), b_qc * tl.exp(b_gc - b_gm[None, :]), input_precision=DOT_PREC)
+    return tl.dot(tl.trans(b_dAca), b_qc * _exp(b_gc - b_gm[None, :]), input_precision=DOT_PREC)
 
 
 @triton.jit
@@ -280,7 +281,7 @@ def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
     o_c = tl.arange(0, BC)
     if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
         b_dAm = tl.where(o_c[:, None] > o_c[None, :], b_dAaa, 0.)
-        b_en = tl.exp(b_ga - b_gn[None, :])  # <= 1
+        b_en = _exp(b_ga - b_gn[None, :])  # <= 1
         b_dqs += tl.dot(b_dAm, b_k / b_en, input_precision=DOT_PREC) * b_en
         b_dks += tl.dot(tl.trans(b_dAm), b_q * b_en, input_precision=DOT_PREC) / b_en
     else:
@@ -291,7 +292,7 @@ def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
             b_kj = tl.sum(tl.where(sel_j[:, None], b_k, 0.), axis=0)  # [BK]
             b_gj = tl.sum(tl.where(sel_j[:, None], b_ga, 0.), axis=0)
             b_dAj = tl.sum(tl.where(sel_j[None, :], b_dAaa, 0.), axis=1)  # dA_ij over rows i: [BC]
-            b_de = b_dAj[:, None] * tl.exp(tl.where((o_c > j)[:, None], b_ga - b_gj[None, :], float("-inf")))
+            b_de = b_dAj[:, None] * _exp(tl.where((o_c > j)[:, None], b_ga - b_gj[None, :], float("-inf")))
             b_dqs += b_de * b_kj[None, :]
             b_dks += tl.where(sel_j[:, None], tl.sum(b_de * b_q, axis=0)[None, :], 0.)
     b_diag = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dAaa, 0.), axis=1)
@@ -342,8 +343,8 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
         b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_k = _rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        b_h *= tl.exp(g_last)[:, None]
-        b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_v.dtype)
+        b_h *= _exp(g_last)[:, None]
+        b_kd = (b_k * _exp(g_last[None, :] - b_g)).to(b_v.dtype)
         b_h += tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PREC)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
@@ -361,14 +362,14 @@ def _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, a, last, g_last,
     b_q = _rows(q, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32)
     b_ga = _g_rows(gc, g_last, i_b, i_h, ra, T, H, K, 0, BC, BK)
     b_gn = _g_row(gc, i_b, i_h, ra, last, T, H, K, 0, BK)
-    b_qs = b_q * tl.exp(b_ga - b_gn[None, :])
+    b_qs = b_q * _exp(b_ga - b_gn[None, :])
     b_qs_lp = _op(b_qs, q, LOWP)
     for b in tl.static_range(NC):
         if b < a:
             rb = i_t * BT + b * BC
             b_kb = _rows(k, i_b, i_h, rb, T, H, K, 0, BC, BK).to(tl.float32)
             b_gb = _g_rows(gc, g_last, i_b, i_h, rb, T, H, K, 0, BC, BK)
-            b_ks = _op(b_kb * tl.exp(b_gn[None, :] - b_gb), q, LOWP)
+            b_ks = _op(b_kb * _exp(b_gn[None, :] - b_gb), q, LOWP)
             b_A = tl.dot(b_qs_lp, tl.trans(b_ks), input_precision=DOT_PREC) * scale
             _store(A, b_A, i_b, i_h, ra, T, H, BT, b * BC, BC, BC)
         if b > a:
@@ -379,7 +380,7 @@ def _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, a, last, g_last,
     # [BC, BC, BKD] tiles over key slices.
     b_gm = _g_row(gc, i_b, i_h, ra + BC - 1, last, T, H, K, 0, BK)
     if tl.max(b_gn - b_gm, axis=0) < SPAN_MAX:
-        b_ka = _rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32) * tl.exp(b_gn[None, :] - b_ga)
+        b_ka = _rows(k, i_b, i_h, ra, T, H, K, 0, BC, BK).to(tl.float32) * _exp(b_gn[None, :] - b_ga)
         if LOWP_DIAG:
             b_A = tl.dot(b_qs_lp, tl.trans(_op(b_ka, q, True)), input_precision=DOT_PREC)
         else:
@@ -393,7 +394,7 @@ def _intra_a_rows(q, k, gc, A, scale, T, i_b, i_h, i_t, a, last, g_last,
             d_k = _rows(k, i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD).to(tl.float32)
             d_g = _g_rows(gc, _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BKD, BKD),
                           i_b, i_h, ra, T, H, K, i_k * BKD, BC, BKD)
-            d_e = tl.exp(tl.where(m_ij, d_g[:, None, :] - d_g[None, :, :], float("-inf")))
+            d_e = _exp(tl.where(m_ij, d_g[:, None, :] - d_g[None, :, :], float("-inf")))
             b_A += tl.sum(d_q[:, None, :] * d_k[None, :, :] * d_e, axis=2)
     _store(A, b_A * scale, i_b, i_h, ra, T, H, BT, a * BC, BC, BC)
 
@@ -462,16 +463,16 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
         b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                       mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.)
         if steep:
-            b_o += tl.dot((b_q * tl.exp(b_g)).to(b_h.dtype), b_h, input_precision=DOT_PREC)
+            b_o += tl.dot((b_q * _exp(b_g)).to(b_h.dtype), b_h, input_precision=DOT_PREC)
         else:  # _factored_scores_t's sum, untransposed, on the q and G tiles read above
             b_g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, i_k * BK, BK)
             b_k = _rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
             # q exp(G) as (q exp(G - G_0)) exp(G_0): one [BT, BK] exponential fewer than forming it
             # apart, which costs +2.3 / +1.6 / +1.4 / -0.1% per fwd+bwd step at 2k / 8k / 16k / 32k
             # synced (H200 2026-12-02 05:35, docs/benchmarks/train_ab_1202_epilogue.md)
-            b_qe = b_q * tl.exp(b_g - b_g0[None, :])
-            b_o += tl.dot((b_qe * tl.exp(b_g0)[None, :]).to(b_h.dtype), b_h, input_precision=DOT_PREC)
-            b_kf = _op(b_k * tl.exp(b_g0[None, :] - b_g), q, LOWP)
+            b_qe = b_q * _exp(b_g - b_g0[None, :])
+            b_o += tl.dot((b_qe * _exp(b_g0)[None, :]).to(b_h.dtype), b_h, input_precision=DOT_PREC)
+            b_kf = _op(b_k * _exp(b_g0[None, :] - b_g), q, LOWP)
             b_A += tl.dot(_op(b_qe, q, LOWP), tl.trans(b_kf), input_precision=DOT_PREC)
     if steep:  # float32 as the other branch's (a kept A is in v's dtype)
         b_A = _rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT).to(tl.float32)
@@ -514,8 +515,8 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
         b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
         b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_do = _rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        b_dh *= tl.exp(g_last)[:, None]
-        b_qd = (b_q * tl.exp(b_g) * scale).to(b_do.dtype)
+        b_dh *= _exp(g_last)[:, None]
+        b_qd = (b_q * _exp(b_g) * scale).to(b_do.dtype)
         b_dh += tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PREC)
     if STORE_DH0:
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
@@ -535,8 +536,8 @@ def _factored_scores_t(q, k, gc, i_b, i_h, r0, last, scale, T,
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
         g0 = _g_row(gc, i_b, i_h, r0, last, T, H, K, c0, BK)
         b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
-        b_kf = _op(_rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK) * tl.exp(g0[None, :] - b_g), q, LOWP)
-        b_qf = _op(_rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK) * tl.exp(b_g - g0[None, :]), q, LOWP)
+        b_kf = _op(_rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK) * _exp(g0[None, :] - b_g), q, LOWP)
+        b_qf = _op(_rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK) * _exp(b_g - g0[None, :]), q, LOWP)
         b_At += tl.dot(b_kf, tl.trans(b_qf), input_precision=DOT_PREC)
     return tl.where(o_i[:, None] <= o_i[None, :], b_At * scale, 0.)
 
@@ -564,7 +565,7 @@ def _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T
             g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, c0, BK)
             b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
             b_k = _rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK)
-            b_kd = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_k.dtype)
+            b_kd = (b_k * _exp(g_last[None, :] - b_g)).to(b_k.dtype)
             b_dh = tl.load(dh + p_h + o_kk[:, None] * V + o_v[None, :],
                            mask=(o_kk < K)[:, None] & (o_v < V)[None, :], other=0.)  # [BK, BV]
             b_dv += tl.dot(b_kd, b_dh.to(b_kd.dtype), input_precision=DOT_PREC)
@@ -656,16 +657,16 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
         b_g = _g_rows(gc, g_last, i_b, i_h, r0, T, H, K, c0, BT, BK)
         b_q = _rows(q, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
         b_k = _rows(k, i_b, i_h, r0, T, H, K, c0, BT, BK).to(tl.float32)
-        b_e = tl.exp(b_g - b_g0[None, :])  # exp(G - G_0) in [exp(-span), 1]
-        b_einv = tl.exp(b_g0[None, :] - b_g)
+        b_e = _exp(b_g - b_g0[None, :])  # exp(G - G_0) in [exp(-span), 1]
+        b_einv = _exp(b_g0[None, :] - b_g)
         # dq without the diagonal pairs: the state read (exp(G) = exp(G - G_0) exp(G_0)), earlier
         # keys; then dk: the state write (exp(G_C - G) = exp(G_C - G_0) exp(G_0 - G)), later
         # queries. In this order, each stored once done: 223 registers instead of 254 (sm_90, bf16)
-        b_dq = (b_dq * (tl.exp(b_g0) * scale)[None, :]
+        b_dq = (b_dq * (_exp(b_g0) * scale)[None, :]
                 + tl.dot(b_dAm, _op(b_k * b_einv, q, LOWP), input_precision=DOT_PREC)) * b_e
         b_dG = b_q * b_dq
         _store(dq, b_dq + b_diag[:, None] * b_k, i_b, i_h, r0, T, H, K, c0, BT, BK)
-        b_dk = b_dk * b_einv * tl.exp(g_last - b_g0)[None, :]
+        b_dk = b_dk * b_einv * _exp(g_last - b_g0)[None, :]
         # the moved part (every row but the chunk's last) masked where used, not kept as a tile of
         # its own beside dk: 232 B of spills instead of 256 on the GPU host's Triton 3.6 (sm_90, 8
         # warps, 128 registers); -1.8 / -0.5 / -1.0% per fwd+bwd step at 2k / 8k / 32k synced, -1.3 /
@@ -676,12 +677,12 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
             # the chunk-wide total sum_t (q.dq - k.dk_intra)_t in one column sum (BWD_CHUNK_ONE_TOTAL)
             b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
             b_dG -= b_k * b_dki
-            b_tot = tl.sum(b_dG, axis=0) + tl.exp(g_last) * b_hdh
+            b_tot = tl.sum(b_dG, axis=0) + _exp(g_last) * b_hdh
             b_dG -= b_k * tl.where(m_moved, b_dk, 0.)
             _store(dk, b_dk + b_dki + b_diag[:, None] * b_q, i_b, i_h, r0, T, H, K, c0, BT, BK)
             b_dg = b_tot[None, :] - tl.cumsum(b_dG, axis=0) + b_dG
         else:
-            b_P = tl.sum(tl.where(m_moved, b_k * b_dk, 0.), axis=0) + tl.exp(g_last) * b_hdh
+            b_P = tl.sum(tl.where(m_moved, b_k * b_dk, 0.), axis=0) + _exp(g_last) * b_hdh
             b_dki = tl.dot(tl.trans(b_dAm), _op(b_q * b_e, q, LOWP), input_precision=DOT_PREC) * b_einv
             b_dG -= b_k * (tl.where(m_moved, b_dk, 0.) + b_dki)
             _store(dk, b_dk + b_dki + b_diag[:, None] * b_q, i_b, i_h, r0, T, H, K, c0, BT, BK)
@@ -753,15 +754,15 @@ def _bwd_sub(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT, i_k, i_tc, i_b
         b_dk += tl.dot(b_v, b_dhT.to(b_v.dtype), input_precision=DOT_PREC)
         if a == 0:  # one program per chunk and key slice adds <h, dh>
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
-    b_dq = b_dq * tl.exp(b_ga) * scale
-    b_dk = b_dk * tl.exp(g_last[None, :] - b_ga)
+    b_dq = b_dq * _exp(b_ga) * scale
+    b_dk = b_dk * _exp(g_last[None, :] - b_ga)
     # gate through the state: q . dq for the state read; the state write exp(G_C - G_j) k_j moves
     # gradient from row j < last to the chunk-wide term (row last: exponent 0, no gradient), as does
     # exp(G_C) S with <S, dS'>; the row terms are formed at the end
     o_r = ra + tl.arange(0, BC)
     b_dk_moved = tl.where((o_r < last)[:, None], b_dk, 0.)
     tl.store(P + ((i_b * NT * NC + i_tc) * H + i_h) * K + o_k,
-             tl.sum(b_k.to(tl.float32) * b_dk_moved, axis=0) + tl.exp(g_last) * b_hdh, mask=o_k < K)
+             tl.sum(b_k.to(tl.float32) * b_dk_moved, axis=0) + _exp(g_last) * b_hdh, mask=o_k < K)
     # intra-chunk parts: pairs with earlier (b < a) and later (c > a) sub-chunks, then the diagonal block
     b_dqs = tl.zeros([BC, BK], dtype=tl.float32)
     b_dks = tl.zeros([BC, BK], dtype=tl.float32)
@@ -771,8 +772,8 @@ def _bwd_sub(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT, i_k, i_tc, i_b
     for c in range(a + 1, NC):
         b_dAca = _dA_block(do, v, i_b, i_h, i_t * BT + c * BC, ra, scale, T, H, V, BC, BV, DOT_PREC)
         b_dks += _dk_from_later(b_dAca, q, gc, g_last, b_gm, i_b, i_h, i_t, c, T, H, K, c0, BT, BC, BK, DOT_PREC)
-    b_dqs = b_dqs * tl.exp(b_ga - b_gn[None, :])
-    b_dks = b_dks * tl.exp(b_gm[None, :] - b_ga)
+    b_dqs = b_dqs * _exp(b_ga - b_gn[None, :])
+    b_dks = b_dks * _exp(b_gm[None, :] - b_ga)
     b_dAaa = b_dAaa * scale  # masked in _diag_grads
     b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
     b_dqs, b_dks, b_diag = _diag_grads(b_dAaa, b_qf, b_kf, b_ga, b_gn, b_gm, b_dqs, b_dks, BC, DOT_PREC, SPAN_MAX)
