@@ -62,8 +62,7 @@ from . import low_memory_from_env, overlap as _overlap, register_kernel
 from .fitted import jit as _jit
 from .tiles import fast_exp as _exp
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
-from .tiles import dot_prec as _prec, load_full_rows as _full_rows, load_rows as _rows, pow2 as _pow2
-from .tiles import sm_count as _sm_count
+from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
 
 BT = 64  # chunk length inside the kernels
@@ -193,13 +192,6 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 WALK_SEGMENT_SPREAD = 2.0
-# The walks' full chunks (every one but a sequence's last, ragged one) in a loop of their own whose
-# tile loads carry no masks and add a constant offset tile to one scalar base per tile
-# (``tiles.load_full_rows``): "reverse" for ``_bwd_dh_kernel`` only, "both" for the forward walk
-# too, "none": one loop, every load masked. sm_90 compiles (``benchmarks/kernels_aot_regs.py``,
-# the loop bodies' SASS): the reverse walk's step 359 -> 294 instructions, the forward's 391 -> 384
-# with 32 B of spills at its 104-register cap.
-WALK_FULL_LOADS = "none"
 # Each walk program forms its chunk's decayed keys ``k exp(G_C - G)`` ([64, BK] with an exponential
 # per element) before its dot, and every V block's program of one key slice forms the same ones.
 # Over all of V at once (V block 128, 8 warps) they are formed once per key slice: fewer programs
@@ -223,7 +215,7 @@ BWD_CHUNK_ONE_TOTAL = True
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "WALK_FULL_LOADS": ("none", "reverse", "both")}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -329,11 +321,9 @@ def _cumsum_kernel(gk, gc, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl
 def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  FULL_LOADS: tl.constexpr):
+                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, V/BV, B*H): walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (zero without
-    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``.
-    ``FULL_LOADS`` (``WALK_FULL_LOADS``): the full chunks in a loop of their own, loads unmasked."""
+    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -346,42 +336,18 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    c_part = C0
-    if FULL_LOADS:
-        c_part = tl.maximum(C0, tl.minimum(C1, T // BT))
-        for i_t in range(C0, c_part):
-            b_h = _fwd_h_step(k, v, gc, h, b_h, i_b, i_h, i_k, i_v, i_t, T, NT, p_kv, m_kv,
-                              H, K, V, BT, BK, BV, DOT_PREC, True)
-    for i_t in range(c_part, C1):
-        b_h = _fwd_h_step(k, v, gc, h, b_h, i_b, i_h, i_k, i_v, i_t, T, NT, p_kv, m_kv,
-                          H, K, V, BT, BK, BV, DOT_PREC, False)
-    if STORE_HT:
-        tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
-
-
-@triton.jit
-def _fwd_h_step(k, v, gc, h, b_h, i_b, i_h, i_k, i_v, i_t, T, NT, p_kv, m_kv,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, DOT_PREC: tl.constexpr, FULL: tl.constexpr):
-    """One step of the forward walk: store the state before chunk ``i_t``, return the state after
-    it (``[BK, BV]`` float32); ``FULL``: the chunk's rows are all below ``T``, loaded unmasked."""
-    tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
-    if FULL:
-        last = i_t * BT + BT - 1
-        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
-        b_g = _full_rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_k = _full_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_v = _full_rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-    else:
+    for i_t in range(C0, C1):
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
         b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_k = _rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-    b_h *= _exp(g_last)[:, None]
-    b_kd = (b_k * _exp(g_last[None, :] - b_g)).to(b_v.dtype)
-    b_h += tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PREC)
-    return b_h
+        b_h *= _exp(g_last)[:, None]
+        b_kd = (b_k * _exp(g_last[None, :] - b_g)).to(b_v.dtype)
+        b_h += tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PREC)
+    if STORE_HT:
+        tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
 @triton.jit
@@ -525,11 +491,10 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
 def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
-                   FULL_LOADS: tl.constexpr):
+                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, V/BV, B*H): reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (zero without
     ``USE_DHT``); ``dh[b, t, h]`` = dLoss/d(state after chunk t); ``dh0``: the gradient of the state
-    before chunk ``C0``. ``FULL_LOADS``: as ``_fwd_h_kernel``'s (the partial chunk comes first)."""
+    before chunk ``C0``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -542,43 +507,19 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    r_part = C1 - C0
-    if FULL_LOADS:
-        r_part = C1 - tl.maximum(C0, tl.minimum(C1, T // BT))  # steps over chunks past the full ones
-    for i_r in range(r_part):
-        b_dh = _bwd_dh_step(q, do, gc, dh, b_dh, i_b, i_h, i_k, i_v, C1 - 1 - i_r, scale, T, NT, p_kv, m_kv,
-                            H, K, V, BT, BK, BV, DOT_PREC, False)
-    if FULL_LOADS:
-        for i_r in range(r_part, C1 - C0):
-            b_dh = _bwd_dh_step(q, do, gc, dh, b_dh, i_b, i_h, i_k, i_v, C1 - 1 - i_r, scale, T, NT, p_kv, m_kv,
-                                H, K, V, BT, BK, BV, DOT_PREC, True)
-    if STORE_DH0:
-        tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
-
-
-@triton.jit
-def _bwd_dh_step(q, do, gc, dh, b_dh, i_b, i_h, i_k, i_v, i_t, scale, T, NT, p_kv, m_kv,
-                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                 BV: tl.constexpr, DOT_PREC: tl.constexpr, FULL: tl.constexpr):
-    """One step of the reverse walk: store the gradient of the state after chunk ``i_t``, return
-    that of the state before it (``[BK, BV]`` float32); ``FULL``: as ``_fwd_h_step``'s."""
-    tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-    if FULL:
-        last = i_t * BT + BT - 1
-        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
-        b_g = _full_rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_q = _full_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_do = _full_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-    else:
+    for i_r in range(C1 - C0):
+        i_t = C1 - 1 - i_r
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
         b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
         b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_do = _rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-    b_dh *= _exp(g_last)[:, None]
-    b_qd = (b_q * _exp(b_g) * scale).to(b_do.dtype)
-    b_dh += tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PREC)
-    return b_dh
+        b_dh *= _exp(g_last)[:, None]
+        b_qd = (b_q * _exp(b_g) * scale).to(b_do.dtype)
+        b_dh += tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PREC)
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
 @triton.jit
@@ -925,8 +866,7 @@ def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1):
     BK, BV = _walk_blocks(k, B, H, K, V)
     _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H)](
         k, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), FULL_LOADS=WALK_FULL_LOADS == "both",
-        **_walk_launch(k, BV))
+        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), **_walk_launch(k, BV))
 
 
 def _walk_buffers(k, V, output_final_state):
@@ -1042,8 +982,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
         d_out = dh0 if i == len(segments) - 1 else carry
         _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
             q, do, gc, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
-            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, FULL_LOADS=WALK_FULL_LOADS != "none",
-            **_walk_launch(q, BVw))
+            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, **_walk_launch(q, BVw))
 
     dv_separate = BWD_DV_SEPARATE
     BKc = min(BWD_CHUNK_BK, _pow2(K))

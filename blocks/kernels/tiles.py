@@ -162,20 +162,6 @@ def fast_exp(x):
 
 
 @triton.jit
-def load_full_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr,
-                   BD: tl.constexpr):
-    """``load_rows`` for a tile whose rows are all below ``T`` (a full chunk): no row mask, and no
-    column mask either where ``D % BD == 0`` (``col0`` a multiple of ``BD`` below ``D``); the row
-    and column offsets a constant tile added to one scalar base, which the compiler keeps out of a
-    loop, instead of ``o_r * (H * D)`` per element."""
-    base = x + (i_b * T * H + i_h) * D + row0 * (H * D) + col0
-    offs = tl.arange(0, BR)[:, None] * (H * D) + tl.arange(0, BD)[None, :]
-    if D % BD == 0:
-        return tl.load(base + offs)
-    return tl.load(base + offs, mask=(col0 + tl.arange(0, BD) < D)[None, :], other=0.)
-
-
-@triton.jit
 def seq(x, i_b, i_h, T, H: tl.constexpr):
     """Pointer to ``x[b, 0, h]`` of a per-position vector ``x: [B, T, H]``: add ``o_t * H`` for rows
     ``o_t``. Only this scalar base is int64; the per-row offsets stay int32 (the wrappers check

@@ -517,27 +517,6 @@ def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, monkeypatch):
 
 
 @interpreter
-@pytest.mark.parametrize("full_loads", ["reverse", "both"])
-@pytest.mark.parametrize("T", [300, 320])
-def test_interpreter_gla_walks_full_loads_give_the_same_bits(full_loads, T, monkeypatch):
-    """``gla.WALK_FULL_LOADS``: the walks' full chunks loaded without masks in a loop of their own,
-    the ragged last chunk (T = 300: 4 full chunks and 44 rows; 320: none ragged) in the masked loop:
-    the masked walks' bits, in one walk and in segments (5 chunks in 3: the ragged chunk in the last
-    segment, the reverse walk's first)."""
-    from blocks.kernels import gla
-
-    shape = (1, T, 2, 32, 16)
-    for segments in (1, 3):
-        ref = segmented_outputs("gla", shape, torch.float32, "cpu", segments, monkeypatch, decay="mixed")
-        monkeypatch.setattr(gla, "WALK_FULL_LOADS", full_loads)
-        with checked_memory():
-            got = segmented_outputs("gla", shape, torch.float32, "cpu", segments, monkeypatch, decay="mixed")
-        monkeypatch.setattr(gla, "WALK_FULL_LOADS", "none")
-        for i, (a, b) in enumerate(zip(got, ref)):
-            assert torch.equal(a, b), f"{full_loads} T={T} segments={segments}: output {i} differs"
-
-
-@interpreter
 @pytest.mark.parametrize("kkt_cumsum", [True, False])
 def test_interpreter_gated_gate_cumsum_formed_in_kkt(kkt_cumsum, monkeypatch):
     """``delta.KKT_CUMSUM``: the gated forward launches no ``_cumsum_kernel``, its ``_kkt_kernel``
