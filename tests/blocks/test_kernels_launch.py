@@ -1532,3 +1532,26 @@ def test_kernel_parts_edits_follow_gla_and_bad_arguments_are_one_line_errors(cap
     if not torch.cuda.is_available():
         assert parts.main(["--variants", "base"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env", [None, "0"])
+def test_gla_exponentials_are_flushed_to_zero_unless_turned_off(env):
+    """``tiles.fast_exp`` (gla's kernels): the sm_90 compile of gla's forward walk takes its
+    exponentials as ``ex2.approx.ftz.f32``, one ``MUFU.EX2`` each without ptxas' subnormal fix-up
+    (a compare with -126 before it); ``ARCHSEARCH_FAST_EXP=0`` gives ``tl.exp``'s
+    ``ex2.approx.f32`` and its fix-ups back. The interpreter runs ``tl.exp`` either way."""
+    code = """
+import re, kernels_aot_regs as aot
+name, fn, cx, warps, stages, cap = next(j for j in aot.jobs("bf16") if j[0] == "gla.fwd_h")
+k = aot.compile_one(fn, aot.arg_types("bf16", fn), cx, warps, stages, 90, cap)
+sass = aot._cuobjdump(k, "-sass")
+print(k.asm["ptx"].count("ex2.approx.ftz.f32"), k.asm["ptx"].count("ex2.approx.f32"),
+      sass.count("MUFU.EX2"), len(re.findall(r"FSETP\\.GEU\\.AND P\\d, PT, R\\d+, -126", sass)))
+"""
+    out = run_python(code, {"TRITON_INTERPRET": None, "ARCHSEARCH_FAST_EXP": env})
+    ftz, plain, mufu, fixups = map(int, out.split()[-4:])
+    assert mufu >= 16, out
+    if env is None:
+        assert ftz >= 16 and plain == 0 and fixups == 0, out
+    else:
+        assert ftz == 0 and plain >= 16 and fixups >= 16, out
