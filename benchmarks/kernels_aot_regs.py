@@ -5,7 +5,7 @@ what limits them, whether its loops were software-pipelined and its static SASS 
 shuffle and barrier counts.
 
     python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8]
-                                          [--set NAME=VALUE,...] [--lines N] [--fit-shared KB]
+                                          [--set NAME=VALUE,...] [--lines N] [--loops] [--fit-shared KB]
 
 Triton lowers to PTX and Triton's bundled ptxas assembles it for ``sm_<arch>``; ``cuobjdump
 -res-usage`` (also bundled) reads the resources. A compile error here is one the GPU would hit,
@@ -277,6 +277,34 @@ def print_lines(kernel, top: int) -> None:
         print(f"|  | {file}:{line} | {sum(ops.values())} instructions: {common} ||||||||")
 
 
+_SASS_BRANCH = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA\s+0x([0-9a-f]+)")
+
+
+def loop_bodies(kernel) -> list[tuple[int, collections.Counter]]:
+    """``(instructions, opcodes)`` of each loop of the kernel's SASS, in address order: the
+    instructions from a backward branch's target to the branch. What one iteration of a walk or a
+    K loop issues, which the whole kernel's static count hides under prologues, epilogues and both
+    sides of runtime branches (the count that found gla's exponential fix-ups: a walk step's 444
+    instructions, 54 of them the fix-ups)."""
+    sass = _cuobjdump(kernel, "-sass")
+    ops = [(int(m.group(1), 16), m.group(2).split(".")[0]) for m in
+           re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)]
+    loops = []
+    for m in _SASS_BRANCH.finditer(sass):
+        at, target = int(m.group(1), 16), int(m.group(2), 16)
+        if target < at:  # a branch to itself is the trap loop after EXIT, not a loop
+            loops.append((target, at))
+    return [(sum(body.values()), body) for body in
+            (collections.Counter(op for addr, op in ops if lo <= addr <= hi) for lo, hi in sorted(loops))]
+
+
+def print_loops(kernel) -> None:
+    """Each loop body's instruction count and commonest opcodes, as markdown rows under the kernel."""
+    for i, (n, ops) in enumerate(loop_bodies(kernel)):
+        common = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
+        print(f"|  | loop {i} | {n} instructions per iteration: {common} ||||||||")
+
+
 def sass_counts(kernel) -> tuple[int, int, int]:
     """``(instructions, shuffles, barriers)`` in the kernel's SASS, counted statically (a loop body
     once): cross-thread reductions show up as ``SHFL`` and, across warps, ``BAR``; compare variants
@@ -336,6 +364,8 @@ def main() -> int:
                     "kernel at (ptxas .maxnreg; 0 = none); default: each launch table's own (none unless set)")
     ap.add_argument("--lines", type=int, default=0, metavar="N", help="also print, under each kernel, the N source "
                     "lines with the most SASS instructions (nvdisasm line info)")
+    ap.add_argument("--loops", action="store_true", help="also print, under each kernel, the SASS instructions of "
+                    "each loop's body (one iteration) and its commonest opcodes")
     ap.add_argument("--fit-shared", type=int, default=0, metavar="KB", help="instead of the resources table: the "
                     "kernels whose launch needs more than KB KB of shared memory per program, compiled at fewer "
                     "stages until they fit (what blocks.kernels.fitted does on such a GPU; 99 = consumer GPUs, "
@@ -380,6 +410,8 @@ def main() -> int:
                   f"{time.time() - t0:.0f} |", flush=True)
             if opts.lines:
                 print_lines(kernel, opts.lines)
+            if opts.loops:
+                print_loops(kernel)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failures += 1
             print(f"| {name} | {act} | {warps} | FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:150]} |||||||",

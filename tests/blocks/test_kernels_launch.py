@@ -1555,3 +1555,23 @@ print(k.asm["ptx"].count("ex2.approx.ftz.f32"), k.asm["ptx"].count("ex2.approx.f
         assert ftz >= 16 and plain == 0 and fixups == 0, out
     else:
         assert ftz == 0 and plain >= 16 and fixups >= 16, out
+
+
+def test_aot_tool_counts_each_loop_bodys_instructions():
+    """``kernels_aot_regs.loop_bodies`` (``--loops``): gla's forward walk has one loop (its chunk
+    steps) whose body holds the step's tensor-core dot and its exponentials, fewer instructions than
+    the whole kernel (prologue, epilogue); with ``tl.exp`` (``ARCHSEARCH_FAST_EXP=0``) the body is
+    longer by ptxas' fix-ups (about 3 instructions per exponential; 444 against 391 in sm_90 compiles
+    with Triton 3.9)."""
+    code = """
+import kernels_aot_regs as aot
+name, fn, cx, warps, stages, cap = next(j for j in aot.jobs("bf16") if j[0] == "gla.fwd_h")
+k = aot.compile_one(fn, aot.arg_types("bf16", fn), cx, warps, stages, 90, cap)
+(n, ops), = aot.loop_bodies(k)
+print(n, ops["MUFU"], ops["HGMMA"], aot.sass_counts(k)[0])
+"""
+    fast = list(map(int, run_python(code, {"TRITON_INTERPRET": None}).split()[-4:]))
+    plain = list(map(int, run_python(code, {"TRITON_INTERPRET": None, "ARCHSEARCH_FAST_EXP": "0"}).split()[-4:]))
+    for n, mufu, hgmma, total in (fast, plain):
+        assert 100 < n < total and mufu >= 16 and hgmma >= 1, (fast, plain)
+    assert plain[0] - fast[0] >= 2 * fast[1], (fast, plain)
