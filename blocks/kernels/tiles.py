@@ -21,8 +21,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # ``tl.exp`` lowers to ``ex2.approx.f32``, which ptxas wraps in a subnormal fix-up (a compare and two
 # predicated multiplies around each ``MUFU.EX2``: 5 SASS instructions per exponential instead of 2;
 # in sm_90 compiles 12% of a gla walk step's loop body). Results differ only where exp(x) < 2^-126,
-# which become 0 instead of a subnormal. ARCHSEARCH_FAST_EXP=0 at import time: ``tl.exp``. Read once:
-# a Triton kernel cannot see a global change after it compiled.
+# which become 0 instead of a subnormal. Used by gla's kernels: -1.1..-1.6% per step at 2k-32k on the
+# H200; the delta rules keep ``tl.exp`` (gated_delta_rule -0.2..+0.8% with it: its ``kkt`` took 29 more
+# registers), docs/benchmarks/fast_exp_1202/. ARCHSEARCH_FAST_EXP=0 at import time: ``tl.exp``. Read
+# once: a Triton kernel cannot see a global change after it compiled (so A/B it across processes).
 FAST_EXP = os.environ.get("ARCHSEARCH_FAST_EXP", "1") != "0"
 _FAST_EXP: tl.constexpr = tl.constexpr(FAST_EXP and not INTERPRET)  # the interpreter runs no PTX
 
@@ -152,8 +154,8 @@ def load_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: 
 
 @triton.jit
 def fast_exp(x):
-    """``exp(x)`` of a float32 tensor, subnormal results flushed to zero (``FAST_EXP``; else
-    ``tl.exp``)."""
+    """``exp(x)`` of a float32 tensor of any shape, subnormal results flushed to zero (``FAST_EXP``;
+    else ``tl.exp``)."""
     if _FAST_EXP:
         return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
                                          dtype=tl.float32, is_pure=True, pack=1)
