@@ -22,7 +22,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # predicated multiplies around each ``MUFU.EX2``: 5 SASS instructions per exponential instead of 2;
 # in sm_90 compiles 12% of a gla walk step's loop body). Results differ only where exp(x) < 2^-126,
 # which become 0 instead of a subnormal. Used by gla's kernels: -1.1..-1.6% per step at 2k-32k on the
-# H200; the delta rules keep ``tl.exp`` (gated_delta_rule -0.2..+0.8% with it: its ``kkt`` took 29 more
+# H200; the delta rules keep ``tl.exp`` (gated_delta_rule 0.0..+0.8% with it: its ``kkt`` took 29 more
 # registers), docs/benchmarks/fast_exp_1202/. ARCHSEARCH_FAST_EXP=0 at import time: ``tl.exp``. Read
 # once: a Triton kernel cannot see a global change after it compiled (so A/B it across processes).
 FAST_EXP = os.environ.get("ARCHSEARCH_FAST_EXP", "1") != "0"
