@@ -25,6 +25,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # H200; the delta rules keep ``tl.exp`` (gated_delta_rule 0.0..+0.8% with it: its ``kkt`` took 29 more
 # registers), docs/benchmarks/fast_exp_1202/. ARCHSEARCH_FAST_EXP=0 at import time: ``tl.exp``. Read
 # once: a Triton kernel cannot see a global change after it compiled (so A/B it across processes).
+# Inline PTX rather than ``tl.math.exp2(x * log2 e)``, which lowers to the same instruction in Triton
+# 3.9 here; how the GPU host's Triton 3.6 lowers it is not checked, the PTX is the same everywhere.
 FAST_EXP = os.environ.get("ARCHSEARCH_FAST_EXP", "1") != "0"
 _FAST_EXP: tl.constexpr = tl.constexpr(FAST_EXP and not INTERPRET)  # the interpreter runs no PTX
 
