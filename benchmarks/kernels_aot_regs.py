@@ -249,7 +249,8 @@ def resources(kernel) -> dict[str, str]:
     return fields
 
 
-_SASS_OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+# one SASS instruction: its address (4 hex digits, more past 64 KB of code) and its opcode
+_SASS_OP = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)")
 
 
 def sass_by_line(kernel) -> dict[tuple[str, int], collections.Counter]:
@@ -265,7 +266,7 @@ def sass_by_line(kernel) -> dict[tuple[str, int], collections.Counter]:
             continue
         op = _SASS_OP.search(text)
         if op:
-            by_line[where][op.group(1).split(".")[0]] += 1
+            by_line[where][op.group("op").split(".")[0]] += 1
     return by_line
 
 
@@ -287,8 +288,7 @@ def loop_bodies(kernel) -> list[tuple[int, collections.Counter]]:
     sides of runtime branches (the count that found gla's exponential fix-ups: a walk step's 444
     instructions, 54 of them the fix-ups)."""
     sass = _cuobjdump(kernel, "-sass")
-    ops = [(int(m.group(1), 16), m.group(2).split(".")[0]) for m in
-           re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)]
+    ops = [(int(m.group("addr"), 16), m.group("op").split(".")[0]) for m in _SASS_OP.finditer(sass)]
     loops = []
     for m in _SASS_BRANCH.finditer(sass):
         at, target = int(m.group(1), 16), int(m.group(2), 16)
@@ -309,7 +309,7 @@ def sass_counts(kernel) -> tuple[int, int, int]:
     """``(instructions, shuffles, barriers)`` in the kernel's SASS, counted statically (a loop body
     once): cross-thread reductions show up as ``SHFL`` and, across warps, ``BAR``; compare variants
     of one kernel with it, not run times."""
-    ops = [m.group(1) for m in _SASS_OP.finditer(_cuobjdump(kernel, "-sass"))]
+    ops = [m.group("op") for m in _SASS_OP.finditer(_cuobjdump(kernel, "-sass"))]
     return len(ops), sum(o.startswith("SHFL") for o in ops), sum(o.startswith("BAR") for o in ops)
 
 

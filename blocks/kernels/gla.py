@@ -60,8 +60,7 @@ from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, overlap as _overlap, register_kernel
 from .fitted import jit as _jit
-from .tiles import fast_exp as _exp
-from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
+from .tiles import cdiv as _cdiv, dot_operand as _op, fast_exp as _exp, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
 

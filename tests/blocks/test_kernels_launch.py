@@ -1534,44 +1534,34 @@ def test_kernel_parts_edits_follow_gla_and_bad_arguments_are_one_line_errors(cap
         assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("env", [None, "0"])
-def test_gla_exponentials_are_flushed_to_zero_unless_turned_off(env):
+def test_gla_exponentials_are_flushed_to_zero_unless_turned_off_and_loop_bodies_show_it():
     """``tiles.fast_exp`` (gla's kernels): the sm_90 compile of gla's forward walk takes its
     exponentials as ``ex2.approx.ftz.f32``, one ``MUFU.EX2`` each without ptxas' subnormal fix-up
-    (a compare with -126 before it); ``ARCHSEARCH_FAST_EXP=0`` gives ``tl.exp``'s
-    ``ex2.approx.f32`` and its fix-ups back. The interpreter runs ``tl.exp`` either way."""
+    (a compare with -126 before it); ``ARCHSEARCH_FAST_EXP=0`` gives ``tl.exp``'s ``ex2.approx.f32``
+    and its fix-ups back. The interpreter runs ``tl.exp`` either way.
+
+    And ``kernels_aot_regs.loop_bodies`` (``--loops``): the walk has one loop (its chunk steps) whose
+    body holds the step's tensor-core dot and its exponentials, fewer instructions than the whole
+    kernel (prologue, epilogue); with the fix-ups the body is longer by about 3 instructions per
+    exponential (444 against 391 in sm_90 compiles with Triton 3.9). One compile per setting."""
     code = """
 import re, kernels_aot_regs as aot
 name, fn, cx, warps, stages, cap = next(j for j in aot.jobs("bf16") if j[0] == "gla.fwd_h")
 k = aot.compile_one(fn, aot.arg_types("bf16", fn), cx, warps, stages, 90, cap)
 sass = aot._cuobjdump(k, "-sass")
-print(k.asm["ptx"].count("ex2.approx.ftz.f32"), k.asm["ptx"].count("ex2.approx.f32"),
-      sass.count("MUFU.EX2"), len(re.findall(r"FSETP\\.GEU\\.AND P\\d, PT, R\\d+, -126", sass)))
-"""
-    out = run_python(code, {"TRITON_INTERPRET": None, "ARCHSEARCH_FAST_EXP": env})
-    ftz, plain, mufu, fixups = map(int, out.split()[-4:])
-    assert mufu >= 16, out
-    if env is None:
-        assert ftz >= 16 and plain == 0 and fixups == 0, out
-    else:
-        assert ftz == 0 and plain >= 16 and fixups >= 16, out
-
-
-def test_aot_tool_counts_each_loop_bodys_instructions():
-    """``kernels_aot_regs.loop_bodies`` (``--loops``): gla's forward walk has one loop (its chunk
-    steps) whose body holds the step's tensor-core dot and its exponentials, fewer instructions than
-    the whole kernel (prologue, epilogue); with ``tl.exp`` (``ARCHSEARCH_FAST_EXP=0``) the body is
-    longer by ptxas' fix-ups (about 3 instructions per exponential; 444 against 391 in sm_90 compiles
-    with Triton 3.9)."""
-    code = """
-import kernels_aot_regs as aot
-name, fn, cx, warps, stages, cap = next(j for j in aot.jobs("bf16") if j[0] == "gla.fwd_h")
-k = aot.compile_one(fn, aot.arg_types("bf16", fn), cx, warps, stages, 90, cap)
 (n, ops), = aot.loop_bodies(k)
-print(n, ops["MUFU"], ops["HGMMA"], aot.sass_counts(k)[0])
+print(k.asm["ptx"].count("ex2.approx.ftz.f32"), k.asm["ptx"].count("ex2.approx.f32"), sass.count("MUFU.EX2"),
+      len(re.findall(r"FSETP\\.GEU\\.AND P\\d, PT, R\\d+, -126", sass)),
+      n, ops["MUFU"], ops["HGMMA"], aot.sass_counts(k)[0])
 """
-    fast = list(map(int, run_python(code, {"TRITON_INTERPRET": None}).split()[-4:]))
-    plain = list(map(int, run_python(code, {"TRITON_INTERPRET": None, "ARCHSEARCH_FAST_EXP": "0"}).split()[-4:]))
-    for n, mufu, hgmma, total in (fast, plain):
-        assert 100 < n < total and mufu >= 16 and hgmma >= 1, (fast, plain)
-    assert plain[0] - fast[0] >= 2 * fast[1], (fast, plain)
+    runs = {}
+    for env in (None, "0"):
+        out = run_python(code, {"TRITON_INTERPRET": None, "ARCHSEARCH_FAST_EXP": env})
+        runs[env] = dict(zip(("ftz", "plain", "mufu", "fixups", "body", "body_mufu", "hgmma", "total"),
+                             map(int, out.split()[-8:])))
+    fast, plain = runs[None], runs["0"]
+    assert fast["ftz"] >= 16 and fast["plain"] == 0 and fast["fixups"] == 0, runs
+    assert plain["ftz"] == 0 and plain["plain"] >= 16 and plain["fixups"] >= 16, runs
+    for r in (fast, plain):
+        assert r["mufu"] >= 16 and 100 < r["body"] < r["total"] and r["body_mufu"] >= 16 and r["hgmma"] >= 1, runs
+    assert plain["body"] - fast["body"] >= 2 * fast["body_mufu"], runs
