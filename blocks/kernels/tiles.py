@@ -22,8 +22,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # predicated multiplies around each ``MUFU.EX2``: 5 SASS instructions per exponential instead of 2;
 # in sm_90 compiles 12% of a gla walk step's loop body). Results differ only where exp(x) < 2^-126,
 # which become 0 instead of a subnormal. Used by gla's kernels: -1.1..-1.6% per step at 2k-32k on the
-# H200; the delta rules keep ``tl.exp`` (gated_delta_rule 0.0..+0.8% with it: its ``kkt`` took 29 more
-# registers), docs/benchmarks/fast_exp_1202/. ARCHSEARCH_FAST_EXP=0 at import time: ``tl.exp``. Read
+# H200; the delta rules keep ``tl.exp``: gated_delta_rule 0.0..+0.8% with it (its ``kkt`` took 29 more
+# registers, docs/benchmarks/fast_exp_1202/), and with it only in their per-chunk kernels and walks
+# (kkt and wu left alone) -0.2..+0.9% per step queued, the spread
+# (docs/benchmarks/train_ab_1202_delta_flushed_exp.md). ARCHSEARCH_FAST_EXP=0 at import time: ``tl.exp``. Read
 # once: a Triton kernel cannot see a global change after it compiled (so A/B it across processes).
 # Inline PTX rather than ``tl.math.exp2(x * log2 e)``, which lowers to the same instruction in Triton
 # 3.9 here; how the GPU host's Triton 3.6 lowers it is not checked, the PTX is the same everywhere.
