@@ -1565,3 +1565,20 @@ print(k.asm["ptx"].count("ex2.approx.ftz.f32"), k.asm["ptx"].count("ex2.approx.f
     for r in (fast, plain):
         assert r["mufu"] >= 16 and 100 < r["body"] < r["total"] and r["body_mufu"] >= 16 and r["hgmma"] >= 1, runs
     assert plain["body"] - fast["body"] >= 2 * fast["body_mufu"], runs
+
+
+def test_gluon_probe_compiles_an_asynchronous_warpgroup_mma_for_sm90(tmp_path):
+    """``benchmarks/gluon_probe.py --compile-only 90``: the Gluon names a hand-scheduled Hopper walk
+    would need import, and its one-tile kernel compiles for sm_90 without a GPU with its product as
+    asynchronous ``wgmma.mma_async`` instructions (K = 64: four of 16) and one ``wgmma.wait_group``;
+    the probe writes what it found to ``gluon_probe.json`` and exits 0. If a Triton upgrade drops or
+    renames one of these, this says so before a GPU run does."""
+    code = f"""
+import sys, gluon_probe
+sys.exit(gluon_probe.main(["--compile-only", "90", "--out", {str(tmp_path)!r}]))
+"""
+    run_python(code, {"TRITON_INTERPRET": None})
+    res = json.loads((tmp_path / "gluon_probe.json").read_text())
+    assert res["ok"] is True and all(v is True for v in res["available"].values()), res
+    assert res["compile"]["arch"] == 90 and res["compile"]["wgmma"] == 4 and res["compile"]["wgmma_wait"] == 1, res
+    assert res["compile"]["registers"] and res["compile"]["registers"] > 0, res
