@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 import triton
 
+import kernels_aot_regs as aot  # compiles and reads kernels without a GPU; needs Triton, as this probe does
+
 M, K, N = 64, 64, 64  # one warpgroup-MMA tile: 4 warps x 16 rows
 
 
@@ -74,36 +76,16 @@ def _kernel():
         acc = warpgroup_mma(a_smem, b_smem, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         out = gl.convert_layout(acc, load_layout)
-        rows_c = gl.arange(0, M, layout=gl.SliceLayout(1, load_layout))
-        cols_c = gl.arange(0, N, layout=gl.SliceLayout(0, load_layout))
-        gl.store(c + rows_c[:, None] * N + cols_c[None, :], out)
+        gl.store(c + rows_a[:, None] * N + cols_b[None, :], out)  # c's rows are a's, its columns b's
 
     return tile_mma_kernel
 
 
 def compile_for(arch: int):
-    """The kernel compiled for ``sm_<arch>`` without a GPU (``GluonASTSource``, as
-    ``kernels_aot_regs.compile_one`` does for Triton kernels)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = _kernel()
-    names = fn.arg_names
-    consts = {"M": M, "K": K, "N": N, "num_warps": 4}
-    sig = {"a": "*bf16", "b": "*bf16", "c": "*fp32", **{n: "constexpr" for n in consts}}
-    src = GluonASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
-                         attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
-
-
-def _registers(kernel) -> int | None:
-    """Registers per thread of the compiled kernel (``kernels_aot_regs.resources``: the bundled
-    ``cuobjdump``), or None where that tool is missing."""
-    try:
-        from kernels_aot_regs import resources
-        return int(resources(kernel)["REG"])
-    except Exception:  # noqa: BLE001 - the count is a detail; the probe's answer does not need it
-        return None
+    """The kernel compiled for ``sm_<arch>`` without a GPU (``kernels_aot_regs.compile_one``, which
+    takes Gluon kernels as well)."""
+    return aot.compile_one(_kernel(), {"a": "*bf16", "b": "*bf16", "c": "*fp32"},
+                           {"M": M, "K": K, "N": N, "num_warps": 4}, 4, 1, arch)
 
 
 def run_on_gpu() -> float:
@@ -133,7 +115,7 @@ def main(argv=None) -> int:
             k = compile_for(arch)
             ptx = k.asm["ptx"]
             res["compile"] = {"arch": arch, "wgmma": ptx.count("wgmma.mma_async"),
-                              "wgmma_wait": ptx.count("wgmma.wait_group"), "registers": _registers(k)}
+                              "wgmma_wait": ptx.count("wgmma.wait_group"), "registers": int(aot.resources(k)["REG"])}
             print(f"compile sm_{arch}: {res['compile']}")
         except Exception as exc:  # noqa: BLE001 - a failed compile is the probe's answer, with where it failed
             res["compile"] = {"arch": arch, "error": traceback.format_exception_only(type(exc), exc)[-1].strip()[:500]}

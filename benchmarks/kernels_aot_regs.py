@@ -205,7 +205,10 @@ def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: i
     sig = {n: ("constexpr" if n in constexprs else types[n]) for n in names}
     hinted = divisibility_hints(fn, sig)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in hinted}
-    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
+    source = ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel (benchmarks/gluon_probe.py)
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    src = source(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages,
                                    **({"maxnreg": maxnreg} if maxnreg else {})})
