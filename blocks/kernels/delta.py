@@ -48,7 +48,7 @@ from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import seq as _seq, state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
-from .tiles import ensure_tma_allocator as _ensure_tma_allocator, seq_desc as _seq_desc, state_desc as _state_desc
+from .tiles import ensure_tma_allocator as _ensure_tma_allocator, seq_desc as _seq_desc
 from .tiles import tma_ok as _tma_ok, walk_bv as _tiles_walk_bv
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
@@ -515,24 +515,22 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
     if TMA:
         d_w = _seq_desc(w, i_b, i_h, T, H, K, BT, BK)
         d_u = _seq_desc(u, i_b, i_h, T, H, V, BT, BV)
-        d_vn = _seq_desc(vn, i_b, i_h, T, H, V, BT, BV)
         d_k = _seq_desc(k, i_b, i_h, T, H, K, BT, BK)
-        d_h = _state_desc(h, i_b, i_h, NT, H, K, V, BK, BV)
     for i_t in range(C0, C1):
+        # the stores stay plain: a descriptor store's shared-memory buffer waits for the copy out
+        # before the next step can reuse it (on the chain), a plain store does not wait
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         if TMA:
-            d_h.store([i_t, 0, i_v * BV], b_h.to(h.dtype.element_ty).reshape(1, BK, BV))
             b_w = d_w.load([i_t * BT, 0])
             b_u = d_u.load([i_t * BT, i_v * BV]).to(tl.float32)
         else:
-            tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
             b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
             b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
+        _store_rows(vn, b_vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         if TMA:
-            d_vn.store([i_t * BT, i_v * BV], b_vn.to(vn.dtype.element_ty))
             b_kT = tl.trans(d_k.load([i_t * BT, 0]))
         else:
-            _store_rows(vn, b_vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
             b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
@@ -634,22 +632,19 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     if TMA:
-        d_dh = _state_desc(dh, i_b, i_h, NT, H, K, V, BK, BV)
         d_k = _seq_desc(k, i_b, i_h, T, H, K, BT, BK)
         d_q = _seq_desc(q, i_b, i_h, T, H, K, BT, BK)
         d_w = _seq_desc(w, i_b, i_h, T, H, K, BT, BK)
         d_do = _seq_desc(do, i_b, i_h, T, H, V, BT, BV)
         d_dv = _seq_desc(dv, i_b, i_h, T, H, V, BT, BV)
-        d_dv2 = _seq_desc(dv2, i_b, i_h, T, H, V, BT, BV)
     for i_r in range(C1 - C0):
         i_t = C1 - 1 - i_r
         # the chunk-position factors scale the [BT, BV] operands and results, not the [BT, K]
         # tiles: fewer float32 temporaries live in registers
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         if TMA:
-            d_dh.store([i_t, 0, i_v * BV], b_dh.to(dh.dtype.element_ty).reshape(1, BK, BV))
             b_k = d_k.load([i_t * BT, 0])
         else:
-            tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
             b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
         if TMA:
@@ -665,7 +660,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
             b_do = b_do * scale
         if TMA:
             b_dv2 = d_dv.load([i_t * BT, i_v * BV]).to(tl.float32) + b_kdh
-            d_dv2.store([i_t * BT, i_v * BV], b_dv2.to(dv2.dtype.element_ty))
+            _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
             b_qT = tl.trans(d_q.load([i_t * BT, 0]))
             b_wT = tl.trans(d_w.load([i_t * BT, 0]))
         else:

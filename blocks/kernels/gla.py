@@ -63,7 +63,7 @@ from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, fast_exp as _exp, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
-from .tiles import ensure_tma_allocator as _ensure_tma_allocator, seq_desc as _seq_desc, state_desc as _state_desc
+from .tiles import ensure_tma_allocator as _ensure_tma_allocator, seq_desc as _seq_desc
 from .tiles import tma_ok as _tma_ok
 
 BT = 64  # chunk length inside the kernels
@@ -516,7 +516,6 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     if TMA:
-        d_dh = _state_desc(dh, i_b, i_h, NT, H, K, V, BK, BV)
         d_g = _seq_desc(gc, i_b, i_h, T, H, K, BT, BK)
         d_q = _seq_desc(q, i_b, i_h, T, H, K, BT, BK)
         d_do = _seq_desc(do, i_b, i_h, T, H, V, BT, BV)
@@ -524,13 +523,12 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
         i_t = C1 - 1 - i_r
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         if TMA:
-            d_dh.store([i_t, i_k * BK, i_v * BV], b_dh.to(dh.dtype.element_ty).reshape(1, BK, BV))
             b_g = d_g.load([i_t * BT, i_k * BK])  # padded rows: q = 0
             b_q = d_q.load([i_t * BT, i_k * BK])
             b_do = d_do.load([i_t * BT, i_v * BV])
         else:
-            tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
             b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
             b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
             b_do = _rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)

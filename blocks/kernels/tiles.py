@@ -119,16 +119,21 @@ def state_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def tma_ok(*xs: torch.Tensor) -> bool:
-    """Whether tensor descriptors (``seq_desc``, ``state_desc``) can address these contiguous
+    """Whether tensor descriptors (``seq_desc``) can address these contiguous
     tensors: a CUDA device of compute capability 9 or more (the Tensor Memory Accelerator),
     16-byte aligned base addresses and rows (TMA's rule for every stride but the last). The
     interpreter emulates descriptors on any device."""
     for x in xs:
         if not (x.is_contiguous() and x.data_ptr() % 16 == 0 and (x.shape[-1] * x.element_size()) % 16 == 0):
             return False
-        if not INTERPRET and not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9):
+        if not INTERPRET and not (x.is_cuda and _capability(x.device)[0] >= 9):
             return False
     return True
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -189,19 +194,11 @@ def seq_desc(x, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
     """A tensor descriptor (TMA, Hopper on) over sequence ``(b, h)`` of ``x: [B, T, H, D]``
     (contiguous): a ``[T, D]`` matrix of row stride ``H * D`` in ``[BR, BD]`` blocks. ``load([r, c])``
     is ``load_rows``' tile (zero past ``T`` and ``D``); ``store`` leaves those rows and columns alone.
-    Needs ``tma_ok`` of ``x`` on the host and ``ensure_tma_allocator()`` before the launch."""
+    Needs ``tma_ok`` of ``x`` on the host and ``ensure_tma_allocator()`` before the launch. Loads
+    only: a descriptor store's shared-memory tile must be copied out before the next one is
+    written, a wait that a walk would take on its chain."""
     return tl.make_tensor_descriptor(x + (i_b * T * H + i_h) * D, shape=[T, D], strides=[H * D, 1],
                                      block_shape=[BR, BD])
-
-
-@triton.jit
-def state_desc(x, i_b, i_h, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               BK: tl.constexpr, BV: tl.constexpr):
-    """A tensor descriptor over the chunk states of ``(b, h)`` in ``x: [B, NT, H, K, V]``
-    (contiguous): ``[NT, K, V]`` in ``[1, BK, BV]`` blocks (``store([t, 0, v0], tile.reshape(1, BK,
-    BV))``; rows past ``K``, columns past ``V`` left alone)."""
-    return tl.make_tensor_descriptor(x + (i_b * NT * H + i_h) * K * V, shape=[NT, K, V], strides=[H * K * V, V, 1],
-                                     block_shape=[1, BK, BV])
 
 
 @triton.jit
