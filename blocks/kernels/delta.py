@@ -48,8 +48,7 @@ from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import seq as _seq, state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
-from .tiles import ensure_tma_allocator as _ensure_tma_allocator, seq_desc as _seq_desc
-from .tiles import tma_ok as _tma_ok, walk_bv as _tiles_walk_bv
+from .tiles import walk_bv as _tiles_walk_bv
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
 BC = 16  # diagonal block of the triangular inverse
@@ -202,20 +201,12 @@ KKT_CUMSUM = True
 # 2026-12-02 08:25 and 08:46, ``train_ab.py``); gated within 0.6%.
 # history: docs/benchmarks/kernel_decisions/delta.md#wy_bwd_rowsums_combined
 WY_BWD_ROWSUMS_COMBINED = True
-# The state walks' tiles (``_fwd_h_kernel``: w, u, k in, h and vn out; ``_bwd_dh_kernel``: k, do, dv,
-# q, w in, dh and dv2 out) through tensor descriptors (TMA): one thread issues a tile's copy,
-# instead of every thread computing and predicating its addresses. Aimed at the long sequences,
-# where each SM holds one walk program (or shares it with the per-chunk kernels) and the walk's
-# steps are issue-bound: sm_90 compiles of the forward walk step (BV 32) 369 SASS instructions on
-# the pointer path, mostly addressing (IMAD 73, ISETP 32). Where descriptors cannot address the
-# tensors (``tiles.tma_ok``: before Hopper, unaligned rows) the walks take the pointer path.
-WALK_TMA = False
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "WALK_TMA": (False, True)}
+            "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
 @triton.jit
@@ -493,12 +484,10 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
 def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  TMA: tl.constexpr = False):
+                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (the state
     before chunk ``C0``); ``h[b, t, h]`` = state before chunk t, ``vn = u - w h`` (the values
-    written, U); ``ht``: the state after chunk ``C1 - 1`` (it may be ``h0``'s buffer). ``TMA``:
-    the step's tiles loaded and stored through tensor descriptors (``tiles.seq_desc``)."""
+    written, U); ``ht``: the state after chunk ``C1 - 1`` (it may be ``h0``'s buffer)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -512,26 +501,13 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    if TMA:
-        d_w = _seq_desc(w, i_b, i_h, T, H, K, BT, BK)
-        d_u = _seq_desc(u, i_b, i_h, T, H, V, BT, BV)
-        d_k = _seq_desc(k, i_b, i_h, T, H, K, BT, BK)
     for i_t in range(C0, C1):
-        # the stores stay plain: a descriptor store's shared-memory buffer waits for the copy out
-        # before the next step can reuse it (on the chain), a plain store does not wait
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
-        if TMA:
-            b_w = d_w.load([i_t * BT, 0])
-            b_u = d_u.load([i_t * BT, i_v * BV]).to(tl.float32)
-        else:
-            b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
-            b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
+        b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
         _store_rows(vn, b_vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        if TMA:
-            b_kT = tl.trans(d_k.load([i_t * BT, 0]))
-        else:
-            b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
+        b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
             b_h *= tl.exp(g_last)
@@ -612,12 +588,12 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr, TMA: tl.constexpr = False):
+                   DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (the
     gradient of the state after chunk ``C1 - 1``) to ``dh0`` (before chunk ``C0``; it may be
     ``dht``'s buffer). ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``TMA``: tiles through tensor descriptors."""
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -631,26 +607,14 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    if TMA:
-        d_k = _seq_desc(k, i_b, i_h, T, H, K, BT, BK)
-        d_q = _seq_desc(q, i_b, i_h, T, H, K, BT, BK)
-        d_w = _seq_desc(w, i_b, i_h, T, H, K, BT, BK)
-        d_do = _seq_desc(do, i_b, i_h, T, H, V, BT, BV)
-        d_dv = _seq_desc(dv, i_b, i_h, T, H, V, BT, BV)
     for i_r in range(C1 - C0):
         i_t = C1 - 1 - i_r
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         # the chunk-position factors scale the [BT, BV] operands and results, not the [BT, K]
         # tiles: fewer float32 temporaries live in registers
-        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-        if TMA:
-            b_k = d_k.load([i_t * BT, 0])
-        else:
-            b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
+        b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
-        if TMA:
-            b_do = d_do.load([i_t * BT, i_v * BV]).to(tl.float32)
-        else:
-            b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
             b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
@@ -658,16 +622,10 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
             b_dh *= tl.exp(g_last)
         else:
             b_do = b_do * scale
-        if TMA:
-            b_dv2 = d_dv.load([i_t * BT, i_v * BV]).to(tl.float32) + b_kdh
-            _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-            b_qT = tl.trans(d_q.load([i_t * BT, 0]))
-            b_wT = tl.trans(d_w.load([i_t * BT, 0]))
-        else:
-            b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
-            _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-            b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
-            b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
+        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
+        _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
+        b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
         b_dh += tl.dot(b_qT, b_do.to(b_qT.dtype), input_precision=DOT_PREC)
         b_dh -= tl.dot(b_wT, b_dv2.to(b_wT.dtype), input_precision=DOT_PREC)
     if STORE_DH0:
@@ -974,24 +932,14 @@ def wu(k, v, beta, gc, Ai):
     return w, u
 
 
-def _walk_tma(*xs: torch.Tensor) -> bool:
-    """``WALK_TMA`` where tensor descriptors can address the walk's tensors (its scratch
-    allocator then set for this thread: autograd runs the backward on a thread of its own)."""
-    if not (WALK_TMA and _tma_ok(*xs)):
-        return False
-    _ensure_tma_allocator()
-    return True
-
-
 def _fwd_h_walk(k, w, u, gc, h, vn, h_in, h_out, BV, c0, c1):
     """The forward state walk over chunks ``c0 .. c1 - 1`` from ``h_in`` (None: zero) to ``h_out``
     (None: not stored), both ``[B, H, K, V]`` float32 and possibly one buffer."""
     B, T, H, K = k.shape
     V = u.shape[-1]
-    tma = _walk_tma(k, w, u, vn, h)
     _fwd_h_kernel[(_cdiv(V, BV), B * H)](
         k, w, u, gc, h, vn, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
-        USE_G=gc is not None, USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), TMA=tma,
+        USE_G=gc is not None, USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k),
         **(_launch(LAUNCH, "fwd_h", k) if BV > 32 else _launch(LAUNCH, "fwd_h_bv32", k)))
 
 
@@ -1098,7 +1046,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
             q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
-            DOT_PREC=prec, TMA=_walk_tma(q, k, w, do, dv_loc, dv2, dh), **_launch(LAUNCH, "bwd_dh", q))
+            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](

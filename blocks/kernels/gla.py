@@ -63,8 +63,6 @@ from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, fast_exp as _exp, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
-from .tiles import ensure_tma_allocator as _ensure_tma_allocator, seq_desc as _seq_desc
-from .tiles import tma_ok as _tma_ok
 
 BT = 64  # chunk length inside the kernels
 BC = 16  # sub-chunk (tl.dot's smallest block)
@@ -213,13 +211,7 @@ WALK_FULL_V = True
 # 2026-12-02 08:25, ``train_ab.py --families gla``, docs/benchmarks/train_ab_1202_switches.md).
 # history: docs/benchmarks/kernel_decisions/gla.md#bwd_chunk_one_total
 BWD_CHUNK_ONE_TOTAL = True
-# The reverse state walk's tiles (q, do, gc in; dh out) through tensor descriptors (TMA), as
-# ``delta.WALK_TMA`` (where ``tiles.tma_ok`` allows; else the pointer path): sm_90 compiles of its
-# step (V block 128, 8 warps) 296 SASS instructions against 358. Not the forward walk: its TMA
-# form compiled to 445-527 instructions a step against 392 (the decayed keys, formed from the
-# tiles in shared memory, spill under the walks' 104-register cap).
-WALK_TMA = False
-SWITCHES = {"WALK_TMA": (False, True), "KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
+SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
             "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
@@ -498,11 +490,10 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
 def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
-                   TMA: tl.constexpr = False):
+                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, V/BV, B*H): reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (zero without
     ``USE_DHT``); ``dh[b, t, h]`` = dLoss/d(state after chunk t); ``dh0``: the gradient of the state
-    before chunk ``C0``. ``TMA``: the tiles through tensor descriptors."""
+    before chunk ``C0``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -515,23 +506,14 @@ def _bwd_dh_kernel(q, do, gc, dh, dht, dh0, scale, T, NT, C0, C1,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    if TMA:
-        d_g = _seq_desc(gc, i_b, i_h, T, H, K, BT, BK)
-        d_q = _seq_desc(q, i_b, i_h, T, H, K, BT, BK)
-        d_do = _seq_desc(do, i_b, i_h, T, H, V, BT, BV)
     for i_r in range(C1 - C0):
         i_t = C1 - 1 - i_r
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
-        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-        if TMA:
-            b_g = d_g.load([i_t * BT, i_k * BK])  # padded rows: q = 0
-            b_q = d_q.load([i_t * BT, i_k * BK])
-            b_do = d_do.load([i_t * BT, i_v * BV])
-        else:
-            b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
-            b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-            b_do = _rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_g = _rows(gc, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)  # padded rows: q = 0
+        b_q = _rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+        b_do = _rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_dh *= _exp(g_last)[:, None]
         b_qd = (b_q * _exp(b_g) * scale).to(b_do.dtype)
         b_dh += tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PREC)
@@ -821,15 +803,6 @@ def _rev_cumsum_kernel(x, P, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: 
 
 
 # --- host side -------------------------------------------------------------------------------
-def _walk_tma(*xs: torch.Tensor) -> bool:
-    """``WALK_TMA`` where tensor descriptors can address the walk's tensors (the scratch allocator
-    then set for this thread)."""
-    if not (WALK_TMA and _tma_ok(*xs)):
-        return False
-    _ensure_tma_allocator()
-    return True
-
-
 def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
     """V block of gla's walks over ``chains`` (batch, head, key slice) chains: all of V up to 128
     (``WALK_FULL_V``), else ``tiles.walk_bv``'s."""
@@ -1008,8 +981,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
         d_out = dh0 if i == len(segments) - 1 else carry
         _bwd_dh_kernel[(_cdiv(K, BKw), _cdiv(V, BVw), B * H)](
             q, do, gc, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT, BK=BKw, BV=BVw,
-            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, TMA=_walk_tma(q, do, gc, dh),
-            **_walk_launch(q, BVw))
+            USE_DHT=d_in is not None, STORE_DH0=d_out is not None, DOT_PREC=prec, **_walk_launch(q, BVw))
 
     dv_separate = BWD_DV_SEPARATE
     BKc = min(BWD_CHUNK_BK, _pow2(K))

@@ -118,39 +118,6 @@ def state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float32 if x.dtype == torch.float32 else x.dtype
 
 
-def tma_ok(*xs: torch.Tensor) -> bool:
-    """Whether tensor descriptors (``seq_desc``) can address these contiguous
-    tensors: a CUDA device of compute capability 9 or more (the Tensor Memory Accelerator),
-    16-byte aligned base addresses and rows (TMA's rule for every stride but the last). The
-    interpreter emulates descriptors on any device."""
-    for x in xs:
-        if not (x.is_contiguous() and x.data_ptr() % 16 == 0 and (x.shape[-1] * x.element_size()) % 16 == 0):
-            return False
-        if not INTERPRET and not (x.is_cuda and _capability(x.device)[0] >= 9):
-            return False
-    return True
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
-def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    # a kernel that builds tensor descriptors writes them to global scratch (128 B per descriptor
-    # and program) that Triton asks the process-wide allocator for at each launch
-    return torch.empty(size, dtype=torch.int8, device="cpu" if INTERPRET else "cuda")
-
-
-def ensure_tma_allocator() -> None:
-    """Give Triton a scratch allocator for in-kernel tensor descriptors unless the process has one
-    (another library may have set its own; any allocator of device bytes serves)."""
-    from triton.runtime import _allocation
-    current = _allocation._allocator.get() if hasattr(_allocation._allocator, "get") else _allocation._allocator
-    if isinstance(current, _allocation.NullAllocator):
-        triton.set_allocator(_tma_scratch)
-
-
 # walk_bv's default; a module may set its own (delta.WALK_MIN_PER_SM). 1 since the H200 sweeps of
 # 2026-12-01 05:15 / 05:25 (it was 4): V block 64 instead of 32 at 4k / 8k / 16k per fwd+bwd step:
 # linear_attn -0.9 / -9.3 / -3.5%, simple_gla -0.9 / -9.7 / -6.0%, gla +0.1 / -7.9 / -3.6%; at 32k
@@ -187,18 +154,6 @@ def load_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: 
     base = x + (i_b * T * H + i_h) * D
     return tl.load(base + o_r[:, None] * (H * D) + o_d[None, :],
                    mask=(o_r < T)[:, None] & (o_d < D)[None, :], other=0.)
-
-
-@triton.jit
-def seq_desc(x, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
-    """A tensor descriptor (TMA, Hopper on) over sequence ``(b, h)`` of ``x: [B, T, H, D]``
-    (contiguous): a ``[T, D]`` matrix of row stride ``H * D`` in ``[BR, BD]`` blocks. ``load([r, c])``
-    is ``load_rows``' tile (zero past ``T`` and ``D``); ``store`` leaves those rows and columns alone.
-    Needs ``tma_ok`` of ``x`` on the host and ``ensure_tma_allocator()`` before the launch. Loads
-    only: a descriptor store's shared-memory tile must be copied out before the next one is
-    written, a wait that a walk would take on its chain."""
-    return tl.make_tensor_descriptor(x + (i_b * T * H + i_h) * D, shape=[T, D], strides=[H * D, 1],
-                                     block_shape=[BR, BD])
 
 
 @triton.jit

@@ -409,28 +409,6 @@ def test_interpreter_kernels_with_switches_flipped(family, shape, decay, with_h0
     assert not bad, f"{flipped} {decay}: {bad} (all: {errs})"
 
 
-@gpu
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule", "gla"])
-@pytest.mark.parametrize("shape", [(2, 65, 2, 64, 64), (1, 1000, 2, 128, 128), (1, 300, 2, 40, 48)],
-                         ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpu_walks_through_tensor_descriptors_match_reference(family, shape, dtype, monkeypatch):
-    """``WALK_TMA`` alone: the walks' tiles through TMA descriptors, chunk-tail rows and padded
-    key / value blocks (40, 48 below their blocks of 64) included, and the descriptor path taken."""
-    mod = blocks_kernels.kernel_module(family)
-    flip_switches(family, monkeypatch, only="WALK_TMA")
-    taken = []
-    walk_tma = mod._walk_tma
-    monkeypatch.setattr(mod, "_walk_tma", lambda *xs: taken.append(walk_tma(*xs)) or taken[-1])
-    for decay, with_h0 in CASES:
-        if family == "delta_rule" and decay != "random":
-            continue
-        errs = run_case(chunk_kernel(family), family, shape, dtype, decay, with_h0, "cuda")
-        bad = {n: e for n, e in errs.items() if not e <= TOL[dtype]}
-        assert not bad, f"{decay} h0={with_h0}: {bad} (all: {errs})"
-    assert taken and all(taken), taken
-
-
 # each switch alone too (the sweep times them one at a time; "all flipped" misses e.g. KEEP_H with
 # the default KEEP_WU): the first interpreter case of each family
 ONE_SWITCH_CASES = [(c, name) for c in {c[0]: c for c in reversed(INTERPRETER_CASES)}.values()

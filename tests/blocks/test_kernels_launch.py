@@ -66,52 +66,6 @@ def _fitted_probe(x, BLOCK):  # a kernel body never compiled: JITFunction.run is
     pass
 
 
-def test_tensor_descriptors_only_where_tma_can_address_the_tensors(monkeypatch):
-    x = torch.empty(2, 70, 3, 64, dtype=torch.bfloat16)
-    monkeypatch.setattr(tiles, "INTERPRET", True)  # the interpreter emulates descriptors on the CPU
-    assert tiles.tma_ok(x, x[..., :32].contiguous())
-    assert not tiles.tma_ok(x, torch.empty(2, 70, 3, 36, dtype=torch.bfloat16))  # 72-byte rows
-    assert tiles.tma_ok(torch.empty(2, 70, 3, 36))  # float32: 144-byte rows
-    assert not tiles.tma_ok(x[..., :32])  # not contiguous
-    assert not tiles.tma_ok(x.view(-1)[1:81].view(10, 8))  # base 2 bytes past an aligned one
-    monkeypatch.setattr(tiles, "INTERPRET", False)
-    assert not tiles.tma_ok(x)  # a CPU tensor outside the interpreter
-
-
-@pytest.mark.parametrize("mod", [delta, gla], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
-def test_walk_tma_switch_gives_an_allocator_and_falls_back_where_tma_cannot(mod, monkeypatch):
-    from triton.runtime import _allocation
-
-    def current():
-        a = _allocation._allocator
-        return a.get() if hasattr(a, "get") else a
-
-    x = torch.empty(1, 64, 2, 64)
-    monkeypatch.setattr(tiles, "INTERPRET", True)
-    monkeypatch.setattr(mod, "WALK_TMA", False)
-    assert not mod._walk_tma(x)
-    monkeypatch.setattr(mod, "WALK_TMA", True)
-    assert not mod._walk_tma(x, torch.empty(1, 64, 2, 3))  # 12-byte rows: the pointer path
-    holder, before = _allocation._allocator, current()
-
-    def set_allocator(a):  # a ContextVar in recent Triton, a module global in some older ones
-        if hasattr(holder, "set"):
-            holder.set(a)
-        else:
-            monkeypatch.setattr(_allocation, "_allocator", a)
-
-    try:
-        set_allocator(_allocation.NullAllocator())
-        assert mod._walk_tma(x)
-        assert current() is tiles._tma_scratch  # set for this thread
-        assert current()(256, 128, None).numel() == 256
-        mine = lambda size, align, stream: torch.empty(size, dtype=torch.int8)  # noqa: E731
-        set_allocator(mine)
-        assert mod._walk_tma(x) and current() is mine  # another library's allocator stays
-    finally:
-        set_allocator(before)
-
-
 def test_fitted_kernels_step_their_stages_down_to_the_gpus_shared_memory(monkeypatch):
     """``fitted.StageFittedJITFunction``: a launch refused for shared memory (``OutOfResources``)
     is retried with one stage fewer until it fits, and the count that fit is remembered for that
