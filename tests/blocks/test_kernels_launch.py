@@ -774,6 +774,34 @@ def test_decode_gemm_skinny_kernel_matches_the_torch_case(case, M, N, K, split_k
         assert y2.data_ptr() == out_wide.data_ptr() and torch.allclose(y2, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not tiles.INTERPRET, reason="runs the kernel in Triton's interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("n,programs,block", [(1000, 3, 64), (4096, 4, 256), (100, 8, 64)])
+def test_read_ceiling_sums_each_programs_contiguous_share(n, programs, block):
+    """``benchmarks/read_ceiling.py``'s streaming read and copy: every element counted (copied) once,
+    shares in whole blocks (the last one short, programs with nothing left dropped)."""
+    from interpreter_bounds import checked_memory
+
+    rc = _benchmark("read_ceiling")
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+    per, count = rc.read_programs(n, programs, block)
+    assert per % block == 0 and count * per >= n > (count - 1) * per
+    with checked_memory():
+        sums = rc.read_sum(x, programs, block, 1, 1)
+    want = [x[i * per:(i + 1) * per].float().sum() for i in range(count)]
+    assert sums.shape == (count,) and torch.allclose(sums, torch.stack(want), atol=1e-3)
+    y = torch.zeros(n + 5)  # the copy stops at n
+    with checked_memory():
+        rc.copy_into(x.float(), y, programs, block, 1, 1)
+    assert torch.equal(y[:n], x.float()) and not y[n:].any()
+
+
+def test_read_ceiling_says_it_needs_a_gpu(monkeypatch):
+    rc = _benchmark("read_ceiling")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        rc.main([])
+
+
 def test_decode_gemm_refuses_what_it_cannot_run():
     dg = _benchmark("decode_gemm")
     w = torch.randn(8, 32)
