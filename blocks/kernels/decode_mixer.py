@@ -51,9 +51,10 @@ NUM_WARPS = 4
 # compiled fused-layer graphs of 24 layers at batch 16, docs/benchmarks/decode_pdl_sets.md): the
 # simple_gla kernel 10.73 -> 9.62 / 9.46 us at 2 / 4 slices (graph 1.423 -> 1.385 / 1.386 ms); the
 # gated_deltanet kernel 12.18 -> 11.63 / 12.42 us, its graph 1.391 -> 1.498 / 1.487 ms: one slice then.
-# Timed again with today's layers (2026-12-02 18:12, docs/benchmarks/decode_sets_1202_1812.md): the
+# Timed again with today's layers (2026-12-02 18:04, docs/benchmarks/decode_sets_1202_1804.md): the
 # gated_deltanet x24 graph 1.379 -> 1.368 ms at 2 slices (every pass below every pass of one
-# slice), 1.393 at 4: two slices since.
+# slice), 1.393 at 4: two slices since. A second call (18:10, decode_chunks_1202.md) on a host
+# that ran in two modes: -0.9% in the faster one, a tie of medians.
 # Lost: the value columns split over 4 programs per head, the kernel launched early with PDL, its
 # first instruction ``gdc_launch_dependents``. history: docs/benchmarks/kernel_decisions/decode_mixer.md#lost
 CHUNKS = 2
