@@ -290,15 +290,22 @@ def loop_bodies(kernel) -> list[tuple[int, collections.Counter]]:
     K loop issues, which the whole kernel's static count hides under prologues, epilogues and both
     sides of runtime branches (the count that found gla's exponential fix-ups: a walk step's 444
     instructions, 54 of them the fix-ups)."""
-    sass = _cuobjdump(kernel, "-sass")
+    return sass_loops(_cuobjdump(kernel, "-sass"))
+
+
+def sass_loops(sass: str) -> list[tuple[int, collections.Counter]]:
+    """``loop_bodies`` of SASS text. A backward branch that crosses a loop (its target inside the
+    loop's body, itself past the loop's end) is not a loop: ptxas places the retry paths of
+    barrier waits (TMA, ``wgmma``, mbarriers) after the kernel's body and branches from them back
+    into it, and counting those would add spans of two loops' worth of code."""
     ops = [(int(m.group("addr"), 16), m.group("op").split(".")[0]) for m in _SASS_OP.finditer(sass)]
-    loops = []
-    for m in _SASS_BRANCH.finditer(sass):
-        at, target = int(m.group(1), 16), int(m.group(2), 16)
-        if target < at:  # a branch to itself is the trap loop after EXIT, not a loop
-            loops.append((target, at))
+    spans = sorted((target, at) for at, target in
+                   ((int(m.group(1), 16), int(m.group(2), 16)) for m in _SASS_BRANCH.finditer(sass))
+                   if target < at)  # a branch to itself is the trap loop after EXIT, not a loop
+    loops = [(lo, hi) for lo, hi in spans
+             if not any(lo2 < lo <= hi2 < hi for lo2, hi2 in spans)]  # crosses an earlier-starting loop
     return [(sum(body.values()), body) for body in
-            (collections.Counter(op for addr, op in ops if lo <= addr <= hi) for lo, hi in sorted(loops))]
+            (collections.Counter(op for addr, op in ops if lo <= addr <= hi) for lo, hi in loops)]
 
 
 def print_loops(kernel) -> None:

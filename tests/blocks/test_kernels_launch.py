@@ -487,6 +487,21 @@ print(*aot.pipelining(k), aot.resources(k)["REG"])
     assert int(copies) > 0 and int(carried) > 1 and int(regs) > 0, out
 
 
+def test_aot_tool_loops_leave_out_the_retry_paths_of_barrier_waits():
+    """``kernels_aot_regs.sass_loops`` (``--loops``): a loop's body once, and a barrier wait's
+    out-of-line retry path (after the kernel's body, branching back into the loop: as ptxas lays
+    out TMA and ``wgmma`` waits) is no loop of its own, while the wait's spin loop is."""
+    aot = _benchmark("kernels_aot_regs")
+    lines = [(0x0000, "MOV R1, c[0x0][0x28]"), (0x0100, "LDS R2, [R3]"), (0x0110, "@!P0 BRA 0x0500"),
+             (0x0200, "FFMA R4, R2, R2, R4"), (0x0300, "@P1 BRA 0x0100"), (0x0400, "EXIT"),
+             (0x0410, "BRA 0x0410"), (0x0500, "SYNCS.PHASECHK.TRANS64 P0, [UR4], R5"),
+             (0x0510, "@!P0 BRA 0x0500"), (0x0520, "BRA 0x0200")]
+    sass = "\n".join(f"        /*{a:04x}*/                   {op} ;" for a, op in lines)
+    loops = aot.sass_loops(sass)
+    assert [n for n, _ in loops] == [4, 2], loops  # 0x100-0x300 (LDS, BRA, FFMA, BRA); the spin loop
+    assert loops[0][1]["FFMA"] == 1 and loops[1][1]["SYNCS"] == 1
+
+
 def test_aot_tool_counts_sass_instructions_shuffles_and_barriers():
     """``kernels_aot_regs.sass_counts``: static SASS instruction / shuffle / barrier counts. The
     gated ``bwd_dqkwg`` (five dots, the gate gradient's row and column sums across warps) has more
