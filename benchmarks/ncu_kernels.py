@@ -1,6 +1,7 @@
 """Hardware counters of the training kernels (Nsight Compute), for deciding what limits each one.
 
     python benchmarks/ncu_kernels.py --out DIR [--cases gla:2048,delta_rule:32768] [--kernels REGEX]
+    python benchmarks/ncu_kernels.py --out DIR --cases decode:w2,decode:o_proj --kernels "_skinny_kernel|_read_kernel"
 
 For every ``family:T`` case, runs one forward + backward of the op at the benchmark's shape (bf16,
 16 heads of dim 128, 64k tokens) in a child process under ``ncu`` (``--clock-control none``: the
@@ -72,9 +73,12 @@ def known_metrics(ncu: str, wanted: list[str]) -> list[str]:
     return kept or wanted
 
 
-def child(family: str, T: int) -> None:
+def child(family: str, T: str) -> None:
     """A warm-up forward + backward (compiles) and a second one; ncu profiles both, ``parse`` keeps
-    the second's launches."""
+    the second's launches. ``decode:GEMM`` (``read_ceiling.WEIGHTS``: in_proj, o_proj, w13, w2):
+    the decode layer's skinny kernel on that weight at batch 16, then the streaming read of as
+    many bytes that ran fastest in ``read_ceiling.md`` (``_read_kernel``), each twice on fresh
+    weights: what keeps the GEMM from its size's read ceiling."""
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import importlib
@@ -82,7 +86,20 @@ def child(family: str, T: int) -> None:
     import torch
     from gpu_common import TOKENS, fwd_bwd, positional, train_inputs
 
+    if family == "decode":
+        import read_ceiling
+
+        ws, gemm = read_ceiling.skinny_case(T, layers=2)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for w in ws:
+            gemm(w)
+            torch.cuda.synchronize()
+        for w in ws:
+            read_ceiling.read_sum(w.view(-1), 8 * sms, 4096, 2, 4)  # 8/SM, block 4096, 2 stages, 4 warps
+            torch.cuda.synchronize()
+        return
     mod = importlib.import_module(f"blocks.ops.{family}")
+    T = int(T)
     pos = positional(family, train_inputs(family, TOKENS // T, T))
     run = fwd_bwd(lambda: mod.chunk(*pos)[0], pos)
     run()
@@ -146,7 +163,9 @@ def rebuild(out: Path) -> int:
     results: dict = {"rebuilt_from": [f.name for f in files], "cases": {}}
     md = []
     for f in files:
-        family, T = f.stem[len("ncu_"):].rsplit("_", 1)
+        stem = f.stem[len("ncu_"):]
+        # decode cases name a GEMM (o_proj: an underscore of its own); the others end in a length
+        family, T = ("decode", stem[len("decode_"):]) if stem.startswith("decode_") else stem.rsplit("_", 1)
         case = f"{family}:{T}"
         results["cases"][case] = {"kernels": parse(f.read_text())}
         md.append(table(case, results["cases"][case]["kernels"]))
@@ -167,7 +186,7 @@ def main(argv=None) -> int:
     ap.add_argument("--child", nargs=2, metavar=("FAMILY", "T"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child[0], int(args.child[1]))
+        child(args.child[0], args.child[1])
         return 0
     if args.from_csv:
         return rebuild(args.out)

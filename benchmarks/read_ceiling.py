@@ -155,20 +155,27 @@ def roofline_copy_bandwidth() -> float:
     return 2 * x.numel() * 2 / t
 
 
-def time_skinny(name: str) -> float:
+def skinny_case(name: str, layers: int = LAYERS) -> tuple[list, callable]:
+    """``(weights, call)``: ``layers`` bf16 weights of GEMM ``name`` (``WEIGHTS``) and the decode
+    layer's skinny kernel on one of them at batch 16, as the layer calls it (``call(w)``)."""
     from blocks.kernels import skinny
 
+    if name not in WEIGHTS:
+        raise SystemExit(f"read_ceiling: no GEMM {name!r}; one of {', '.join(WEIGHTS)}")
     N, K, call = WEIGHTS[name]
-    ws = per_layer(lambda: torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5, N * K * 2)
+    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5 for _ in range(layers)]
     x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16)
     res = torch.randn(BATCH, N, device="cuda", dtype=torch.bfloat16)
     gamma = torch.ones(N, device="cuda", dtype=torch.bfloat16)
     if call == "linear":
-        fn = lambda w: skinny.linear(x, w, "in_proj")  # noqa: E731
-    elif call == "swiglu":
-        fn = lambda w: skinny.swiglu(x, w)  # noqa: E731
-    else:
-        fn = lambda w: skinny.residual_linear(x, w, res, gamma, config=name)  # noqa: E731
+        return ws, lambda w: skinny.linear(x, w, "in_proj")
+    if call == "swiglu":
+        return ws, lambda w: skinny.swiglu(x, w)
+    return ws, lambda w: skinny.residual_linear(x, w, res, gamma, config=name)
+
+
+def time_skinny(name: str) -> float:
+    ws, fn = skinny_case(name)
     fn(ws[0])  # its split-K tickets are allocated outside the graph
     torch.cuda.synchronize()
     return graph_time(cycling(ws, fn), steps=LAYERS)

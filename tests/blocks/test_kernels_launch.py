@@ -687,6 +687,22 @@ def test_ncu_report_parses_raw_csv_and_keeps_each_kernels_last_launch():
     assert ncu.parse(ns)["_bwd_sub_kernel"]["duration_us"] == pytest.approx(3.25e-3)
 
 
+def test_ncu_rebuild_reads_decode_cases_by_gemm_name(tmp_path, capsys):
+    """``ncu_kernels.py --cases decode:o_proj`` writes ``ncu_decode_o_proj.csv``; ``--from-csv``
+    reads it back as ``decode:o_proj`` (not ``decode_o:proj``), the training cases by length; and a
+    decode case naming no GEMM of the layer stops with the names it takes."""
+    ncu = _benchmark("ncu_kernels")
+    csv_text = '"ID","Kernel Name","gpu__time_duration.sum"\n"","","us"\n"0","_skinny_kernel","6.5"\n'
+    (tmp_path / "ncu_decode_o_proj.csv").write_text(csv_text)
+    (tmp_path / "ncu_delta_rule_2048.csv").write_text(csv_text)
+    assert ncu.main(["--out", str(tmp_path), "--from-csv"]) == 0
+    cases = json.loads((tmp_path / "ncu_kernels.json").read_text())["cases"]
+    assert set(cases) == {"decode:o_proj", "delta_rule:2048"}
+    assert cases["decode:o_proj"]["kernels"]["_skinny_kernel"]["duration_us"] == 6.5
+    with pytest.raises(SystemExit, match="no GEMM 'w4'; one of o_proj, w2, in_proj, w13"):
+        ncu.child("decode", "w4")
+
+
 def test_solve_tril_merges_in_tf32_only_for_a_bfloat16_inverse(monkeypatch):
     # float32 inputs must match the PyTorch forms (no TF32 there); float16 stores the inverse with
     # TF32's own 10-bit mantissa; only a bf16-stored inverse is coarser than TF32 merges round
