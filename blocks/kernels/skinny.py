@@ -47,9 +47,12 @@ MAX_ROWS = 16
 # graph (13:10, ``gpu_kernels.py --compiled-sets`` with ``CONFIGS.KEY=...`` entries, round-robin,
 # docs/benchmarks/decode_residual_epilogue.md): there the isolated sweep's favourite (64, 256, 4),
 # 5.43 against 7.53 us per o_proj call alone, made the gated_deltanet x24 step 1.488 ms against
-# 1.441 with (32, 128, 4).
+# 1.441 with (32, 128, 4). w2 at 8 stages (its splits walk 11 K tiles; o_proj's only 4): the x24 graphs
+# 1.365 -> 1.355 ms gated_deltanet, 1.312 -> 1.301 simple_gla, every pass below every pass at 4
+# stages (H200 2026-12-02 18:33, docs/benchmarks/decode_sets_1202_1833.md; 6 stages +0.4%, swiglu and
+# in_proj at 6 +0.9..+2.5%); Nsight Compute had the GEMMs short of bytes in flight (ncu_decode_1202.md).
 CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "swiglu": (32, 128, 1, 4, 4),
-           "o_proj": (32, 128, 4, 2, 4), "w2": (32, 128, 4, 2, 4),
+           "o_proj": (32, 128, 4, 2, 4), "w2": (32, 128, 4, 2, 8),
            "o_proj_partials": (64, 128, 4, 4, 4), "w2_partials": (64, 128, 4, 4, 4)}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Programmatic dependent launch (Hopper+): each kernel here is launched with ``launch_pdl``, lets the
