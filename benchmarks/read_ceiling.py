@@ -124,7 +124,7 @@ def fastest(nbytes: int, grid: dict, sms: int, copy: bool) -> dict:
     dtype = torch.float32 if copy else torch.bfloat16  # the state is float32, the weights bf16
     n = nbytes // dtype.itemsize
     bufs = per_layer(lambda: torch.randn(n, device="cuda", dtype=dtype), nbytes)
-    dst = torch.empty_like(bufs[0])
+    dst = torch.empty_like(bufs[0]) if copy else None
     best = None
     for per_sm, block, stages, warps in itertools.product(grid["per_sm"], grid["block"], grid["stages"], grid["warps"]):
         cfg = dict(programs=per_sm * sms, block=block, stages=stages, warps=warps)
