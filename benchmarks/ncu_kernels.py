@@ -75,7 +75,7 @@ def known_metrics(ncu: str, wanted: list[str]) -> list[str]:
 
 def child(family: str, T: str) -> None:
     """A warm-up forward + backward (compiles) and a second one; ncu profiles both, ``parse`` keeps
-    the second's launches. ``decode:GEMM`` (``read_ceiling.WEIGHTS``: in_proj, o_proj, w13, w2):
+    the second's launches. ``decode:GEMM`` (``read_ceiling.WEIGHTS``: o_proj, w2, in_proj, w13):
     the decode layer's skinny kernel on that weight at batch 16, then the streaming read of as
     many bytes that ran fastest in ``read_ceiling.md`` (``_read_kernel``), each twice on fresh
     weights: what keeps the GEMM from its size's read ceiling."""

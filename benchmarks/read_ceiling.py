@@ -40,14 +40,12 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gpu_common import cuda_time, graph_time, write_report  # noqa: E402
+from decode_gemm import LAYERS, decode_shapes, time_layers  # noqa: E402
+from gpu_common import write_report  # noqa: E402
 
-LAYERS = 24
-D_MODEL, HIDDEN, IN_PROJ = 2048, 5504, 8224  # the benchmark model's layer (gpu_kernels.py's decode rows)
 BATCH = 16
-# name: (rows N, columns K, skinny call) of each GEMM weight of a layer, bf16
-WEIGHTS = {"o_proj": (D_MODEL, D_MODEL, "residual_linear"), "w2": (D_MODEL, HIDDEN, "residual_linear"),
-           "in_proj": (IN_PROJ, D_MODEL, "linear"), "w13": (2 * HIDDEN, D_MODEL, "swiglu")}
+# the skinny call of each GEMM of a layer (``decode_gemm.CASES``' names; shapes from ``decode_shapes``)
+WEIGHTS = {"o_proj": "residual_linear", "w2": "residual_linear", "in_proj": "linear", "w13": "swiglu"}
 STATE_BYTES = BATCH * 16 * 128 * 128 * 4  # one layer's float32 linear states (16 heads of 128 x 128)
 BIG = 1 << 30  # bytes of the reference read / copy (the roofline's copy moves 2 GiB each way)
 READ_GRID = {"full": dict(per_sm=(1, 2, 4, 8), block=(4096, 8192, 16384), stages=(2, 4), warps=(4, 8)),
@@ -82,17 +80,6 @@ def _copy_kernel(x, y, n, per_program, BLOCK: tl.constexpr, STAGES: tl.constexpr
 def per_layer(make, nbytes: int) -> list:
     """One buffer per layer from ``make()`` (two for reads far beyond L2: the 1 GiB reference)."""
     return [make() for _ in range(LAYERS if nbytes < (256 << 20) else 2)]
-
-
-def cycling(bufs: list, call) -> callable:
-    """``call`` on the next buffer at each call: captured into a graph, ``LAYERS`` calls read
-    distinct buffers, as the 24 layers do."""
-    state = {"i": 0}
-
-    def fn():
-        call(bufs[state["i"] % len(bufs)])
-        state["i"] += 1
-    return fn
 
 
 def read_sum(x: torch.Tensor, programs: int, block: int, stages: int, warps: int,
@@ -139,20 +126,10 @@ def fastest(nbytes: int, grid: dict, sms: int, copy: bool) -> dict:
             call = lambda x: read_sum(x, **cfg, out=out)  # noqa: E731
         if not ok:
             raise SystemExit(f"read_ceiling: the {'copy' if copy else 'read'} kernel is wrong at {per_sm}/SM, block {block}")
-        t = graph_time(cycling(bufs, call), steps=LAYERS)
+        t = time_layers(call, bufs)
         if best is None or t < best["s"]:
             best = {"s": t, "config": f"{per_sm}/SM, block {block}, {stages} stages, {warps} warps"}
     return best
-
-
-def roofline_copy_bandwidth() -> float:
-    """Bytes per second of one 2 GiB bf16 ``copy_`` (2 x bytes), timed as ``gpu_kernels.py``'s
-    ceilings time it for the decode roofline: outside a graph (captured, a device-to-device copy
-    becomes a memcpy node, which ran at 2.7 TB/s on the H200 against 4.2 as a kernel)."""
-    x = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    t, _ = cuda_time(lambda: y.copy_(x))
-    return 2 * x.numel() * 2 / t
 
 
 def skinny_case(name: str, layers: int = LAYERS) -> tuple[list, callable]:
@@ -162,7 +139,8 @@ def skinny_case(name: str, layers: int = LAYERS) -> tuple[list, callable]:
 
     if name not in WEIGHTS:
         raise SystemExit(f"read_ceiling: no GEMM {name!r}; one of {', '.join(WEIGHTS)}")
-    N, K, call = WEIGHTS[name]
+    N, K = decode_shapes()[name]
+    call = WEIGHTS[name]
     ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5 for _ in range(layers)]
     x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16)
     res = torch.randn(BATCH, N, device="cuda", dtype=torch.bfloat16)
@@ -178,7 +156,7 @@ def time_skinny(name: str) -> float:
     ws, fn = skinny_case(name)
     fn(ws[0])  # its split-K tickets are allocated outside the graph
     torch.cuda.synchronize()
-    return graph_time(cycling(ws, fn), steps=LAYERS)
+    return time_layers(fn, ws)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,9 +168,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("read_ceiling: needs a CUDA GPU")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = READ_GRID["quick" if args.quick else "full"]
-    copy_bw = roofline_copy_bandwidth()
+    from gpu_kernels import ceilings
+
+    # the roofline's own figure: a 2 GiB copy_ outside a graph (captured, a device-to-device copy is a
+    # memcpy node, which ran at 2.7 TB/s on the H200 against 4.2 as a kernel)
+    copy_bw = ceilings()["copy_bytes_per_s"]
     rows = []
-    sizes = [(name, N * K * 2) for name, (N, K, _) in WEIGHTS.items()] + [("state", STATE_BYTES), ("1 GiB", BIG)]
+    shapes = decode_shapes()
+    sizes = [(name, shapes[name][0] * shapes[name][1] * 2) for name in WEIGHTS] + [("state", STATE_BYTES), ("1 GiB", BIG)]
     for name, nbytes in sizes:
         row = {"size": name, "MB": nbytes / 1e6}
         read = fastest(nbytes, grid, sms, copy=False)
