@@ -428,9 +428,46 @@ def _profile_step(dec) -> dict:
             torch.cuda.synchronize()
         dec.position += 1
         evs = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        return kernel_summary([(e.name, e.device_time_total) for e in evs])
+        summary = kernel_summary([(e.name, e.device_time_total) for e in evs])
+        summary["path"] = step_path([(e.name, e.time_range.start, e.time_range.end) for e in evs],
+                                    layers=len(dec.model.layers))
+        return summary
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def step_path(events: list[tuple[str, float, float]], layers: int) -> dict:
+    """Which kernels the step's wall time goes to, from one replay's ``(name, start, end)`` (us).
+    With programmatic dependent launch a kernel starts before the one it waits for ends, so its
+    own span (``device_time_total``) overlaps its neighbours'; here each kernel is credited only
+    with how far it moves the step's end: in start order, ``max(0, end - the latest end before
+    it)`` (``path_us``; the credits and ``idle_us``, the time no kernel ran, sum to the step).
+    Kernels launched a multiple of ``layers`` times, more than once per layer, are split into
+    roles by their launch's index within the layer (``_skinny_kernel#0..3``: in_proj, o_proj, the
+    SwiGLU pair, w2 in a fused layer). Returns ``{"step_us", "idle_us", "by_role": [[role,
+    launches, path_us, span_us], ...] in first-launch order}``."""
+    events = sorted(events, key=lambda e: e[1])
+    counts: dict[str, int] = {}
+    for name, _, _ in events:
+        counts[name] = counts.get(name, 0) + 1
+    seen: dict[str, int] = {}
+    roles: dict[str, list] = {}
+    latest = events[0][1] if events else 0.0
+    idle = 0.0
+    for name, start, end in events:
+        k = seen.get(name, 0)
+        seen[name] = k + 1
+        per_layer = counts[name] // layers if counts[name] % layers == 0 else 1
+        role = f"{name[:90]}#{k % per_layer}" if per_layer > 1 else name[:90]
+        rec = roles.setdefault(role, [role, 0, 0.0, 0.0])
+        rec[1] += 1
+        idle += max(0.0, start - latest)
+        rec[2] += max(0.0, end - max(latest, start))
+        rec[3] += end - start
+        latest = max(latest, end)
+    step = latest - events[0][1] if events else 0.0
+    return {"step_us": round(step, 1), "idle_us": round(idle, 1),
+            "by_role": [[r, c, round(p, 1), round(sp, 1)] for r, c, p, sp in roles.values()]}
 
 
 def kernel_summary(events: list[tuple[str, float]]) -> dict:
@@ -707,6 +744,15 @@ def _md_kernel_lists(prof: list[tuple[str, dict]], rows: int = 16) -> list[str]:
         if rest:
             lines.append(f"| {len(rest)} more kernel names | {sum(c for _, c, _ in rest)} | "
                          f"{sum(t for _, _, t in rest):.1f} | |")
+        path = p.get("path")
+        if path and path.get("by_role"):
+            lines += ["", f"On the step's path (each kernel credited with how far it moves the step's end; "
+                          f"`#k`: the k-th launch of that kernel within a layer): {path['step_us']:.0f} us "
+                          f"under the profiler, {path['idle_us']:.1f} us idle", "",
+                      "| kernel (role) | launches | us on the path | per launch | own span per launch |",
+                      "|---|---|---|---|---|"]
+            for role, count, on_path, span in path["by_role"][:rows]:
+                lines.append(f"| `{role}` | {count} | {on_path:.1f} | {on_path / count:.2f} | {span / count:.2f} |")
     return lines
 
 

@@ -89,13 +89,13 @@ def child(family: str, T: str) -> None:
     if family == "decode":
         import read_ceiling
 
-        ws, gemm = read_ceiling.skinny_case(T, layers=2)
+        sets, gemm = read_ceiling.skinny_case(T, layers=2)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        for w in ws:
-            gemm(w)
+        for s in sets:
+            gemm(s)
             torch.cuda.synchronize()
-        for w in ws:
-            read_ceiling.read_sum(w.view(-1), 8 * sms, 4096, 2, 4)  # 8/SM, block 4096, 2 stages, 4 warps
+        for s in sets:
+            read_ceiling.read_sum(s["w"].view(-1), 8 * sms, 4096, 2, 4)  # 8/SM, block 4096, 2 stages, 4 warps
             torch.cuda.synchronize()
         return
     mod = importlib.import_module(f"blocks.ops.{family}")

@@ -44,7 +44,8 @@ from decode_gemm import LAYERS, decode_shapes, time_layers  # noqa: E402
 from gpu_common import write_report  # noqa: E402
 
 BATCH = 16
-# the skinny call of each GEMM of a layer (``decode_gemm.CASES``' names; shapes from ``decode_shapes``)
+# the GEMMs of a layer (``decode_gemm.CASES``' names; shapes from ``decode_shapes``) and the skinny
+# call the layer makes for each (as ``skinny_configs.role_inputs`` makes it)
 WEIGHTS = {"o_proj": "residual_linear", "w2": "residual_linear", "in_proj": "linear", "w13": "swiglu"}
 STATE_BYTES = BATCH * 16 * 128 * 128 * 4  # one layer's float32 linear states (16 heads of 128 x 128)
 BIG = 1 << 30  # bytes of the reference read / copy (the roofline's copy moves 2 GiB each way)
@@ -132,31 +133,25 @@ def fastest(nbytes: int, grid: dict, sms: int, copy: bool) -> dict:
     return best
 
 
-def skinny_case(name: str, layers: int = LAYERS) -> tuple[list, callable]:
-    """``(weights, call)``: ``layers`` bf16 weights of GEMM ``name`` (``WEIGHTS``) and the decode
-    layer's skinny kernel on one of them at batch 16, as the layer calls it (``call(w)``)."""
-    from blocks.kernels import skinny
+def skinny_case(name: str, layers: int = LAYERS) -> tuple[list[dict], callable]:
+    """``(sets, call)``: ``layers`` input sets of GEMM ``name`` (``WEIGHTS``; each with its bf16
+    weight ``"w"``) and the decode layer's skinny kernel on one of them at batch 16, as the layer
+    calls it (``call(set)``; ``skinny_configs.role_inputs``: in_proj and the SwiGLU pair read
+    ``NormedRows``, o_proj and w2 add the residual)."""
+    from skinny_configs import ROLES, role_inputs
 
-    if name not in WEIGHTS:
+    role = {case: r for r, case in ROLES.items()}.get(name)
+    if name not in WEIGHTS or role is None:
         raise SystemExit(f"read_ceiling: no GEMM {name!r}; one of {', '.join(WEIGHTS)}")
-    N, K = decode_shapes()[name]
-    call = WEIGHTS[name]
-    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5 for _ in range(layers)]
-    x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16)
-    res = torch.randn(BATCH, N, device="cuda", dtype=torch.bfloat16)
-    gamma = torch.ones(N, device="cuda", dtype=torch.bfloat16)
-    if call == "linear":
-        return ws, lambda w: skinny.linear(x, w, "in_proj")
-    if call == "swiglu":
-        return ws, lambda w: skinny.swiglu(x, w)
-    return ws, lambda w: skinny.residual_linear(x, w, res, gamma, config=name)
+    sets, call, _ = role_inputs(role, BATCH)
+    return sets[:layers], call
 
 
 def time_skinny(name: str) -> float:
-    ws, fn = skinny_case(name)
-    fn(ws[0])  # its split-K tickets are allocated outside the graph
+    sets, fn = skinny_case(name)
+    fn(sets[0])  # its split-K tickets are allocated outside the graph
     torch.cuda.synchronize()
-    return time_layers(fn, ws)
+    return time_layers(fn, sets)
 
 
 def main(argv: list[str] | None = None) -> None:

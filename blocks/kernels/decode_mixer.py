@@ -59,7 +59,11 @@ NUM_WARPS = 4
 # first instruction ``gdc_launch_dependents``. history: docs/benchmarks/kernel_decisions/decode_mixer.md#lost
 CHUNKS = 2
 PLAIN_CHUNKS = 4
-SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4)}
+# Slices whose state loads are in flight ahead of the one being updated: 1 (the next slice's load
+# issued as this one's update starts) or 2 (two ahead: with 4 slices, three of the four [K, V/4]
+# loads in flight at once, for more bytes in flight per program; untimed as of 2026-12-02 19:50).
+SLICES_AHEAD = 1
+SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4), "SLICES_AHEAD": (1, 2)}
 
 
 @triton.jit
@@ -109,7 +113,7 @@ def _l2norm(x, DTYPE: tl.constexpr):
 def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log, dt_bias,
                   s_in, s_out, gate, sg_b, norm_w, eps, o, scale, H, C,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NC: tl.constexpr,
-                  W: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
+                  AHEAD: tl.constexpr, W: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
                   OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
     """Grid (B*H,): one head. ``proj: [B, C]`` the q|k|v columns of the input projection (row
     stride ``sp_b``; C = H*(2K+V)); ``cache``/``new_cache: [B, W-1, C]``; ``conv_w: [C, W]``;
@@ -118,7 +122,9 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     slices of the projection); ``A_log, dt_bias: [H]``; state ``[B, H, K, V]`` float32; ``gate``:
     the output gate's pre-activation ``[B, H*V]`` (stride ``sg_b``); ``norm_w: [V]``;
     ``o: [B, H*V]``. The value columns go in ``NC`` slices of ``BV // NC`` (``CHUNKS``); with more
-    than one and a norm, each slice's output is stored before the norm and the row re-read."""
+    than one and a norm, each slice's output is stored before the norm and the row re-read;
+    ``AHEAD`` (1 or 2, ``SLICES_AHEAD``): how many slices' state loads are in flight ahead of the
+    one being updated."""
     BC: tl.constexpr = BV // NC
     i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
@@ -128,6 +134,8 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     m_k = o_k < K
     p_s = i_bh * K * V + o_k[:, None] * V + o_c[None, :]
     b_next = tl.load(s_in + p_s, mask=m_k[:, None] & (o_c < V)[None, :], other=0.)
+    if AHEAD == 2 and NC > 1:  # the second slice's load issued now too
+        b_after = tl.load(s_in + p_s + BC, mask=m_k[:, None] & (o_c + BC < V)[None, :], other=0.)
     b_q = _conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
     b_k = _conv_silu(proj, cache, new_cache, conv_w, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
     if DELTA:
@@ -148,7 +156,13 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
         o_v = j * BC + o_c
         m_v = o_v < V
         m_kv = m_k[:, None] & m_v[None, :]
-        if j + 1 < NC:  # issued before this slice's store: the two overlap
+        if AHEAD == 2:  # slice j + 1 is in flight already; issue j + 2
+            if j + 1 < NC:
+                b_next = b_after
+            if j + 2 < NC:
+                b_after = tl.load(s_in + p_s + (j + 2) * BC, mask=m_k[:, None] & (o_v + 2 * BC < V)[None, :],
+                                  other=0.)
+        elif j + 1 < NC:  # issued before this slice's store: the two overlap
             b_next = tl.load(s_in + p_s + (j + 1) * BC, mask=m_k[:, None] & (o_v + BC < V)[None, :], other=0.)
         b_v = _conv_silu(proj, cache, new_cache, conv_w, i_b, 2 * H * K + i_h * V + j * BC, o_c, m_v, sp_b, C, W,
                          DTYPE, WRITE_CACHE)
@@ -243,7 +257,7 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         qkv, qkv.stride(0), cache, new_cache, conv_w, a, a.stride(0), beta_logit, beta_logit.stride(0),
         block.A_log if decay else s_in, block.dt_bias if decay else s_in, s_in, s_out, gate, gate.stride(0),
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
-        K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), W=W, DELTA=delta,
+        K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), AHEAD=SLICES_AHEAD, W=W, DELTA=delta,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
         DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS)
     return o[:, None], new_state

@@ -772,6 +772,16 @@ def test_decode_profile_lists_every_kernel_with_its_launches():
     text = "\n".join(lines)
     assert "5 launches, 28 us busy, 12 us between kernels (graph 40 us)" in text
     assert "| `gemm` | 2 | 22.0 | 11.00 |" in text and "| 1 more kernel names | 2 | 2.5 | |" in text
+    # the step's path: two layers of (gemm, step, gemm), the second gemm of each launched (PDL) before
+    # the step ends; a 1 us idle gap before the second layer
+    path = gpu_kernels.step_path([("gemm", 0.0, 10.0), ("step", 9.0, 12.0), ("gemm", 11.0, 20.0),
+                                  ("gemm", 21.0, 30.0), ("step", 29.0, 33.0), ("gemm", 30.0, 40.0)], layers=2)
+    assert path["step_us"] == 40.0 and path["idle_us"] == 1.0
+    assert path["by_role"] == [["gemm#0", 2, 19.0, 19.0], ["step", 2, 5.0, 7.0], ["gemm#1", 2, 15.0, 19.0]]
+    assert sum(r[2] for r in path["by_role"]) + path["idle_us"] == path["step_us"]
+    p["path"] = path
+    text = "\n".join(gpu_kernels._md_kernel_lists([("m x2 @ 8", {"graph_s": 40e-6, "profile": p})], rows=3))
+    assert "40 us under the profiler, 1.0 us idle" in text and "| `gemm#1` | 2 | 15.0 | 7.50 | 9.50 |" in text
     # a profile as runs before 2026-12-01 wrote it (no by_kernel) adds no list
     assert gpu_kernels._md_kernel_lists([("old", {"profile": {"kernels": 1, "busy_us": 1.0, "top_us": []}})]) == []
 

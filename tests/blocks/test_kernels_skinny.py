@@ -487,15 +487,16 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("chunks", [1, 2, 4])
+@pytest.mark.parametrize("chunks, ahead", [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2)])
 @pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
 @pytest.mark.parametrize("first", ["gla", "softmax"])
-def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chunks, epilogue, first, monkeypatch):
+def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chunks, ahead, epilogue, first,
+                                                                       monkeypatch):
     """The fused layers with PDL in a model whose first layer is not fused (gla: no fused
     embedding; the first fused layer, softmax with grouped-query heads, a 4-token window whose ring
     wraps in the 12 steps and the output gate, computes its own norm1) and whose linear heads are
     small (64 value columns), the mixer's state in one, two or four slices (``decode_mixer.CHUNKS``,
-    ``PLAIN_CHUNKS``), o_proj / w2 as ``residual_linear`` or ``partials`` + ``add_norm``
+    ``PLAIN_CHUNKS``) with one or two slices' loads ahead (``SLICES_AHEAD``), o_proj / w2 as ``residual_linear`` or ``partials`` + ``add_norm``
     (``skinny.RESIDUAL_EPILOGUE``), against the eager model with the fused paths off, 12 steps.
     With ``first`` = softmax instead, that layer is fused too and takes its norm1 from the fused
     embedding lookup."""
@@ -510,6 +511,7 @@ def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chu
     monkeypatch.setattr(skinny, "RESIDUAL_EPILOGUE", epilogue)
     monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
     monkeypatch.setattr(decode_mixer, "PLAIN_CHUNKS", chunks)
+    monkeypatch.setattr(decode_mixer, "SLICES_AHEAD", ahead)
     monkeypatch.setattr(decode_mixer, "ENABLED", False)
     monkeypatch.setattr(decode_layer, "ENABLED", False)
 
