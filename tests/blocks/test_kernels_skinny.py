@@ -97,6 +97,32 @@ def test_residual_linear_and_normed_rows_in_interpreter(M, N, K, split, monkeypa
 
 
 @interpreter
+@pytest.mark.parametrize("M, hidden, K, split", [(3, 40, 150, 3), (16, 16, 64, 4), (1, 5, 300, 2)])
+def test_swiglu_in_splits_of_k_in_interpreter(M, hidden, K, split, monkeypatch):
+    """``swiglu`` with K split (each column tile's last split adds both products' partials, then
+    the row scale and the SiLU), on a plain tensor and on ``NormedRows``, against float32 PyTorch
+    and against one split; the tickets are back at 0 afterwards."""
+    from blocks.kernels import skinny
+
+    torch.manual_seed(3)
+    x, w13 = torch.randn(M, K), torch.randn(2 * hidden, K) / K ** 0.5
+    rows = skinny.NormedRows(x, torch.rand(3, M) * K / 3 + 0.5, 1e-6)
+    w1, w3 = w13.chunk(2)
+    monkeypatch.setitem(skinny.CONFIGS, "swiglu", (16, 32, 1, 4, 4))  # float32: BK 16
+    with checked_memory():
+        whole = skinny.swiglu(rows, w13)
+    monkeypatch.setitem(skinny.CONFIGS, "swiglu", (16, 32, split, 4, 4))
+    with checked_memory():
+        a = skinny.swiglu(x, w13)
+        b = skinny.swiglu(rows, w13)
+    assert skinny._split(K, skinny._config("swiglu", x.dtype))[1] == split  # K really split that many ways
+    assert rel(a, F.silu(x @ w1.T) * (x @ w3.T)) < 1e-6
+    xn = rows.materialize()
+    assert rel(b, F.silu(xn @ w1.T) * (xn @ w3.T)) < 1e-6 and rel(b, whole) < 1e-6
+    assert not skinny._TICKETS[torch.device("cpu")].any()
+
+
+@interpreter
 def test_residual_linear_tickets_choose_the_split_that_finishes_a_tile_in_interpreter(monkeypatch):
     """The split-K ticket decides which split finishes a column tile: with tile 1's ticket left at
     1 (as a call that died mid-way would leave it), the third of its four splits takes ticket 3 and
@@ -433,6 +459,12 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case):
     elif case == "w13":
         a, b = ref.chunk(2, dim=-1)
         assert rel(skinny.swiglu(x, w), F.silu(a) * b) < 1e-2
+        for cfg in [(32, 64, 3, 4, 4), (64, 64, 3, 4, 3)]:  # K in splits, their tickets reused call after call
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setitem(skinny.CONFIGS, "swiglu", cfg)
+                for _ in range(3):
+                    assert rel(skinny.swiglu(x, w), F.silu(a) * b) < 1e-2
+            assert not skinny._TICKETS[x.device].any()
     else:
         res, gamma = torch.randn(16, N, device="cuda").bfloat16(), torch.rand(N, device="cuda") + 0.5
         h, hn = skinny.add_norm(skinny.partials(x, w, case + "_partials"), res, gamma, 1e-6)
