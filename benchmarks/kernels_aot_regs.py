@@ -175,12 +175,9 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     # the decode mixer of the benchmark's decode models (conv 4 for the delta rules, none for simple_gla)
     for tag, delta, gated, conv in (("gated_deltanet", True, True, 4), ("deltanet", True, False, 4),
                                     ("simple_gla", False, True, 0)):
-        # the whole state at once, in two / four slices of value columns (decode_mixer.CHUNKS), and
-        # with two slices' loads ahead (SLICES_AHEAD)
-        for nc, ahead in ((1, 1), (2, 1), (4, 1), (2, 2), (4, 2)):
-            yield (f"decode_mixer{'' if nc == 1 else f'_chunks{nc}'}{'' if ahead == 1 else f'_ahead{ahead}'}.{tag}",
-                   dm._mixer_kernel,
-                   dict(K=K, V=V, BK=BK, BV=BV, NC=nc, AHEAD=ahead, W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True,
+        for nc in (1, 2, 4):  # the whole state at once, in two / four slices of value columns (decode_mixer.CHUNKS)
+            yield (f"decode_mixer{'' if nc == 1 else f'_chunks{nc}'}.{tag}", dm._mixer_kernel,
+                   dict(K=K, V=V, BK=BK, BV=BV, NC=nc, TRIGGER=dm._TRIGGERS[dm.LAUNCH_DEPENDENTS], PDL=dm.PDL_WAIT_FIRST, W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True,
                         WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1, None)
     # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)
     for tag, G in (("mha", 1), ("gqa4", 4)):

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from . import register_kernel
 from .step import state_buffers
-from .tiles import INTERPRET as _INTERPRET, pow2
+from .tiles import INTERPRET as _INTERPRET, pdl_launch, pow2
 
 # Timed (H200, 2026-12-01 10:24, ``benchmarks/gpu_kernels.py --decode-mixers off,on``,
 # docs/benchmarks/decode_mixer_pdl.md): the compiled 24-layer decode step at batch 16 went from 460
@@ -59,11 +59,20 @@ NUM_WARPS = 4
 # first instruction ``gdc_launch_dependents``. history: docs/benchmarks/kernel_decisions/decode_mixer.md#lost
 CHUNKS = 2
 PLAIN_CHUNKS = 4
-# Slices whose state loads are in flight ahead of the one being updated: 1 (the next slice's load
-# issued as this one's update starts) or 2 (two ahead: with 4 slices, three of the four [K, V/4]
-# loads in flight at once, for more bytes in flight per program; untimed as of 2026-12-02 19:50).
-SLICES_AHEAD = 1
-SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4), "SLICES_AHEAD": (1, 2)}
+# Where the kernel lets the next one (o_proj's GEMM, launched with PDL) launch: "exit" (at the
+# kernel's end, as without the instruction), "start" (its first instruction: lost, 2026-12-01 13:29,
+# see the history), "loads" (once its state loads and the q, k channels are issued), "stores"
+# (after its last state store, before the head norm's re-read and the output gate): o_proj then
+# starts, and pulls its first weight tiles into L2, under the mixer's tail. The GEMM reads the
+# mixer's output only after ``gdc_wait``, i.e. after this kernel has finished, wherever this is.
+LAUNCH_DEPENDENTS = "exit"
+_TRIGGERS = {"exit": 0, "start": 1, "loads": 2, "stores": 3}
+# The kernel itself launched with PDL (under the input projection, which lets dependents launch
+# first thing), its first instruction ``gdc_wait``: its programs are resident when the GEMM ends,
+# instead of launching then; no load before the wait (the state read early lost, see the history).
+PDL_WAIT_FIRST = False
+SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4), "LAUNCH_DEPENDENTS": tuple(_TRIGGERS),
+            "PDL_WAIT_FIRST": (False, True)}
 
 
 @triton.jit
@@ -113,7 +122,8 @@ def _l2norm(x, DTYPE: tl.constexpr):
 def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log, dt_bias,
                   s_in, s_out, gate, sg_b, norm_w, eps, o, scale, H, C,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NC: tl.constexpr,
-                  AHEAD: tl.constexpr, W: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
+                  TRIGGER: tl.constexpr, PDL: tl.constexpr, W: tl.constexpr, DELTA: tl.constexpr,
+                  GATED: tl.constexpr, NORM: tl.constexpr,
                   OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
     """Grid (B*H,): one head. ``proj: [B, C]`` the q|k|v columns of the input projection (row
     stride ``sp_b``; C = H*(2K+V)); ``cache``/``new_cache: [B, W-1, C]``; ``conv_w: [C, W]``;
@@ -122,10 +132,15 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     slices of the projection); ``A_log, dt_bias: [H]``; state ``[B, H, K, V]`` float32; ``gate``:
     the output gate's pre-activation ``[B, H*V]`` (stride ``sg_b``); ``norm_w: [V]``;
     ``o: [B, H*V]``. The value columns go in ``NC`` slices of ``BV // NC`` (``CHUNKS``); with more
-    than one and a norm, each slice's output is stored before the norm and the row re-read;
-    ``AHEAD`` (1 or 2, ``SLICES_AHEAD``): how many slices' state loads are in flight ahead of the
-    one being updated."""
+    than one and a norm, each slice's output is stored before the norm and the row re-read.
+    ``TRIGGER`` (``LAUNCH_DEPENDENTS``): 0 none, else where ``gdc_launch_dependents`` goes (1 first,
+    2 after the first state load and q, k, 3 after the last state store); ``PDL``
+    (``PDL_WAIT_FIRST``): launched with PDL, ``gdc_wait`` before anything else."""
     BC: tl.constexpr = BV // NC
+    if TRIGGER == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # launched early (PDL_WAIT_FIRST): every input is the kernels before's output
+        tl.extra.cuda.gdc_wait()
     i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -134,8 +149,6 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     m_k = o_k < K
     p_s = i_bh * K * V + o_k[:, None] * V + o_c[None, :]
     b_next = tl.load(s_in + p_s, mask=m_k[:, None] & (o_c < V)[None, :], other=0.)
-    if AHEAD == 2 and NC > 1:  # the second slice's load issued now too
-        b_after = tl.load(s_in + p_s + BC, mask=m_k[:, None] & (o_c + BC < V)[None, :], other=0.)
     b_q = _conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
     b_k = _conv_silu(proj, cache, new_cache, conv_w, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
     if DELTA:
@@ -150,19 +163,15 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     beta = 1.
     if DELTA:
         beta = tl.sigmoid(tl.load(bl + i_b * sb_b + i_h).to(tl.float32))
+    if TRIGGER == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     sum_sq = 0.
     for j in tl.static_range(NC):
         b_s = b_next
         o_v = j * BC + o_c
         m_v = o_v < V
         m_kv = m_k[:, None] & m_v[None, :]
-        if AHEAD == 2:  # slice j + 1 is in flight already; issue j + 2
-            if j + 1 < NC:
-                b_next = b_after
-            if j + 2 < NC:
-                b_after = tl.load(s_in + p_s + (j + 2) * BC, mask=m_k[:, None] & (o_v + 2 * BC < V)[None, :],
-                                  other=0.)
-        elif j + 1 < NC:  # issued before this slice's store: the two overlap
+        if j + 1 < NC:  # issued before this slice's store: the two overlap
             b_next = tl.load(s_in + p_s + (j + 1) * BC, mask=m_k[:, None] & (o_v + BC < V)[None, :], other=0.)
         b_v = _conv_silu(proj, cache, new_cache, conv_w, i_b, 2 * H * K + i_h * V + j * BC, o_c, m_v, sp_b, C, W,
                          DTYPE, WRITE_CACHE)
@@ -179,6 +188,8 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
         else:  # the norm needs the whole row: store the slice as it is, finish below
             tl.store(o + i_b * H * V + i_h * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
             sum_sq += tl.sum(b_o * b_o, 0)
+    if TRIGGER == 3:
+        tl.extra.cuda.gdc_launch_dependents()
     if NC > 1 and NORM:
         tl.debug_barrier()  # every thread's slice stores before the row is re-read (same CTA: visible)
         o_f = tl.arange(0, BV)
@@ -257,10 +268,18 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         qkv, qkv.stride(0), cache, new_cache, conv_w, a, a.stride(0), beta_logit, beta_logit.stride(0),
         block.A_log if decay else s_in, block.dt_bias if decay else s_in, s_in, s_out, gate, gate.stride(0),
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
-        K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), AHEAD=SLICES_AHEAD, W=W, DELTA=delta,
+        K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), TRIGGER=_trigger(qkv.device), W=W, DELTA=delta,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
-        DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS)
+        DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS, **pdl_launch(PDL_WAIT_FIRST, qkv.device))
     return o[:, None], new_state
+
+
+def _trigger(device: torch.device) -> int:
+    """``LAUNCH_DEPENDENTS`` as the kernel's ``TRIGGER``: 0 where there is no grid dependency
+    control (the interpreter, GPUs before sm_90)."""
+    if LAUNCH_DEPENDENTS not in _TRIGGERS:
+        raise ValueError(f"decode_mixer.LAUNCH_DEPENDENTS: one of {', '.join(_TRIGGERS)}, got {LAUNCH_DEPENDENTS!r}")
+    return _TRIGGERS[LAUNCH_DEPENDENTS] if pdl_launch(True, device)["PDL"] else 0
 
 
 def _slices(V: int, delta: bool) -> int:

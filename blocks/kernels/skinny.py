@@ -98,9 +98,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     """Grid (cdiv(N, BN), SPLIT_K). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
-    ``out[:M, n] = silu(x . w[n]) * (x . w[HALF + n])`` for ``n < N``; over ``SPLITS`` splits of
-    K, each split stores both products' float32 partials in ``part`` (``[SPLITS, M, 2 N]``) and
-    the last of a column tile (its ticket, as ``RESIDUAL``'s) adds them up and finishes the tile.
+    ``out[:M, n] = silu(x . w[n]) * (x . w[HALF + n])`` for ``n < N`` (one split).
 
     ``ROW_SCALE``: ``x`` is an RMSNorm's input times its weight (``NormedRows.scaled``) and row
     ``m`` of each product is multiplied by ``rsqrt(sum_t ss_in[t, m] / N_in + eps_in)`` (``ss_in``:
@@ -149,26 +147,6 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
             b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
                            other=0.)
             acc3 += tl.dot(b_x, tl.trans(b_w3), input_precision=DOT_PREC)
-    if SWIGLU and SPLITS > 1:
-        # [SPLITS, M, 2 N] float32 partials: this split's W1 products at columns n, its W3 ones at N + n
-        o_part = part + o_m[:, None] * (2 * N) + o_n[None, :]
-        tl.store(o_part + i_s * M * 2 * N, acc, mask=m_mn)
-        tl.store(o_part + i_s * M * 2 * N + N, acc3, mask=m_mn)
-        tl.debug_barrier()  # every thread's partial stored before the ticket (its release covers them)
-        if tl.atomic_add(tickets + i_n, 1, sem="acq_rel") == SPLITS - 1:
-            acc = tl.zeros([BM, BN], dtype=tl.float32)  # every split's partials, in split order (as below)
-            acc3 = tl.zeros([BM, BN], dtype=tl.float32)
-            for s in tl.static_range(SPLITS):
-                acc += tl.load(o_part + s * M * 2 * N, mask=m_mn, other=0., cache_modifier=".cg")
-                acc3 += tl.load(o_part + s * M * 2 * N + N, mask=m_mn, other=0., cache_modifier=".cg")
-            tl.store(tickets + i_n, 0)
-            if ROW_SCALE:
-                rstd = tl.rsqrt(tl.sum(ss, 0) / N_in + eps_in)
-                acc = acc * rstd[:, None]
-                acc3 = acc3 * rstd[:, None]
-            acc = acc * tl.sigmoid(acc) * acc3
-            tl.store(out + o_m[:, None] * so_m + o_n[None, :], acc.to(out.dtype.element_ty), mask=m_mn)
-        return
     if ROW_SCALE:
         rstd = tl.rsqrt(tl.sum(ss, 0) / N_in + eps_in)
         acc = acc * rstd[:, None]
@@ -307,7 +285,7 @@ def _launch(grid, x, w, out, N, k_per, cfg, so_m, *, half=0, so_s=0, swiglu=Fals
         return out if t is None else t
 
     tiles_in = norm_in.sumsq.shape[0] if norm_in is not None else 1
-    ticketed = (res is not None or swiglu) and splits > 1
+    ticketed = res is not None and splits > 1
     _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), w.stride(0), so_s, so_m,
                          given(norm_in and norm_in.sumsq), tiles_in, norm_in.scaled.shape[1] if norm_in else 1,
                          norm_in.eps if norm_in else 0., given(res), res.stride(0) if res is not None else 0,
@@ -401,20 +379,15 @@ def residual_linear(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, ga
 
 def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor, config: str = "swiglu") -> torch.Tensor:
     """``silu(x W1^T) * (x W3^T) -> [M, hidden]`` in ``x``'s dtype, ``w13 = [W1; W3]``
-    (``[2 * hidden, K]``, as ``archsearch.model.SwiGLU.w13``); ``x`` may be ``NormedRows``. With a
-    split in the config, K is split as in ``residual_linear`` and each column tile's last split
-    adds the partials up (its SiLU needs the whole sum)."""
+    (``[2 * hidden, K]``, as ``archsearch.model.SwiGLU.w13``); ``x`` may be ``NormedRows``."""
     x, rows = _operand(x, w13, "swiglu")
     if w13.shape[0] % 2:
         raise ValueError(f"skinny swiglu: w13 must stack W1 over W3 ([2 * hidden, K]), got {tuple(w13.shape)}")
     cfg = _config(config, x.dtype)
     hidden = w13.shape[0] // 2
-    M, K = x.shape
-    out = x.new_empty(M, hidden)
-    k_per, S = _split(K, cfg)
-    part = torch.empty(S, M, 2 * hidden, dtype=torch.float32, device=x.device) if S > 1 else None
-    _launch((cdiv(hidden, cfg[0]), S), x, w13, out, hidden, k_per, cfg, out.stride(0), half=hidden, swiglu=True,
-            norm_in=rows, part=part, splits=S)
+    out = x.new_empty(x.shape[0], hidden)
+    _launch((cdiv(hidden, cfg[0]), 1), x, w13, out, hidden, x.shape[1], cfg, out.stride(0), half=hidden, swiglu=True,
+            norm_in=rows)
     return out
 
 

@@ -436,19 +436,18 @@ MIXER_CONFIGS = [  # (block, config): the benchmark's defaults, every conv size,
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
-@pytest.mark.parametrize("chunks, ahead", [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2)])
+@pytest.mark.parametrize("chunks", [1, 2, 4])
 @pytest.mark.parametrize("block_name, config", MIXER_CONFIGS, ids=lambda c: str(c))
-def test_decode_mixer_kernel_in_interpreter(block_name, config, chunks, ahead, monkeypatch):
+def test_decode_mixer_kernel_in_interpreter(block_name, config, chunks, monkeypatch):
     """``blocks.kernels.decode_mixer``: a delta-rule or simple_gla block's decode step between its
     projections as one kernel against the block's own path (conv and its cache, L2 norms, gates,
     state update, head norm, output gate): functional, and in place inside ``inplace_decode_state``;
     the state in one, two or four slices of value columns (``CHUNKS``, ``PLAIN_CHUNKS``; heads of 20 value columns
-    take at most two slices of 16), with one or two slices' loads in flight ahead (``SLICES_AHEAD``)."""
+    take at most two slices of 16)."""
     from blocks.kernels import decode_mixer
 
     monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
     monkeypatch.setattr(decode_mixer, "PLAIN_CHUNKS", chunks)
-    monkeypatch.setattr(decode_mixer, "SLICES_AHEAD", ahead)
     _check_mixer_against_the_block(block_name, config)
 
 

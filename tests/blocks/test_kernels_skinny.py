@@ -97,32 +97,6 @@ def test_residual_linear_and_normed_rows_in_interpreter(M, N, K, split, monkeypa
 
 
 @interpreter
-@pytest.mark.parametrize("M, hidden, K, split", [(3, 40, 150, 3), (16, 16, 64, 4), (1, 5, 300, 2)])
-def test_swiglu_in_splits_of_k_in_interpreter(M, hidden, K, split, monkeypatch):
-    """``swiglu`` with K split (each column tile's last split adds both products' partials, then
-    the row scale and the SiLU), on a plain tensor and on ``NormedRows``, against float32 PyTorch
-    and against one split; the tickets are back at 0 afterwards."""
-    from blocks.kernels import skinny
-
-    torch.manual_seed(3)
-    x, w13 = torch.randn(M, K), torch.randn(2 * hidden, K) / K ** 0.5
-    rows = skinny.NormedRows(x, torch.rand(3, M) * K / 3 + 0.5, 1e-6)
-    w1, w3 = w13.chunk(2)
-    monkeypatch.setitem(skinny.CONFIGS, "swiglu", (16, 32, 1, 4, 4))  # float32: BK 16
-    with checked_memory():
-        whole = skinny.swiglu(rows, w13)
-    monkeypatch.setitem(skinny.CONFIGS, "swiglu", (16, 32, split, 4, 4))
-    with checked_memory():
-        a = skinny.swiglu(x, w13)
-        b = skinny.swiglu(rows, w13)
-    assert skinny._split(K, skinny._config("swiglu", x.dtype))[1] == split  # K really split that many ways
-    assert rel(a, F.silu(x @ w1.T) * (x @ w3.T)) < 1e-6
-    xn = rows.materialize()
-    assert rel(b, F.silu(xn @ w1.T) * (xn @ w3.T)) < 1e-6 and rel(b, whole) < 1e-6
-    assert not skinny._TICKETS[torch.device("cpu")].any()
-
-
-@interpreter
 def test_residual_linear_tickets_choose_the_split_that_finishes_a_tile_in_interpreter(monkeypatch):
     """The split-K ticket decides which split finishes a column tile: with tile 1's ticket left at
     1 (as a call that died mid-way would leave it), the third of its four splits takes ticket 3 and
@@ -459,12 +433,6 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case):
     elif case == "w13":
         a, b = ref.chunk(2, dim=-1)
         assert rel(skinny.swiglu(x, w), F.silu(a) * b) < 1e-2
-        for cfg in [(32, 64, 3, 4, 4), (64, 64, 3, 4, 3)]:  # K in splits, their tickets reused call after call
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setitem(skinny.CONFIGS, "swiglu", cfg)
-                for _ in range(3):
-                    assert rel(skinny.swiglu(x, w), F.silu(a) * b) < 1e-2
-            assert not skinny._TICKETS[x.device].any()
     else:
         res, gamma = torch.randn(16, N, device="cuda").bfloat16(), torch.rand(N, device="cuda") + 0.5
         h, hn = skinny.add_norm(skinny.partials(x, w, case + "_partials"), res, gamma, 1e-6)
@@ -519,16 +487,19 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("chunks, ahead", [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2)])
+@pytest.mark.parametrize("chunks", [1, 2, 4])
 @pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
 @pytest.mark.parametrize("first", ["gla", "softmax"])
-def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chunks, ahead, epilogue, first,
+@pytest.mark.parametrize("mixer_pdl", [("exit", False), ("stores", True)], ids=["mixer_plain", "mixer_pdl"])
+def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chunks, epilogue, first, mixer_pdl,
                                                                        monkeypatch):
     """The fused layers with PDL in a model whose first layer is not fused (gla: no fused
     embedding; the first fused layer, softmax with grouped-query heads, a 4-token window whose ring
     wraps in the 12 steps and the output gate, computes its own norm1) and whose linear heads are
     small (64 value columns), the mixer's state in one, two or four slices (``decode_mixer.CHUNKS``,
-    ``PLAIN_CHUNKS``) with one or two slices' loads ahead (``SLICES_AHEAD``), o_proj / w2 as ``residual_linear`` or ``partials`` + ``add_norm``
+    ``PLAIN_CHUNKS``; launched plainly, or with PDL waiting first and letting o_proj launch after
+    its state stores: ``PDL_WAIT_FIRST``, ``LAUNCH_DEPENDENTS``), o_proj / w2 as
+    ``residual_linear`` or ``partials`` + ``add_norm``
     (``skinny.RESIDUAL_EPILOGUE``), against the eager model with the fused paths off, 12 steps.
     With ``first`` = softmax instead, that layer is fused too and takes its norm1 from the fused
     embedding lookup."""
@@ -543,7 +514,8 @@ def test_fused_decode_layers_after_an_unfused_first_layer_match_eager(dtype, chu
     monkeypatch.setattr(skinny, "RESIDUAL_EPILOGUE", epilogue)
     monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
     monkeypatch.setattr(decode_mixer, "PLAIN_CHUNKS", chunks)
-    monkeypatch.setattr(decode_mixer, "SLICES_AHEAD", ahead)
+    monkeypatch.setattr(decode_mixer, "LAUNCH_DEPENDENTS", mixer_pdl[0])
+    monkeypatch.setattr(decode_mixer, "PDL_WAIT_FIRST", mixer_pdl[1])
     monkeypatch.setattr(decode_mixer, "ENABLED", False)
     monkeypatch.setattr(decode_layer, "ENABLED", False)
 
