@@ -60,17 +60,22 @@ NUM_WARPS = 4
 CHUNKS = 2
 PLAIN_CHUNKS = 4
 # Where the kernel lets the next one (o_proj's GEMM, launched with PDL) launch: "exit" (at the
-# kernel's end, as without the instruction), "start" (its first instruction: lost, 2026-12-01 13:29,
-# see the history), "loads" (once its state loads and the q, k channels are issued), "stores"
-# (after its last state store, before the head norm's re-read and the output gate): o_proj then
-# starts, and pulls its first weight tiles into L2, under the mixer's tail. The GEMM reads the
-# mixer's output only after ``gdc_wait``, i.e. after this kernel has finished, wherever this is.
-LAUNCH_DEPENDENTS = "exit"
+# kernel's end, as without the instruction), "start" (its first instruction), "loads" (once its
+# state loads and the q, k channels are issued), "stores" (after its last state store, before the
+# head norm's re-read and the output gate): o_proj then starts, and pulls its first weight tiles
+# into L2, under the mixer's tail. The GEMM reads the mixer's output only after ``gdc_wait``, i.e.
+# after this kernel has finished, wherever this is. And the kernel itself launched with PDL under
+# the input projection (which lets dependents launch first thing), its first instruction
+# ``gdc_wait`` (``PDL_WAIT_FIRST``): its programs are resident when the GEMM ends instead of
+# launching then; no load before the wait (the state read early lost, see the history).
+# Timed (H200, 2026-12-02 19:56 / 20:02, compiled x24 graphs, ``--compiled-sets`` round-robin,
+# docs/benchmarks/decode_sets_1202_2002.md): "stores" alone -0.5 / -0.4% (gated_deltanet /
+# simple_gla, 5 of 6 passes below the base's), "loads" +2.0 / +2.4%, "start" +1.9 / +1.9%; with
+# PDL_WAIT_FIRST 1.389 -> 1.372 ms and 1.338 -> 1.310 (5 of 6 passes below the base pass beside it,
+# a host that moved between two modes ~4% apart).
+LAUNCH_DEPENDENTS = "stores"
 _TRIGGERS = {"exit": 0, "start": 1, "loads": 2, "stores": 3}
-# The kernel itself launched with PDL (under the input projection, which lets dependents launch
-# first thing), its first instruction ``gdc_wait``: its programs are resident when the GEMM ends,
-# instead of launching then; no load before the wait (the state read early lost, see the history).
-PDL_WAIT_FIRST = False
+PDL_WAIT_FIRST = True
 SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4), "LAUNCH_DEPENDENTS": tuple(_TRIGGERS),
             "PDL_WAIT_FIRST": (False, True)}
 
