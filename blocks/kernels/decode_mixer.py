@@ -55,8 +55,9 @@ NUM_WARPS = 4
 # gated_deltanet x24 graph 1.379 -> 1.368 ms at 2 slices (every pass below every pass of one
 # slice), 1.393 at 4: two slices since. A second call (18:10, decode_chunks_1202.md) on a host
 # that ran in two modes: -0.9% in the faster one, a tie of medians.
-# Lost: the value columns split over 4 programs per head, the kernel launched early with PDL, its
-# first instruction ``gdc_launch_dependents``. history: docs/benchmarks/kernel_decisions/decode_mixer.md#lost
+# Lost: the value columns split over 4 programs per head, the kernel launched early with PDL to
+# read its state under the input projection, its first instruction ``gdc_launch_dependents``, the
+# state loads two slices ahead. history: docs/benchmarks/kernel_decisions/decode_mixer.md#lost
 CHUNKS = 2
 PLAIN_CHUNKS = 4
 # Where the kernel lets the next one (o_proj's GEMM, launched with PDL) launch: "exit" (at the
@@ -72,7 +73,8 @@ PLAIN_CHUNKS = 4
 # docs/benchmarks/decode_sets_1202_2002.md): "stores" alone -0.5 / -0.4% (gated_deltanet /
 # simple_gla, 5 of 6 passes below the base's), "loads" +2.0 / +2.4%, "start" +1.9 / +1.9%; with
 # PDL_WAIT_FIRST 1.389 -> 1.372 ms and 1.338 -> 1.310 (5 of 6 passes below the base pass beside it,
-# a host that moved between two modes ~4% apart).
+# a host that moved between two modes ~4% apart); both against neither on a steady host (20:06,
+# decode_sets_1202_2006.md): 1.394 -> 1.372 / 1.338 -> 1.317, every pass below every pass.
 LAUNCH_DEPENDENTS = "stores"
 _TRIGGERS = {"exit": 0, "start": 1, "loads": 2, "stores": 3}
 PDL_WAIT_FIRST = True
