@@ -956,6 +956,17 @@ def test_gpu_benchmark_sets_the_decode_mixer_switches(monkeypatch, capsys, tmp_p
     with pytest.raises(SystemExit):
         gpu_kernels.main(["--out", str(tmp_path), "--compiled-sets=-;PDL=maybe"])
     assert "PDL takes (False, True), got 'maybe'" in capsys.readouterr().err
+    # the mixer's launch switches: a string value from --set, checked again at the launch
+    monkeypatch.setattr(decode_mixer, "LAUNCH_DEPENDENTS", decode_mixer.LAUNCH_DEPENDENTS)
+    assert gpu_common.apply_sets("LAUNCH_DEPENDENTS=exit") == {"LAUNCH_DEPENDENTS": "exit"}
+    with pytest.raises(SystemExit):
+        gpu_kernels.main(["--out", str(tmp_path), "--set", "LAUNCH_DEPENDENTS=early"])
+    assert "LAUNCH_DEPENDENTS takes ('exit', 'start', 'loads', 'stores'), got 'early'" in capsys.readouterr().err
+    decode_mixer.LAUNCH_DEPENDENTS = "early"
+    with pytest.raises(ValueError, match="LAUNCH_DEPENDENTS: one of exit, start, loads, stores"):
+        decode_mixer._trigger(torch.device("cpu"))
+    decode_mixer.LAUNCH_DEPENDENTS = "stores"
+    assert decode_mixer._trigger(torch.device("cpu")) == 0  # no grid dependency control off the GPU
     with pytest.raises(SystemExit):
         gpu_kernels.main(["--out", str(tmp_path), "--compiled-contexts", "1024,4k"])
     assert "--compiled-contexts: a comma list of positive integers, got '1024,4k'" in capsys.readouterr().err
