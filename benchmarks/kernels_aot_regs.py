@@ -175,10 +175,11 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     # the decode mixer of the benchmark's decode models (conv 4 for the delta rules, none for simple_gla)
     for tag, delta, gated, conv in (("gated_deltanet", True, True, 4), ("deltanet", True, False, 4),
                                     ("simple_gla", False, True, 0)):
-        for nc in (1, 2, 4):  # the whole state at once, in two / four slices of value columns (decode_mixer.CHUNKS)
+        for nc in (1, 2, 4):  # the whole state at once, in two or four slices of values (decode_mixer.CHUNKS)
             yield (f"decode_mixer{'' if nc == 1 else f'_chunks{nc}'}.{tag}", dm._mixer_kernel,
-                   dict(K=K, V=V, BK=BK, BV=BV, NC=nc, TRIGGER=dm._TRIGGERS[dm.LAUNCH_DEPENDENTS], PDL=dm.PDL_WAIT_FIRST, W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True,
-                        WRITE_CACHE=conv > 0, DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1, None)
+                   dict(K=K, V=V, BK=BK, BV=BV, NC=nc, TRIGGER=dm._TRIGGERS[dm.LAUNCH_DEPENDENTS], PDL=dm.PDL_WAIT_FIRST,
+                        W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True, WRITE_CACHE=conv > 0,
+                        DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1, None)
     # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)
     for tag, G in (("mha", 1), ("gqa4", 4)):
         for splits in (1, 4):
