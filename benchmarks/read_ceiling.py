@@ -44,9 +44,9 @@ from decode_gemm import LAYERS, decode_shapes, time_layers  # noqa: E402
 from gpu_common import write_report  # noqa: E402
 
 BATCH = 16
-# the GEMMs of a layer (``decode_gemm.CASES``' names; shapes from ``decode_shapes``) and the skinny
-# call the layer makes for each (as ``skinny_configs.role_inputs`` makes it)
-WEIGHTS = {"o_proj": "residual_linear", "w2": "residual_linear", "in_proj": "linear", "w13": "swiglu"}
+# the GEMMs of a layer, smallest first (``decode_gemm.CASES``' names; shapes from ``decode_shapes``,
+# the skinny call for each as ``skinny_configs.role_inputs`` makes it for its role)
+WEIGHTS = ("o_proj", "w2", "in_proj", "w13")
 STATE_BYTES = BATCH * 16 * 128 * 128 * 4  # one layer's float32 linear states (16 heads of 128 x 128)
 BIG = 1 << 30  # bytes of the reference read / copy (the roofline's copy moves 2 GiB each way)
 READ_GRID = {"full": dict(per_sm=(1, 2, 4, 8), block=(4096, 8192, 16384), stages=(2, 4), warps=(4, 8)),
@@ -143,8 +143,8 @@ def skinny_case(name: str, layers: int = LAYERS) -> tuple[list[dict], callable]:
     role = {case: r for r, case in ROLES.items()}.get(name)
     if name not in WEIGHTS or role is None:
         raise SystemExit(f"read_ceiling: no GEMM {name!r}; one of {', '.join(WEIGHTS)}")
-    sets, call, _ = role_inputs(role, BATCH)
-    return sets[:layers], call
+    sets, call, _ = role_inputs(role, BATCH, layers)
+    return sets, call
 
 
 def time_skinny(name: str) -> float:

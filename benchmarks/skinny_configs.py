@@ -43,8 +43,9 @@ def grid(role: str, warps=(4,), stages=(4,)) -> list[tuple[int, int, int, int, i
     return list(itertools.product((16, 32, 64, 128), (64, 128, 256), splits, warps, stages))
 
 
-def role_inputs(role: str, batch: int) -> tuple[list[dict], callable, callable]:
-    """24 input sets, the call ``f(set)`` as the layer makes it, and its float32 reference."""
+def role_inputs(role: str, batch: int, layers: int = LAYERS) -> tuple[list[dict], callable, callable]:
+    """``layers`` input sets (24: the model's), the call ``f(set)`` as the layer makes it, and its
+    float32 reference."""
     from blocks.kernels import skinny
 
     N, K = decode_shapes()[ROLES[role]]
@@ -54,7 +55,7 @@ def role_inputs(role: str, batch: int) -> tuple[list[dict], callable, callable]:
         return (torch.randn(*shape, generator=gen, device="cuda") * scale).bfloat16()
 
     sets = [{"x": rnd(batch, K), "w": rnd(N, K, scale=K ** -0.5), "r": rnd(batch, N),
-             "g": 1 + rnd(N, scale=0.1).float()} for _ in range(LAYERS)]
+             "g": 1 + rnd(N, scale=0.1).float()} for _ in range(layers)]
     epilogue = skinny.RESIDUAL_EPILOGUE
     if epilogue:  # in_proj and swiglu read the norm as the layer hands it: NormedRows from w2 / o_proj
         tiles = skinny.cdiv(K, skinny.CONFIGS["w2" if role == "in_proj" else "o_proj"][0])
