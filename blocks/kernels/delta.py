@@ -79,7 +79,8 @@ LAUNCH = {
     "wy_bwd": dict(num_warps=4, num_stages=3),
     # the gated rule's own entries for its two largest kernels, whose gate terms change their
     # registers (sm_90 compiles, 4 warps: bwd_dqkwg 242 gated vs 164 ungated; swept 05:24, the
-    # shared settings stay best; 8 warps capped to 128 registers lost, H200 2026-12-02 01:33)
+    # shared settings stay best; 8 warps capped to 128 registers lost, H200 2026-12-02 01:33; at 4 warps
+    # bwd_dqkwg capped to 168 / wy_bwd to 128 lost +22..+26% / +0.8..+1.6% queued, 21:28)
     "bwd_dqkwg_gated": dict(num_warps=4, num_stages=3),
     "wy_bwd_gated": dict(num_warps=4, num_stages=3),
 }
@@ -185,8 +186,8 @@ SOLVE_TRIL_DIAG_SUBST = True
 # history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_dg_from_rows
 DQKWG_DG_FROM_ROWS = True
 # Not kept in the gated ``_bwd_dqkwg_kernel`` (H200 2026-12-01 / 2026-12-02: within the spread, lost or
-# not timed): one row sum for the gate terms, ``sum(h * dh)`` from reloaded [BK, BV] tiles, the pair
-# decay folded into the ds dots, a reordered epilogue.
+# not timed): one row sum for the gate terms, ``sum(h * dh)`` from reloaded [BK, BV] tiles or as the
+# diagonal of one more ``h^T dh`` dot, the pair decay folded into the ds dots, a reordered epilogue.
 # history: docs/benchmarks/kernel_decisions/delta.md#_bwd_dqkwg_kernel-variants-not-kept
 # The gated rule's chunk-local cumsum of the gate (``gc``) formed and written by ``_kkt_kernel``, the
 # forward's first kernel, which reads the chunk's gate anyway, instead of by ``_cumsum_kernel``
