@@ -74,18 +74,34 @@ PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one pref
 # norm in the GEMM's last split, the norm's 1 / rms applied by the next GEMM) instead of
 # ``partials`` + ``add_norm``: 5 kernels per layer instead of 7.
 RESIDUAL_EPILOGUE = True
-SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True)}
+# Each weight is read once per step: its loads marked ``evict_first`` in L2 (and the PDL prefetches
+# ``evict_last``), so that streaming a GEMM's weights does not push out the next GEMM's prefetched
+# tiles, the activations, partials and the states around them. Timed (H200 2026-12-02 21:46 / 21:49,
+# compiled x24 graphs, ``--compiled-sets`` round robin, docs/benchmarks/decode_sets_1202_late.md):
+# gated_deltanet 1.341 -> 1.334 and 1.345 -> 1.335 ms, simple_gla 1.282 -> 1.281 and 1.286 -> 1.281,
+# in the second call every pass below every pass of the base. Lost in those calls: the mixer's state
+# loads and stores marked the same way (a tie / +0.9%), the GEMMs letting the next kernel launch only
+# after their K loop instead of first thing (+2.1 / +2.6%), deeper prefetches with either (4 or 8
+# tiles: +8..+17%). history: docs/benchmarks/kernel_decisions/skinny.md#weight_evict_first
+WEIGHT_EVICT_FIRST = True
+SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True),
+            "WEIGHT_EVICT_FIRST": (False, True)}
 
 
 @triton.jit
-def _prefetch_l2(w, o_n, m_n, swn, k0, k_end, BK: tl.constexpr, TILES: tl.constexpr, LINE: tl.constexpr):
+def _prefetch_l2(w, o_n, m_n, swn, k0, k_end, BK: tl.constexpr, TILES: tl.constexpr, LINE: tl.constexpr,
+                 KEEP: tl.constexpr):
     """Pull the weight rows ``o_n``, columns ``k0 .. k0 + TILES * BK`` (before ``k_end``) into L2:
-    one ``prefetch.global.L2`` per ``LINE``-element cache line."""
+    one ``prefetch.global.L2`` per ``LINE``-element cache line (``KEEP``: ``::evict_last``)."""
     o_l = k0 + tl.arange(0, TILES * BK // LINE) * LINE
     m = m_n[:, None] & (o_l < k_end)[None, :]
     p = w + o_n[:, None] * swn + o_l[None, :]
-    tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l,b", [p, m],
-                              dtype=tl.int32, is_pure=False, pack=1)
+    if KEEP:
+        tl.inline_asm_elementwise("@$2 prefetch.global.L2::evict_last [$1]; mov.b32 $0, 0;", "=r,l,b", [p, m],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l,b", [p, m],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @_jit
@@ -94,7 +110,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, K_PER: tl.constexpr,
                    SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                    LINE: tl.constexpr, ROW_SCALE: tl.constexpr, BT: tl.constexpr, RESIDUAL: tl.constexpr,
-                   SPLITS: tl.constexpr, GAMMA: tl.constexpr):
+                   SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
@@ -124,9 +140,9 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         if PREFETCH > 0:
-            _prefetch_l2(w, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE)
+            _prefetch_l2(w, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
             if SWIGLU:
-                _prefetch_l2(w, HALF + o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE)
+                _prefetch_l2(w, HALF + o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
         tl.extra.cuda.gdc_wait()  # x is the kernel before's output
     # the epilogue's operands, loaded before the K loop so that their latency hides behind it (by
     # every split: which one finishes the tile is known only at the end)
@@ -141,11 +157,12 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < k_end
         b_x = tl.load(x + o_m[:, None] * sxm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
-        b_w = tl.load(w + o_n[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.)
+        b_w = tl.load(w + o_n[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.,
+                      eviction_policy=W_EVICT)
         acc += tl.dot(b_x, tl.trans(b_w), input_precision=DOT_PREC)
         if SWIGLU:
             b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
-                           other=0.)
+                           other=0., eviction_policy=W_EVICT)
             acc3 += tl.dot(b_x, tl.trans(b_w3), input_precision=DOT_PREC)
     if ROW_SCALE:
         rstd = tl.rsqrt(tl.sum(ss, 0) / N_in + eps_in)
@@ -296,6 +313,7 @@ def _launch(grid, x, w, out, N, k_per, cfg, so_m, *, half=0, so_s=0, swiglu=Fals
                          DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", PREFETCH=PDL_PREFETCH,
                          LINE=128 // x.element_size(), ROW_SCALE=norm_in is not None, BT=pow2(tiles_in, 1),
                          RESIDUAL=res is not None, SPLITS=splits, GAMMA=norm_out is not None,
+                         W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "",
                          num_warps=1 if _INTERPRET else warps, num_stages=1 if _INTERPRET else stages,
                          **_pdl(x.device))
 
