@@ -76,7 +76,9 @@ PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one pref
 RESIDUAL_EPILOGUE = True
 # Each weight is read once per step: its loads marked ``evict_first`` in L2 (and the PDL prefetches
 # ``evict_last``), so that streaming a GEMM's weights does not push out the next GEMM's prefetched
-# tiles, the activations, partials and the states around them. Timed (H200 2026-12-02 21:46 / 21:49,
+# tiles, the activations, partials and the states around them. The GPU host's Triton 3.6 drops the
+# policy from the K loop's asynchronous copies (its sm_90 PTX has no cache hint there; 3.9's has), so
+# what was timed there is the prefetches' ``evict_last``. Timed (H200 2026-12-02 21:46 / 21:49,
 # compiled x24 graphs, ``--compiled-sets`` round robin, docs/benchmarks/decode_sets_1202_late.md):
 # gated_deltanet 1.341 -> 1.334 and 1.345 -> 1.335 ms, simple_gla 1.282 -> 1.281 and 1.286 -> 1.281,
 # in the second call every pass below every pass of the base. Lost in those calls: the mixer's state
