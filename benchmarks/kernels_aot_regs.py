@@ -1,5 +1,6 @@
 """Compile the chunk kernels (linear_attn / simple_gla, gla, the delta rules) and the decode kernels
-(the fused state step, the decode mixer) for a GPU architecture WITHOUT a GPU and print each
+(the fused state step, the decode mixer, the decode layer's GEMMs, the softmax layers' attention) for
+a GPU architecture WITHOUT a GPU and print each
 kernel's registers, spill stack, shared memory, how many of its programs an sm_90 SM holds and
 what limits them, whether its loops were software-pipelined and its static SASS instruction,
 shuffle and barrier counts.
@@ -13,6 +14,8 @@ and a large STACK (bytes of local memory per thread: register spills) is the fir
 when a kernel is slow; both are checkable on a laptop. The launch configurations below mirror the
 host code of ``blocks/kernels/delta.py`` and ``gla.py`` for the benchmark's problem
 (16 heads of dim 128, long sequences: walks at BV=32). Exits 1 if any kernel fails to compile.
+``PYTHONPATH=.triton-host`` compiles with the GPU host's Triton (``make .triton-host/.installed``;
+``tests/blocks/test_kernels_host_triton.py``).
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ from blocks.kernels import decode_mixer as dm  # noqa: E402
 from blocks.kernels import delta as d  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
+from blocks.kernels import skinny as sk  # noqa: E402
 from blocks.kernels import step as st  # noqa: E402
 from gpu_common import apply_sets, comma_ints  # noqa: E402 - benchmarks/ is this script's own folder
 
@@ -71,6 +75,11 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
     types.update(T="i32", NT="i32", B="i32", C0="i32", C1="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
                  **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "sg_h", "H", "C")},
                  **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
+    if fn is sk._skinny_kernel:  # the decode GEMMs: rows of activations, the norm weight in their dtype
+        types.update({n: f"*{act}" for n in ("x", "w", "out", "res", "xg", "gamma")},
+                     ss_in="*fp32", ss_out="*fp32", tickets="*i32", eps_in="fp32",
+                     **{n: "i32" for n in ("M", "N", "K", "HALF", "sxm", "swn", "so_s", "so_m", "T_in", "N_in", "srm",
+                                           "sxg")})
     return types
 
 
@@ -180,6 +189,18 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                    dict(K=K, V=V, BK=BK, BV=BV, NC=nc, TRIGGER=dm._TRIGGERS[dm.LAUNCH_DEPENDENTS], PDL=dm.PDL_WAIT_FIRST,
                         W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True, WRITE_CACHE=conv > 0,
                         DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1, None)
+    # the decode layer's GEMMs at their CONFIGS, as ``archsearch.decode_layer`` calls them (d_model 2048,
+    # the benchmark models' widths): in_proj and w1|w3 on a norm's rows, o_proj and w2 with the residual
+    # and the next norm in their last split
+    for role, Kr, swiglu, residual in (("in_proj", 2048, False, False), ("swiglu", 2048, True, False),
+                                       ("o_proj", 2048, False, True), ("w2", 5632, False, True)):
+        BN, BKs, splits, warps, stages = sk.CONFIGS[role]
+        yield (f"skinny.{role}", sk._skinny_kernel,
+               dict(BM=sk.MAX_ROWS, BN=BN, BK=BKs, K_PER=Kr // splits, SWIGLU=swiglu, DOT_PREC=prec, PDL=sk.PDL,
+                    PREFETCH=sk.PDL_PREFETCH, LINE=128 // dtype.itemsize, ROW_SCALE=not residual, BT=64,
+                    RESIDUAL=residual, SPLITS=splits, GAMMA=residual,
+                    W_EVICT="evict_first" if sk.WEIGHT_EVICT_FIRST else ""),
+               warps, stages if act == "bf16" else 1, None)
     # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)
     for tag, G in (("mha", 1), ("gqa4", 4)):
         for splits in (1, 4):
