@@ -1032,7 +1032,8 @@ def test_skinny_pdl_waits_before_reading_the_kernel_befores_output():
     """sm_90 compile of ``skinny``'s GEMM (plain, SwiGLU on ``NormedRows``, ``residual_linear``'s
     split-K) and ``add_norm`` (and its embedding form) with ``PDL``: the grid-dependency wait comes
     before every global load, async copy and atomic except the weight prefetches, which come before
-    it; the launch-dependents hint is there; the split-K ticket is an acq_rel GPU-scope atomic."""
+    it (``evict_last``, ``WEIGHT_EVICT_FIRST``); the launch-dependents hint is there; the split-K ticket
+    is an acq_rel GPU-scope atomic."""
     import re
 
     code = """
@@ -1047,7 +1048,7 @@ for swiglu, rows, splits in ((False, False, 1), (True, True, 1), (False, False, 
     k = aot.compile_one(sk._skinny_kernel, dict(ints, **ptrs),
                         dict(BM=16, BN=32, BK=128, K_PER=2048, SWIGLU=swiglu, DOT_PREC="tf32", PDL=True, PREFETCH=2,
                              LINE=64, ROW_SCALE=rows, BT=64, RESIDUAL=splits > 1, SPLITS=splits,
-                             GAMMA=splits > 1), 4, 4, 90)
+                             GAMMA=splits > 1, W_EVICT="evict_first"), 4, 4, 90)
     print(k.asm["ptx"].replace(chr(10), " ;; "))
 for gather in (False, True):
     k = aot.compile_one(sk._add_norm_kernel, dict(ints, part="*fp32", res="*bf16", rows="*i64", gamma="*fp32",
@@ -1074,6 +1075,8 @@ for gather in (False, True):
             assert any(t.startswith("bar.sync") for t in lines[last_store:i])
         prefetches = [i for i, t in enumerate(lines) if "prefetch.global.L2" in t]
         assert all(i < wait for i in prefetches)
+        # WEIGHT_EVICT_FIRST: the GEMMs' prefetched tiles are kept in L2 (evict_last)
+        assert n > 2 or (prefetches and all("::evict_last" in lines[i] for i in prefetches))
 
 
 def test_compiled_decode_rows_are_timed_round_robin(capsys, tmp_path):
