@@ -189,14 +189,18 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                    dict(K=K, V=V, BK=BK, BV=BV, NC=nc, TRIGGER=dm._TRIGGERS[dm.LAUNCH_DEPENDENTS], PDL=dm.PDL_WAIT_FIRST,
                         W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True, WRITE_CACHE=conv > 0,
                         DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1, None)
-    # the decode layer's GEMMs at their CONFIGS, as ``archsearch.decode_layer`` calls them (d_model 2048,
-    # the benchmark models' widths): in_proj and w1|w3 on a norm's rows, o_proj and w2 with the residual
-    # and the next norm in their last split
-    for role, Kr, swiglu, residual in (("in_proj", 2048, False, False), ("swiglu", 2048, True, False),
-                                       ("o_proj", 2048, False, True), ("w2", 5632, False, True)):
-        BN, BKs, splits, warps, stages = sk.CONFIGS[role]
+    # the decode layer's GEMMs at their CONFIGS, as ``archsearch.decode_layer`` calls them on the
+    # benchmark model's weights (``decode_gemm.decode_shapes``): in_proj and w1|w3 on a norm's rows,
+    # o_proj and w2 with the residual and the next norm in their last split
+    from decode_gemm import decode_shapes
+
+    shapes = decode_shapes()
+    for role, case, swiglu, residual in (("in_proj", "in_proj", False, False), ("swiglu", "w13", True, False),
+                                         ("o_proj", "o_proj", False, True), ("w2", "w2", False, True)):
+        BN, BKs, _, warps, stages = sk.CONFIGS[role]
+        k_per, splits = sk._split(shapes[case][1], sk.CONFIGS[role])
         yield (f"skinny.{role}", sk._skinny_kernel,
-               dict(BM=sk.MAX_ROWS, BN=BN, BK=BKs, K_PER=Kr // splits, SWIGLU=swiglu, DOT_PREC=prec, PDL=sk.PDL,
+               dict(BM=sk.MAX_ROWS, BN=BN, BK=BKs, K_PER=k_per, SWIGLU=swiglu, DOT_PREC=prec, PDL=sk.PDL,
                     PREFETCH=sk.PDL_PREFETCH, LINE=128 // dtype.itemsize, ROW_SCALE=not residual, BT=64,
                     RESIDUAL=residual, SPLITS=splits, GAMMA=residual,
                     W_EVICT="evict_first" if sk.WEIGHT_EVICT_FIRST else ""),
