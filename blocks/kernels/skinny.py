@@ -129,7 +129,8 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     up, finishes the tile and sets the ticket back to 0 for the next call (one split: no partials,
     no ticket). ``GAMMA``: it also writes ``xg = out * gamma`` (in the activation dtype) and
     ``ss_out[i_n, m]``, the tile's sum of ``out[m]^2`` (float32): the next GEMM's ``ROW_SCALE``
-    operands."""
+    operands. ``W_EVICT``: the weight loads' L2 eviction policy (``""`` or ``"evict_first"``,
+    ``WEIGHT_EVICT_FIRST``); with one, the PDL prefetches are ``evict_last``."""
     i_n = tl.program_id(0)
     i_s = tl.program_id(1)
     o_m = tl.arange(0, BM)
