@@ -203,7 +203,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                dict(BM=sk.MAX_ROWS, BN=BN, BK=BKs, K_PER=k_per, SWIGLU=swiglu, DOT_PREC=prec, PDL=sk.PDL,
                     PREFETCH=sk.PDL_PREFETCH, LINE=128 // dtype.itemsize, ROW_SCALE=not residual, BT=64,
                     RESIDUAL=residual, SPLITS=splits, GAMMA=residual,
-                    W_EVICT="evict_first" if sk.WEIGHT_EVICT_FIRST else ""),
+                    W_EVICT="evict_first" if sk.WEIGHT_EVICT_FIRST else "", SWAP=sk.SWAP_AB),
                warps, stages if act == "bf16" else 1, None)
     # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)
     for tag, G in (("mha", 1), ("gqa4", 4)):

@@ -86,8 +86,18 @@ RESIDUAL_EPILOGUE = True
 # after their K loop instead of first thing (+2.1 / +2.6%), deeper prefetches with either (4 or 8
 # tiles: +8..+17%). history: docs/benchmarks/kernel_decisions/skinny.md#weight_evict_first
 WEIGHT_EVICT_FIRST = True
+# NOT YET TIMED (written after the last device call of 2026-12-02). The products with the weights as
+# their M side (``[BN, K] x [K, 16]``, accumulators ``[BN, BM]`` transposed after the loop) instead of
+# the activation rows: at M = 16 Triton issues ``mma.sync`` from registers (every GEMM here; Nsight
+# Compute had them stalled on its fixed latency, ncu_decode_1202.md), at BN >= 64 with 4 warps a
+# warpgroup MMA reading both operands from shared memory (sm_90 compiles with the host's Triton 3.6:
+# in_proj at its block 64 98 registers against 128, still pipelined; swiglu / o_proj / w2 need
+# ``CONFIGS.*=64/...`` at 4 warps for it). Checked in the interpreter and, on the GPU, by
+# ``test_skinny_gemms_at_decode_shapes_on_gpu`` (both values). Time: ``DECODE_SETS="-;SWAP_AB=True;
+# SWAP_AB=True,CONFIGS.swiglu=64/128/1/4/4;SWAP_AB=True,CONFIGS.o_proj=64/128/4/4/4,CONFIGS.w2=64/128/4/4/8;-"``.
+SWAP_AB = False
 SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True),
-            "WEIGHT_EVICT_FIRST": (False, True)}
+            "WEIGHT_EVICT_FIRST": (False, True), "SWAP_AB": (False, True)}
 
 
 @triton.jit
@@ -112,7 +122,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, K_PER: tl.constexpr,
                    SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                    LINE: tl.constexpr, ROW_SCALE: tl.constexpr, BT: tl.constexpr, RESIDUAL: tl.constexpr,
-                   SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr):
+                   SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr, SWAP: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
@@ -130,15 +140,20 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     no ticket). ``GAMMA``: it also writes ``xg = out * gamma`` (in the activation dtype) and
     ``ss_out[i_n, m]``, the tile's sum of ``out[m]^2`` (float32): the next GEMM's ``ROW_SCALE``
     operands. ``W_EVICT``: the weight loads' L2 eviction policy (``""`` or ``"evict_first"``,
-    ``WEIGHT_EVICT_FIRST``); with one, the PDL prefetches are ``evict_last``."""
+    ``WEIGHT_EVICT_FIRST``); with one, the PDL prefetches are ``evict_last``. ``SWAP``
+    (``SWAP_AB``): the products formed as ``w . x^T`` (``[BN, BM]``), transposed after the K loop."""
     i_n = tl.program_id(0)
     i_s = tl.program_id(1)
     o_m = tl.arange(0, BM)
     m_m = o_m < M
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    acc3 = tl.zeros([BM, BN], dtype=tl.float32)
+    if SWAP:  # the weights as the product's M side ([BN, BM] accumulators), transposed after the loop
+        acc_t = tl.zeros([BN, BM], dtype=tl.float32)
+        acc3_t = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        acc3 = tl.zeros([BM, BN], dtype=tl.float32)
     k_end = tl.minimum(i_s * K_PER + K_PER, K)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -162,11 +177,20 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
         b_x = tl.load(x + o_m[:, None] * sxm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
         b_w = tl.load(w + o_n[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.,
                       eviction_policy=W_EVICT)
-        acc += tl.dot(b_x, tl.trans(b_w), input_precision=DOT_PREC)
+        if SWAP:
+            acc_t += tl.dot(b_w, tl.trans(b_x), input_precision=DOT_PREC)
+        else:
+            acc += tl.dot(b_x, tl.trans(b_w), input_precision=DOT_PREC)
         if SWIGLU:
             b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
                            other=0., eviction_policy=W_EVICT)
-            acc3 += tl.dot(b_x, tl.trans(b_w3), input_precision=DOT_PREC)
+            if SWAP:
+                acc3_t += tl.dot(b_w3, tl.trans(b_x), input_precision=DOT_PREC)
+            else:
+                acc3 += tl.dot(b_x, tl.trans(b_w3), input_precision=DOT_PREC)
+    if SWAP:
+        acc = tl.trans(acc_t)
+        acc3 = tl.trans(acc3_t)
     if ROW_SCALE:
         rstd = tl.rsqrt(tl.sum(ss, 0) / N_in + eps_in)
         acc = acc * rstd[:, None]
@@ -316,7 +340,7 @@ def _launch(grid, x, w, out, N, k_per, cfg, so_m, *, half=0, so_s=0, swiglu=Fals
                          DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", PREFETCH=PDL_PREFETCH,
                          LINE=128 // x.element_size(), ROW_SCALE=norm_in is not None, BT=pow2(tiles_in, 1),
                          RESIDUAL=res is not None, SPLITS=splits, GAMMA=norm_out is not None,
-                         W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "",
+                         W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB,
                          num_warps=1 if _INTERPRET else warps, num_stages=1 if _INTERPRET else stages,
                          **_pdl(x.device))
 

@@ -1048,7 +1048,7 @@ for swiglu, rows, splits in ((False, False, 1), (True, True, 1), (False, False, 
     k = aot.compile_one(sk._skinny_kernel, dict(ints, **ptrs),
                         dict(BM=16, BN=32, BK=128, K_PER=2048, SWIGLU=swiglu, DOT_PREC="tf32", PDL=True, PREFETCH=2,
                              LINE=64, ROW_SCALE=rows, BT=64, RESIDUAL=splits > 1, SPLITS=splits,
-                             GAMMA=splits > 1, W_EVICT="evict_first"), 4, 4, 90)
+                             GAMMA=splits > 1, W_EVICT="evict_first", SWAP=sk.SWAP_AB), 4, 4, 90)
     print(k.asm["ptx"].replace(chr(10), " ;; "))
 for gather in (False, True):
     k = aot.compile_one(sk._add_norm_kernel, dict(ints, part="*fp32", res="*bf16", rows="*i64", gamma="*fp32",

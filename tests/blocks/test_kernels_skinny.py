@@ -37,11 +37,15 @@ def _layer(block: str, config: dict, d_model: int = 32, device="cpu"):
 
 # --- the kernels in the interpreter --------------------------------------------------------------
 @interpreter
+@pytest.mark.parametrize("swap", [False, True], ids=["rows_m", "weights_m"])
 @pytest.mark.parametrize("M, N, K", [(3, 70, 150), (16, 32, 64), (1, 5, 300)])
-def test_skinny_gemms_in_interpreter(M, N, K, monkeypatch):
+def test_skinny_gemms_in_interpreter(M, N, K, swap, monkeypatch):
     """``linear``, ``swiglu`` and ``partials`` + ``add_norm`` against float32 PyTorch, with M, N, K
-    off the blocks and (``partials``) K in several splits, the last one short."""
+    off the blocks and (``partials``) K in several splits, the last one short; the products with the
+    activation rows or the weights as their M side (``SWAP_AB``)."""
     from blocks.kernels import skinny
+
+    monkeypatch.setattr(skinny, "SWAP_AB", swap)
 
     # float32 halves the BK (16 here): K 150 -> 4 splits of 48, the last 6 wide; 64 -> 4; 300 -> 4
     monkeypatch.setitem(skinny.CONFIGS, "o_proj_partials", (32, 32, 4, 4, 4))
@@ -65,8 +69,9 @@ def test_skinny_gemms_in_interpreter(M, N, K, monkeypatch):
 
 
 @interpreter
+@pytest.mark.parametrize("swap", [False, True], ids=["rows_m", "weights_m"])
 @pytest.mark.parametrize("M, N, K, split", [(3, 70, 150, 4), (16, 32, 64, 4), (1, 5, 300, 4), (5, 40, 64, 1)])
-def test_residual_linear_and_normed_rows_in_interpreter(M, N, K, split, monkeypatch):
+def test_residual_linear_and_normed_rows_in_interpreter(M, N, K, split, swap, monkeypatch):
     """``residual_linear`` (split K added up by each column tile's last split, the residual, the
     next norm as ``NormedRows``) and ``linear`` / ``swiglu`` reading those rows, against float32
     PyTorch; the split-K tickets are all back at 0 afterwards (the next call starts clean). The
@@ -74,6 +79,7 @@ def test_residual_linear_and_normed_rows_in_interpreter(M, N, K, split, monkeypa
     on the GPU (``test_skinny_gemms_at_decode_shapes_on_gpu``, three calls in a row)."""
     from blocks.kernels import skinny
 
+    monkeypatch.setattr(skinny, "SWAP_AB", swap)
     monkeypatch.setitem(skinny.CONFIGS, "o_proj", (16, 32, split, 4, 4))  # float32: BK 16
     torch.manual_seed(1)
     x, w = torch.randn(M, K), torch.randn(N, K) / K ** 0.5
@@ -417,11 +423,15 @@ def _fused_paths_on():
 
 
 @gpu
+@pytest.mark.parametrize("swap", [False, True], ids=["rows_m", "weights_m"])
 @pytest.mark.parametrize("case", ["in_proj", "o_proj", "w13", "w2"])
-def test_skinny_gemms_at_decode_shapes_on_gpu(case):
+def test_skinny_gemms_at_decode_shapes_on_gpu(case, swap, monkeypatch):
     """bf16 at the benchmark model's shapes (batch 16, d_model 2048) against float32 PyTorch on the
-    same bf16 values."""
+    same bf16 values; the weights as the products' M side too (``SWAP_AB``: warpgroup MMA at block
+    64 on sm_90, the configurations' blocks as they are)."""
     from blocks.kernels import skinny
+
+    monkeypatch.setattr(skinny, "SWAP_AB", swap)
 
     N, K = {"in_proj": (8224, 2048), "o_proj": (2048, 2048), "w13": (11008, 2048), "w2": (2048, 5504)}[case]
     torch.manual_seed(0)
