@@ -116,6 +116,25 @@ def _prefetch_l2(w, o_n, m_n, swn, k0, k_end, BK: tl.constexpr, TILES: tl.conste
                                   dtype=tl.int32, is_pure=False, pack=1)
 
 
+@triton.jit
+def _acc_zeros(BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr):
+    """A float32 accumulator of the ``[BM, BN]`` product, ``[BN, BM]`` with ``SWAP``."""
+    if SWAP:
+        return tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        return tl.zeros([BM, BN], dtype=tl.float32)
+
+
+@triton.jit
+def _acc_dot(acc, b_x, b_w, SWAP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """``acc + x . w^T`` (``b_x: [BM, BK]``, ``b_w: [BN, BK]``), or with ``SWAP`` its transpose
+    ``acc + w . x^T``: the weights as the product's M side."""
+    if SWAP:
+        return tl.dot(b_w, tl.trans(b_x), acc, input_precision=DOT_PREC)
+    else:
+        return tl.dot(b_x, tl.trans(b_w), acc, input_precision=DOT_PREC)
+
+
 @_jit
 def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    ss_in, T_in, N_in, eps_in, res, srm, part, xg, sxg, gamma, ss_out, tickets,
@@ -148,12 +167,8 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     m_m = o_m < M
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
-    if SWAP:  # the weights as the product's M side ([BN, BM] accumulators), transposed after the loop
-        acc_t = tl.zeros([BN, BM], dtype=tl.float32)
-        acc3_t = tl.zeros([BN, BM], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        acc3 = tl.zeros([BM, BN], dtype=tl.float32)
+    acc = _acc_zeros(BM, BN, SWAP)  # [BN, BM] with SWAP, transposed after the K loop
+    acc3 = _acc_zeros(BM, BN, SWAP)
     k_end = tl.minimum(i_s * K_PER + K_PER, K)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -177,20 +192,14 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
         b_x = tl.load(x + o_m[:, None] * sxm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
         b_w = tl.load(w + o_n[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.,
                       eviction_policy=W_EVICT)
-        if SWAP:
-            acc_t += tl.dot(b_w, tl.trans(b_x), input_precision=DOT_PREC)
-        else:
-            acc += tl.dot(b_x, tl.trans(b_w), input_precision=DOT_PREC)
+        acc = _acc_dot(acc, b_x, b_w, SWAP, DOT_PREC)
         if SWIGLU:
             b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
                            other=0., eviction_policy=W_EVICT)
-            if SWAP:
-                acc3_t += tl.dot(b_w3, tl.trans(b_x), input_precision=DOT_PREC)
-            else:
-                acc3 += tl.dot(b_x, tl.trans(b_w3), input_precision=DOT_PREC)
+            acc3 = _acc_dot(acc3, b_x, b_w3, SWAP, DOT_PREC)
     if SWAP:
-        acc = tl.trans(acc_t)
-        acc3 = tl.trans(acc3_t)
+        acc = tl.trans(acc)
+        acc3 = tl.trans(acc3)
     if ROW_SCALE:
         rstd = tl.rsqrt(tl.sum(ss, 0) / N_in + eps_in)
         acc = acc * rstd[:, None]
