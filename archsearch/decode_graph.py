@@ -315,6 +315,8 @@ class GraphDecoder:
             x = x + self.caches[i].step(layer.norm1(x), self.pos)
             if layer.mlp is not None:
                 x = x + layer.mlp(layer.norm2(x))
+        # a kernel launched without PDL between two steps' fused mixers, which read their state
+        # before waiting for the kernel before them (decode_mixer.mixer_step: the ordering it needs)
         self.pos.add_(1)
         # hn is still set only after a fused last layer: the final norm of x
         return model.head(model.final_norm(x) if hn is None else hn)[:, 0]

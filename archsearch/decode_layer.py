@@ -113,6 +113,10 @@ def step(layer, x: torch.Tensor, hn, state: dict, next_norm=None, hand_on: bool 
     (``[B, D]``) with ``hand_on`` and ``skinny.RESIDUAL_EPILOGUE``, else ``[B, 1, D]``, or None
     without ``next_norm``.
 
+    Between two calls for the same ``state``, some kernel launched without PDL (any PyTorch op)
+    must run: the fused mixer may read its state before the input projection has finished
+    (``decode_mixer.mixer_step``'s ordering; ``GraphDecoder`` updates its position in between).
+
     With ``skinny.RESIDUAL_EPILOGUE`` o_proj and w2 are ``skinny.residual_linear`` (the residual
     add and the next norm in the GEMM), except a w2 whose norm is wanted as a tensor (the model's
     final norm, before the head): ``partials`` + ``add_norm`` there."""

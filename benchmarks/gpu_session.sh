@@ -34,7 +34,7 @@
 # --warps, 4,8,16), SET (its --set, e.g. BWD_SUB_BK=128), NCU_CASES (ncu_kernels.py --cases),
 # TESTS_K (pytest -k expression for the tests step, default all), GEMM_S (cap, 240), DECODE_S (cap, 300),
 # BENCH_DEADLINE (s into the bench after which its sections are skipped; default BENCH_S - 200),
-# DECODE_SETS (the sets step's entries).
+# DECODE_SETS (the sets step's entries), DECODE_ROUNDS (its round-robin passes, default 3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench_out/gpu_session}
@@ -100,7 +100,8 @@ fi
 if [[ ,$STEPS, == *,sets,* ]]; then
   step sets "$DECODE_S" $PY benchmarks/gpu_kernels.py --out "$OUT/sets" \
     --skip correctness,train,step,softmax,kernel_breakdown,model,fla \
-    --compiled-cases "gated_deltanet x24,simple_gla x24" --compiled-sets="$DECODE_SETS" || failed=1
+    --compiled-cases "gated_deltanet x24,simple_gla x24" --rounds "${DECODE_ROUNDS:-3}" \
+    --compiled-sets="$DECODE_SETS" || failed=1
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
   deadline=${BENCH_DEADLINE:-$((BENCH_S > 260 ? BENCH_S - 200 : 60))}  # sections starting later are skipped

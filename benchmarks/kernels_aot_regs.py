@@ -187,6 +187,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         for nc in (1, 2, 4):  # the whole state at once, in two or four slices of values (decode_mixer.CHUNKS)
             yield (f"decode_mixer{'' if nc == 1 else f'_chunks{nc}'}.{tag}", dm._mixer_kernel,
                    dict(K=K, V=V, BK=BK, BV=BV, NC=nc, TRIGGER=dm._TRIGGERS[dm.LAUNCH_DEPENDENTS], PDL=dm.PDL_WAIT_FIRST,
+                        EARLY=dm.STATE_BEFORE_WAIT and dm.PDL_WAIT_FIRST,
                         W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True, WRITE_CACHE=conv > 0,
                         DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1, None)
     # the decode layer's GEMMs at their CONFIGS, as ``archsearch.decode_layer`` calls them on the
@@ -197,14 +198,15 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     shapes = decode_shapes()
     for role, case, swiglu, residual in (("in_proj", "in_proj", False, False), ("swiglu", "w13", True, False),
                                          ("o_proj", "o_proj", False, True), ("w2", "w2", False, True)):
-        BN, BKs, _, warps, stages = sk.CONFIGS[role]
-        k_per, splits = sk._split(shapes[case][1], sk.CONFIGS[role])
+        config = sk._config(role, dtype)
+        BN, BKs, _, warps, stages = config
+        k_per, splits = sk._split(shapes[case][1], config)
         yield (f"skinny.{role}", sk._skinny_kernel,
                dict(BM=sk.MAX_ROWS, BN=BN, BK=BKs, K_PER=k_per, SWIGLU=swiglu, DOT_PREC=prec, PDL=sk.PDL,
                     PREFETCH=sk.PDL_PREFETCH, LINE=128 // dtype.itemsize, ROW_SCALE=not residual, BT=64,
                     RESIDUAL=residual, SPLITS=splits, GAMMA=residual,
                     W_EVICT="evict_first" if sk.WEIGHT_EVICT_FIRST else "", SWAP=sk.SWAP_AB),
-               warps, stages if act == "bf16" else 1, None)
+               warps, stages, None)  # as skinny._launch: the config's stages for every dtype
     # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)
     for tag, G in (("mha", 1), ("gqa4", 4)):
         for splits in (1, 4):

@@ -78,8 +78,17 @@ PLAIN_CHUNKS = 4
 LAUNCH_DEPENDENTS = "stores"
 _TRIGGERS = {"exit": 0, "start": 1, "loads": 2, "stores": 3}
 PDL_WAIT_FIRST = True
+# With ``PDL_WAIT_FIRST``, the state's first slice (``CHUNKS`` / ``PLAIN_CHUNKS``) loaded before
+# ``gdc_wait`` instead of after it: the programs are resident under the input projection anyway, so
+# the state read overlaps the GEMM instead of starting after it. The state is not the kernel
+# before's output: its last writer is this layer's mixer one decode step earlier, and between the
+# two steps lies a kernel launched without PDL (``mixer_step``'s docstring: the ordering it needs).
+# Off until timed side by side on a steady host: at 04:58 (H200 2026-12-03, docs/benchmarks/
+# decode_sets_1203.md) the mixer's share of the step's path fell 11.8 -> 8.3 us per gated_deltanet
+# layer while the input projection's rose 10.1 -> 12.4; the x24 steps -1..-2% on a two-mode host.
+STATE_BEFORE_WAIT = False
 SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4), "LAUNCH_DEPENDENTS": tuple(_TRIGGERS),
-            "PDL_WAIT_FIRST": (False, True)}
+            "PDL_WAIT_FIRST": (False, True), "STATE_BEFORE_WAIT": (False, True)}
 
 
 @triton.jit
@@ -129,7 +138,8 @@ def _l2norm(x, DTYPE: tl.constexpr):
 def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log, dt_bias,
                   s_in, s_out, gate, sg_b, norm_w, eps, o, scale, H, C,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NC: tl.constexpr,
-                  TRIGGER: tl.constexpr, PDL: tl.constexpr, W: tl.constexpr, DELTA: tl.constexpr,
+                  TRIGGER: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, W: tl.constexpr,
+                  DELTA: tl.constexpr,
                   GATED: tl.constexpr, NORM: tl.constexpr,
                   OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
     """Grid (B*H,): one head. ``proj: [B, C]`` the q|k|v columns of the input projection (row
@@ -142,20 +152,24 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     than one and a norm, each slice's output is stored before the norm and the row re-read.
     ``TRIGGER`` (``LAUNCH_DEPENDENTS``): 0 none, else where ``gdc_launch_dependents`` goes (1 first,
     2 after the first state load and q, k, 3 after the last state store); ``PDL``
-    (``PDL_WAIT_FIRST``): launched with PDL, ``gdc_wait`` before anything else."""
+    (``PDL_WAIT_FIRST``): launched with PDL, ``gdc_wait`` before anything else but, with ``EARLY``
+    (``STATE_BEFORE_WAIT``), the state's first slice."""
     BC: tl.constexpr = BV // NC
     if TRIGGER == 1:
         tl.extra.cuda.gdc_launch_dependents()
-    if PDL:  # launched early (PDL_WAIT_FIRST): every input is the kernels before's output
-        tl.extra.cuda.gdc_wait()
     i_bh = tl.program_id(0).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
     o_k = tl.arange(0, BK)
     o_c = tl.arange(0, BC)
     m_k = o_k < K
     p_s = i_bh * K * V + o_k[:, None] * V + o_c[None, :]
-    b_next = tl.load(s_in + p_s, mask=m_k[:, None] & (o_c < V)[None, :], other=0.)
+    if EARLY:
+        b_next = tl.load(s_in + p_s, mask=m_k[:, None] & (o_c < V)[None, :], other=0.)
+    if PDL:  # launched early (PDL_WAIT_FIRST): every input but the state is the kernels before's output
+        tl.extra.cuda.gdc_wait()
+    if not EARLY:
+        b_next = tl.load(s_in + p_s, mask=m_k[:, None] & (o_c < V)[None, :], other=0.)
+    i_b = i_bh // H
+    i_h = i_bh % H
     b_q = _conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
     b_k = _conv_silu(proj, cache, new_cache, conv_w, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
     if DELTA:
@@ -246,7 +260,14 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
     ``proj``: the block's ``InputProjection`` output for one position (``[B, 1, width]`` views);
     ``state``: its decode state (``S: [B, H, K, V]`` float32, ``conv: [B, W-1, C]``). Returns
     ``(o: [B, 1, H*V]`` ready for ``o_proj``, ``new_state)``, in place inside
-    ``inplace_decode_state()`` when the state tensors allow it."""
+    ``inplace_decode_state()`` when the state tensors allow it.
+
+    Ordering (``STATE_BEFORE_WAIT``): on sm_90 the kernel may start while the kernel before it runs
+    (when that one is a ``skinny`` GEMM) and reads ``S`` before waiting for it, so ``S`` must not be
+    written by a kernel that may still be running: between ``S``'s last writer (this layer's
+    previous step) and this call, some kernel launched without PDL (any PyTorch op; in
+    ``GraphDecoder`` the position update and the LM head) must lie in the stream, since it starts
+    only after every kernel before it has finished."""
     H, K, V = block.num_heads, block.head_dim_k, block.head_dim_v
     qkv = _unit_last(proj["qkv"][:, 0])  # [B, C]
     B, C = qkv.shape
@@ -275,7 +296,8 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         qkv, qkv.stride(0), cache, new_cache, conv_w, a, a.stride(0), beta_logit, beta_logit.stride(0),
         block.A_log if decay else s_in, block.dt_bias if decay else s_in, s_in, s_out, gate, gate.stride(0),
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
-        K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), TRIGGER=_trigger(qkv.device), W=W, DELTA=delta,
+        K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), TRIGGER=_trigger(qkv.device),
+        EARLY=STATE_BEFORE_WAIT and PDL_WAIT_FIRST, W=W, DELTA=delta,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
         DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS, **pdl_launch(PDL_WAIT_FIRST, qkv.device))
     return o[:, None], new_state

@@ -436,18 +436,21 @@ MIXER_CONFIGS = [  # (block, config): the benchmark's defaults, every conv size,
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize("early", [False, True], ids=["state_after_wait", "state_before_wait"])
 @pytest.mark.parametrize("chunks", [1, 2, 4])
 @pytest.mark.parametrize("block_name, config", MIXER_CONFIGS, ids=lambda c: str(c))
-def test_decode_mixer_kernel_in_interpreter(block_name, config, chunks, monkeypatch):
+def test_decode_mixer_kernel_in_interpreter(block_name, config, chunks, early, monkeypatch):
     """``blocks.kernels.decode_mixer``: a delta-rule or simple_gla block's decode step between its
     projections as one kernel against the block's own path (conv and its cache, L2 norms, gates,
     state update, head norm, output gate): functional, and in place inside ``inplace_decode_state``;
     the state in one, two or four slices of value columns (``CHUNKS``, ``PLAIN_CHUNKS``; heads of 20 value columns
-    take at most two slices of 16)."""
+    take at most two slices of 16); its first slice loaded before or after the (GPU's) wait for the
+    kernel before (``STATE_BEFORE_WAIT``)."""
     from blocks.kernels import decode_mixer
 
     monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
     monkeypatch.setattr(decode_mixer, "PLAIN_CHUNKS", chunks)
+    monkeypatch.setattr(decode_mixer, "STATE_BEFORE_WAIT", early)
     _check_mixer_against_the_block(block_name, config)
 
 
@@ -480,13 +483,17 @@ def _check_mixer_against_the_block(block_name: str, config: dict) -> None:
 
 
 @gpu
+@pytest.mark.parametrize("early", [False, True], ids=["state_after_wait", "state_before_wait"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_decode_mixer_in_the_decode_graph_matches_eager(dtype, monkeypatch):
+def test_decode_mixer_in_the_decode_graph_matches_eager(dtype, early, monkeypatch):
     """With ``decode_mixer.ENABLED`` the delta-rule and simple_gla layers of a captured (and a
     compiled) decode graph run the fused kernel, step by step against the eager model with it off
-    (the blocks' own path)."""
+    (the blocks' own path); the state's first slice read before or after the wait for the kernel
+    before (``STATE_BEFORE_WAIT``)."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer
+
+    monkeypatch.setattr(decode_mixer, "STATE_BEFORE_WAIT", early)
 
     @contextlib.contextmanager
     def mixer_on():

@@ -1079,6 +1079,39 @@ for gather in (False, True):
         assert n > 2 or (prefetches and all("::evict_last" in lines[i] for i in prefetches))
 
 
+def test_decode_mixer_reads_only_its_state_before_the_wait():
+    """sm_90 compile of the decode mixer launched with PDL (``PDL_WAIT_FIRST``): without
+    ``STATE_BEFORE_WAIT`` no global load comes before the grid-dependency wait; with it exactly the
+    state's first slice does (``[128, 64]`` float32 over 128 threads: 16 loads of 128 bits), and
+    everything the kernel before writes (the projection's rows, the gates) is read after it."""
+    import re
+
+    code = """
+import kernels_aot_regs as aot
+from blocks.kernels import decode_mixer as dm
+for early in (False, True):
+    dm.STATE_BEFORE_WAIT = early
+    for name, fn, cx, warps, stages, cap in aot.jobs("bf16"):
+        if name == "decode_mixer_chunks2.gated_deltanet":
+            assert cx["PDL"] and cx["EARLY"] == early, cx
+            k = aot.compile_one(fn, aot.arg_types("bf16", fn), cx, warps, stages, 90)
+            print(k.asm["ptx"].replace(chr(10), " ;; "))
+"""
+    out = run_python(code, {"TRITON_INTERPRET": None})
+    ptxs = [line for line in out.splitlines() if "griddepcontrol" in line]
+    assert len(ptxs) == 2, out[-2000:]
+    for early, ptx in zip((False, True), ptxs):
+        lines = [t.strip() for t in ptx.split(" ;; ")]
+        wait = next(i for i, t in enumerate(lines) if t.startswith("griddepcontrol.wait"))
+        before = [t for t in lines[:wait] if re.match(r"(@%p\d+ )?ld\.global", t)]
+        after = [t for t in lines[wait:] if re.match(r"(@%p\d+ )?ld\.global", t)]
+        assert after
+        if early:
+            assert len(before) == 16 and all(".v4." in t for t in before), before
+        else:
+            assert not before
+
+
 def test_compiled_decode_rows_are_timed_round_robin(capsys, tmp_path):
     """``gpu_kernels._time_round_robin``: every row timed once per pass, the passes interleaved
     across rows (drift over the call falls on all alike), each row's time the median of its passes;
