@@ -83,10 +83,11 @@ PDL_WAIT_FIRST = True
 # the state read overlaps the GEMM instead of starting after it. The state is not the kernel
 # before's output: its last writer is this layer's mixer one decode step earlier, and between the
 # two steps lies a kernel launched without PDL (``mixer_step``'s docstring: the ordering it needs).
-# Off until timed side by side on a steady host: at 04:58 (H200 2026-12-03, docs/benchmarks/
-# decode_sets_1203.md) the mixer's share of the step's path fell 11.8 -> 8.3 us per gated_deltanet
-# layer while the input projection's rose 10.1 -> 12.4; the x24 steps -1..-2% on a two-mode host.
-STATE_BEFORE_WAIT = False
+# Timed (H200 2026-12-03, docs/benchmarks/decode_sets_1203.md): at 04:58 the mixer's share of the
+# step's path fell 11.8 -> 8.3 us per gated_deltanet layer while the input projection's rose 10.1 ->
+# 12.4; at 06:10 (5 round-robin passes, steady host) the x24 graphs with it and ``skinny.SWAP_AB``
+# gated_deltanet 1.327 -> 1.309 ms (alone 1.315), simple_gla 1.275 -> 1.273 (a tie).
+STATE_BEFORE_WAIT = True
 SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4), "LAUNCH_DEPENDENTS": tuple(_TRIGGERS),
             "PDL_WAIT_FIRST": (False, True), "STATE_BEFORE_WAIT": (False, True)}
 

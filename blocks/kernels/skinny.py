@@ -51,8 +51,9 @@ MAX_ROWS = 16
 # 1.365 -> 1.355 ms gated_deltanet, 1.312 -> 1.301 simple_gla, every pass below every pass at 4
 # stages (H200 2026-12-02 18:33, docs/benchmarks/decode_sets_1202_1833.md; 6 stages +0.4%, swiglu and
 # in_proj at 6 +0.9..+2.5%); Nsight Compute had the GEMMs short of bytes in flight (ncu_decode_1202.md).
-CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "swiglu": (32, 128, 1, 4, 4),
-           "o_proj": (32, 128, 4, 2, 4), "w2": (32, 128, 4, 2, 8),
+# swiglu, o_proj, w2 at block 64 and 4 warps since 2026-12-03 (with ``SWAP_AB``, below).
+CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "swiglu": (64, 128, 1, 4, 4),
+           "o_proj": (64, 128, 4, 4, 4), "w2": (64, 128, 4, 4, 8),
            "o_proj_partials": (64, 128, 4, 4, 4), "w2_partials": (64, 128, 4, 4, 4)}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Programmatic dependent launch (Hopper+): each kernel here is launched with ``launch_pdl``, lets the
@@ -86,16 +87,14 @@ RESIDUAL_EPILOGUE = True
 # after their K loop instead of first thing (+2.1 / +2.6%), deeper prefetches with either (4 or 8
 # tiles: +8..+17%). history: docs/benchmarks/kernel_decisions/skinny.md#weight_evict_first
 WEIGHT_EVICT_FIRST = True
-# NOT YET TIMED (written after the last device call of 2026-12-02). The products with the weights as
-# their M side (``[BN, K] x [K, 16]``, accumulators ``[BN, BM]`` transposed after the loop) instead of
-# the activation rows: at M = 16 Triton issues ``mma.sync`` from registers (every GEMM here; Nsight
-# Compute had them stalled on its fixed latency, ncu_decode_1202.md), at BN >= 64 with 4 warps a
-# warpgroup MMA reading both operands from shared memory (sm_90 compiles with the host's Triton 3.6:
-# in_proj at its block 64 98 registers against 128, still pipelined; swiglu / o_proj / w2 need
-# ``CONFIGS.*=64/...`` at 4 warps for it). Checked in the interpreter and, on the GPU, by
-# ``test_skinny_gemms_at_decode_shapes_on_gpu`` (both values). Time: ``DECODE_SETS="-;SWAP_AB=True;
-# SWAP_AB=True,CONFIGS.swiglu=64/128/1/4/4;SWAP_AB=True,CONFIGS.o_proj=64/128/4/4/4,CONFIGS.w2=64/128/4/4/8;-"``.
-SWAP_AB = False
+# The products with the weights as their M side (``[BN, K] x [K, 16]``, accumulators ``[BN, BM]``
+# transposed after the loop) instead of the activation rows: at M = 16 Triton issues ``mma.sync`` from
+# registers, at BN >= 64 with 4 warps a warpgroup MMA reading both operands from shared memory (sm_90,
+# Triton 3.6: in_proj 98 registers against 128). On with swiglu, o_proj and w2 at block 64 / 4 warps
+# (``CONFIGS``) and ``decode_mixer.STATE_BEFORE_WAIT``: the x24 graphs gated_deltanet 1.327 -> 1.309 ms,
+# simple_gla 1.275 -> 1.273 (H200 2026-12-03 06:10, 5 round-robin passes, docs/benchmarks/
+# decode_sets_1203.md); these GEMMs alone -0.2%, the switch alone at the old blocks +1.1..1.6% (04:26).
+SWAP_AB = True
 SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True),
             "WEIGHT_EVICT_FIRST": (False, True), "SWAP_AB": (False, True)}
 
