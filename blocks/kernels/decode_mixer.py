@@ -84,8 +84,8 @@ PDL_WAIT_FIRST = True
 # before's output: its last writer is this layer's mixer one decode step earlier, and between the
 # two steps lies a kernel launched without PDL (``mixer_step``'s docstring: the ordering it needs).
 # Timed (H200 2026-12-03, docs/benchmarks/decode_sets_1203.md): at 04:58 the mixer's share of the
-# step's path fell 11.8 -> 8.3 us per gated_deltanet layer while the input projection's rose 10.1 ->
-# 12.4; at 06:10 (5 round-robin passes, steady host) the x24 graphs with it and ``skinny.SWAP_AB``
+# step's path fell 11.8 -> 9.7 us per gated_deltanet layer (8.3 with the whole state early, CHUNKS=1)
+# while the input projection's rose 10.1 -> 12.4 (whole state); at 06:10 (5 round-robin passes, steady host) the x24 graphs with it and ``skinny.SWAP_AB``
 # gated_deltanet 1.327 -> 1.309 ms (alone 1.315), simple_gla 1.275 -> 1.273 (a tie).
 STATE_BEFORE_WAIT = True
 SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4), "LAUNCH_DEPENDENTS": tuple(_TRIGGERS),
@@ -163,12 +163,13 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     o_c = tl.arange(0, BC)
     m_k = o_k < K
     p_s = i_bh * K * V + o_k[:, None] * V + o_c[None, :]
+    m_s0 = m_k[:, None] & (o_c < V)[None, :]  # the first slice
     if EARLY:
-        b_next = tl.load(s_in + p_s, mask=m_k[:, None] & (o_c < V)[None, :], other=0.)
+        b_next = tl.load(s_in + p_s, mask=m_s0, other=0.)
     if PDL:  # launched early (PDL_WAIT_FIRST): every input but the state is the kernels before's output
         tl.extra.cuda.gdc_wait()
     if not EARLY:
-        b_next = tl.load(s_in + p_s, mask=m_k[:, None] & (o_c < V)[None, :], other=0.)
+        b_next = tl.load(s_in + p_s, mask=m_s0, other=0.)
     i_b = i_bh // H
     i_h = i_bh % H
     b_q = _conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
@@ -298,10 +299,15 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         block.A_log if decay else s_in, block.dt_bias if decay else s_in, s_in, s_out, gate, gate.stride(0),
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
         K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), TRIGGER=_trigger(qkv.device),
-        EARLY=STATE_BEFORE_WAIT and PDL_WAIT_FIRST, W=W, DELTA=delta,
+        EARLY=_state_before_wait(), W=W, DELTA=delta,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
         DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS, **pdl_launch(PDL_WAIT_FIRST, qkv.device))
     return o[:, None], new_state
+
+
+def _state_before_wait() -> bool:
+    """The kernel's ``EARLY``: ``STATE_BEFORE_WAIT``, which only means something with ``PDL_WAIT_FIRST``."""
+    return STATE_BEFORE_WAIT and PDL_WAIT_FIRST
 
 
 def _trigger(device: torch.device) -> int:
