@@ -244,6 +244,10 @@ def step_inputs(family: str, B: int = 16, H: int = HEADS, D: int = HEAD_DIM, dev
     return args
 
 
+# the module tables ``apply_sets`` edits entry by entry (``switched`` restores them)
+TABLES = ("CONFIGS", "PREFETCH_TILES")
+
+
 def switch_modules() -> list:
     """The modules with ``SWITCHES``: each family's chunk kernels, the decode mixer, the decode
     layers' skinny kernels, the softmax layers' decode attention kernel and the decode graph
@@ -260,7 +264,8 @@ def switch_modules() -> list:
 def switched(text: str):
     """``apply_sets(text)`` inside the block (yields its result), every switch as before after it."""
     saved = [(m, name, getattr(m, name)) for m in switch_modules() for name in m.SWITCHES]
-    tables = [(m.CONFIGS, dict(m.CONFIGS)) for m in switch_modules() if isinstance(getattr(m, "CONFIGS", None), dict)]
+    tables = [(table, dict(table)) for m in switch_modules() for name in TABLES
+              if isinstance(table := getattr(m, name, None), dict)]
     try:
         yield apply_sets(text)
     finally:
@@ -277,7 +282,8 @@ def apply_sets(text: str) -> dict:
     e.g. to sweep the launch of a kernel that only runs with a switch on. Values are parsed as
     Python literals (``True``, ``128``), else kept as strings. ``CONFIGS.KEY=64/256/4/4/4``: an
     entry of a module's launch-configuration table (``skinny.CONFIGS``), its integers separated
-    by ``/`` (commas separate the items). Returns ``{name: value}``."""
+    by ``/`` (commas separate the items); ``PREFETCH_TILES.KEY=8``: an entry of a table of
+    integers per GEMM (``skinny.PREFETCH_TILES``; one not there yet is added). Returns ``{name: value}``."""
     import ast
 
     done: dict = {}
@@ -287,6 +293,9 @@ def apply_sets(text: str) -> dict:
             raise ValueError(f"--set: expected NAME=VALUE, got {item!r}")
         if name.startswith("CONFIGS."):
             done[name] = _set_config(name.partition(".")[2], raw)
+            continue
+        if name.startswith("PREFETCH_TILES."):
+            done[name] = _set_prefetch(name.partition(".")[2], raw)
             continue
         try:
             value = ast.literal_eval(raw)
@@ -321,6 +330,20 @@ def _set_config(key: str, raw: str) -> tuple[int, ...]:
     return value
 
 
+def _set_prefetch(key: str, raw: str) -> int:
+    """``apply_sets``' ``PREFETCH_TILES.KEY=N``: ``skinny.PREFETCH_TILES[KEY] = N`` for a key of
+    ``skinny.CONFIGS`` (the GEMM whose prefetch depth it sets)."""
+    from blocks.kernels import skinny
+
+    if key not in skinny.CONFIGS:
+        raise ValueError(f"--set: PREFETCH_TILES.{key}: {key!r} is not a GEMM of skinny.CONFIGS "
+                         f"({', '.join(skinny.CONFIGS)})")
+    if not raw.isdigit() or (int(raw) & (int(raw) - 1)):
+        raise ValueError(f"--set: PREFETCH_TILES.{key} takes 0 or a power of two (K tiles), got {raw!r}")
+    skinny.PREFETCH_TILES[key] = int(raw)
+    return int(raw)
+
+
 def kernel_settings() -> dict:
     """``{module: {"switches": {NAME: value}, "launch": LAUNCH, "walk_min_per_sm": N}}`` of the
     chunk-kernel modules as they stand: what a benchmark or sweep ran with (the switches change
@@ -343,7 +366,8 @@ def kernel_settings() -> dict:
         return {k: getattr(mod, k) for k in mod.SWITCHES}
 
     out["decode_mixer"] = {"switches": {"ENABLED": decode_mixer.ENABLED, **switches(decode_mixer)}}
-    out["skinny"] = {"switches": switches(skinny), "configs": {k: list(v) for k, v in skinny.CONFIGS.items()}}
+    out["skinny"] = {"switches": switches(skinny), "configs": {k: list(v) for k, v in skinny.CONFIGS.items()},
+                     "prefetch_tiles": dict(skinny.PREFETCH_TILES)}
     out["decode_layer"] = {"switches": {"ENABLED": decode_layer.ENABLED}}
     out["decode_graph"] = {"switches": switches(decode_graph)}
     out["decode_attention"] = {"switches": switches(decode_attention)}

@@ -203,7 +203,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         k_per, splits = sk._split(shapes[case][1], config)
         yield (f"skinny.{role}", sk._skinny_kernel,
                dict(BM=sk.MAX_ROWS, BN=BN, BK=BKs, K_PER=k_per, SWIGLU=swiglu, DOT_PREC=prec, PDL=sk.PDL,
-                    PREFETCH=sk.PDL_PREFETCH, LINE=128 // dtype.itemsize, ROW_SCALE=not residual, BT=64,
+                    PREFETCH=sk._prefetch_tiles(role), LINE=128 // dtype.itemsize, ROW_SCALE=not residual, BT=64,
                     RESIDUAL=residual, SPLITS=splits, GAMMA=residual,
                     W_EVICT="evict_first" if sk.WEIGHT_EVICT_FIRST else "", SWAP=sk.SWAP_AB),
                warps, stages, None)  # as skinny._launch: the config's stages for every dtype

@@ -71,6 +71,11 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # before as its programs finish. history: docs/benchmarks/kernel_decisions/skinny.md#lost
 PDL = True
 PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one prefetch per cache line)
+# Per GEMM (a ``CONFIGS`` key): its own prefetch depth instead of ``PDL_PREFETCH``. The step's
+# GEMMs overlap different kernels: w1|w3 launches under o_proj, whose 8.4 MB leave the memory idle
+# for most of its ~6 us (and whose 80 KB of shared memory leave room for w1|w3's 144 KB beside it),
+# o_proj under the mixer; a depth that pays under one may not under another.
+PREFETCH_TILES: dict[str, int] = {}
 # ``archsearch.decode_layer``: o_proj and w2 as ``residual_linear`` (the residual add and the next
 # norm in the GEMM's last split, the norm's 1 / rms applied by the next GEMM) instead of
 # ``partials`` + ``add_norm``: 5 kernels per layer instead of 7.
@@ -282,10 +287,18 @@ def _check(x: torch.Tensor, w: torch.Tensor, name: str) -> None:
 
 
 def _pdl(device: torch.device) -> dict:
-    """The launch's PDL arguments (``tiles.pdl_launch`` of ``PDL``), the prefetch depth checked."""
-    if PDL and (PDL_PREFETCH < 0 or pow2(max(PDL_PREFETCH, 1), 1) != max(PDL_PREFETCH, 1)):
-        raise ValueError(f"skinny.PDL_PREFETCH: 0 or a power of two (tiles), got {PDL_PREFETCH}")
+    """The launch's PDL arguments (``tiles.pdl_launch`` of ``PDL``)."""
     return pdl_launch(PDL, device)
+
+
+def _prefetch_tiles(config: str) -> int:
+    """The K tiles of weights the GEMM ``config`` (a ``CONFIGS`` key) prefetches before its PDL wait:
+    ``PREFETCH_TILES[config]``, else ``PDL_PREFETCH``; 0 or a power of two (checked)."""
+    tiles = PREFETCH_TILES.get(config, PDL_PREFETCH)
+    if tiles < 0 or pow2(max(tiles, 1), 1) != max(tiles, 1):
+        name = f"PREFETCH_TILES[{config!r}]" if config in PREFETCH_TILES else "PDL_PREFETCH"
+        raise ValueError(f"skinny.{name}: 0 or a power of two (tiles), got {tiles}")
+    return tiles
 
 
 class NormedRows(NamedTuple):
@@ -326,12 +339,13 @@ def _tickets(device: torch.device, tiles: int) -> torch.Tensor:
     return t
 
 
-def _launch(grid, x, w, out, N, k_per, cfg, so_m, *, half=0, so_s=0, swiglu=False, norm_in: NormedRows | None = None,
+def _launch(grid, x, w, out, N, k_per, config, so_m, *, half=0, so_s=0, swiglu=False, norm_in: NormedRows | None = None,
             res=None, part=None, norm_out: NormedRows | None = None, gamma=None, splits=1):
     """One ``_skinny_kernel`` launch: ``norm_in`` the ``NormedRows`` whose row scale it applies
     (``ROW_SCALE``), ``res`` / ``part`` / ``norm_out`` / ``gamma`` the residual epilogue's operands
-    (``RESIDUAL``, ``GAMMA``). A pointer the launch does not use gets ``out`` (never read)."""
-    BN, BK, _, warps, stages = cfg
+    (``RESIDUAL``, ``GAMMA``), ``config`` the ``CONFIGS`` key it runs at. A pointer the launch does
+    not use gets ``out`` (never read)."""
+    BN, BK, _, warps, stages = _config(config, x.dtype)
 
     def given(t):
         return out if t is None else t
@@ -345,7 +359,7 @@ def _launch(grid, x, w, out, N, k_per, cfg, so_m, *, half=0, so_s=0, swiglu=Fals
                          norm_out.scaled.stride(0) if norm_out else 0, given(gamma),
                          given(norm_out and norm_out.sumsq), _tickets(x.device, grid[0]) if ticketed else out,
                          BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
-                         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", PREFETCH=PDL_PREFETCH,
+                         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", PREFETCH=_prefetch_tiles(config),
                          LINE=128 // x.element_size(), ROW_SCALE=norm_in is not None, BT=pow2(tiles_in, 1),
                          RESIDUAL=res is not None, SPLITS=splits, GAMMA=norm_out is not None,
                          W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB,
@@ -380,7 +394,7 @@ def linear(x: torch.Tensor | NormedRows, w: torch.Tensor, config: str = "in_proj
     cfg = _config(config, x.dtype)
     N = w.shape[0]
     out = x.new_empty(x.shape[0], N)
-    _launch((cdiv(N, cfg[0]), 1), x, w, out, N, x.shape[1], cfg, out.stride(0), norm_in=rows)
+    _launch((cdiv(N, cfg[0]), 1), x, w, out, N, x.shape[1], config, out.stride(0), norm_in=rows)
     return out
 
 
@@ -393,7 +407,7 @@ def partials(x: torch.Tensor, w: torch.Tensor, config: str = "o_proj_partials") 
     N = w.shape[0]
     k_per, S = _split(K, cfg)
     out = torch.empty(S, M, N, dtype=torch.float32, device=x.device)
-    _launch((cdiv(N, cfg[0]), S), x, w, out, N, k_per, cfg, out.stride(1), so_s=out.stride(0))
+    _launch((cdiv(N, cfg[0]), S), x, w, out, N, k_per, config, out.stride(1), so_s=out.stride(0))
     return out
 
 
@@ -425,7 +439,7 @@ def residual_linear(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, ga
     part = torch.empty(S, M, N, dtype=torch.float32, device=x.device) if S > 1 else None
     normed = (NormedRows(torch.empty_like(h), torch.empty(tiles, M, dtype=torch.float32, device=x.device), eps)
               if gamma is not None else None)
-    _launch((tiles, S), x, w, h, N, k_per, cfg, h.stride(0), res=residual, part=part, norm_out=normed, gamma=gamma,
+    _launch((tiles, S), x, w, h, N, k_per, config, h.stride(0), res=residual, part=part, norm_out=normed, gamma=gamma,
             splits=S)
     return h, normed
 
@@ -439,7 +453,7 @@ def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor, config: str = "swigl
     cfg = _config(config, x.dtype)
     hidden = w13.shape[0] // 2
     out = x.new_empty(x.shape[0], hidden)
-    _launch((cdiv(hidden, cfg[0]), 1), x, w13, out, hidden, x.shape[1], cfg, out.stride(0), half=hidden, swiglu=True,
+    _launch((cdiv(hidden, cfg[0]), 1), x, w13, out, hidden, x.shape[1], config, out.stride(0), half=hidden, swiglu=True,
             norm_in=rows)
     return out
 

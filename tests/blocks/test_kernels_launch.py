@@ -1028,6 +1028,29 @@ def test_sets_give_skinny_launch_configurations_and_restore_them():
         assert skinny.CONFIGS == before
 
 
+def test_sets_give_skinny_prefetch_depths_and_restore_them():
+    """``--set PREFETCH_TILES.swiglu=8``: that GEMM's prefetch depth inside ``switched`` (recorded in
+    ``kernel_settings``), the table as before after it; a depth that is not 0 or a power of two, or a
+    GEMM ``skinny.CONFIGS`` does not have, is a one-line ValueError naming the entry."""
+    from blocks.kernels import skinny
+
+    gpu_common = _benchmark("gpu_common")
+    before = dict(skinny.PREFETCH_TILES)
+    with gpu_common.switched("PREFETCH_TILES.swiglu=8,PREFETCH_TILES.o_proj=0") as done:
+        assert done == {"PREFETCH_TILES.swiglu": 8, "PREFETCH_TILES.o_proj": 0}
+        assert skinny._prefetch_tiles("swiglu") == 8 and skinny._prefetch_tiles("o_proj") == 0
+        assert skinny._prefetch_tiles("w2") == skinny.PDL_PREFETCH
+        assert gpu_common.kernel_settings()["skinny"]["prefetch_tiles"] == {"swiglu": 8, "o_proj": 0}
+    assert skinny.PREFETCH_TILES == before
+    for bad, match in (("PREFETCH_TILES.swiglu=3", "PREFETCH_TILES.swiglu takes 0 or a power of two"),
+                       ("PREFETCH_TILES.swiglu=-2", "PREFETCH_TILES.swiglu takes 0 or a power of two"),
+                       ("PREFETCH_TILES.nope=2", "'nope' is not a GEMM of skinny.CONFIGS")):
+        with pytest.raises(ValueError, match=match):
+            with gpu_common.switched(bad):
+                pass
+        assert skinny.PREFETCH_TILES == before
+
+
 def test_skinny_pdl_waits_before_reading_the_kernel_befores_output():
     """sm_90 compile of ``skinny``'s GEMM (plain, SwiGLU on ``NormedRows``, ``residual_linear``'s
     split-K) and ``add_norm`` (and its embedding form) with ``PDL``: the grid-dependency wait comes

@@ -169,6 +169,32 @@ def test_skinny_gemms_refuse_shapes_they_do_not_serve_before_launch():
         skinny.embed_norm(torch.zeros(9, 4), torch.zeros(3, 2, dtype=torch.long)[:, 0], torch.ones(4))
 
 
+def test_skinny_prefetch_depth_per_gemm_reaches_the_launch(monkeypatch):
+    """Each GEMM prefetches ``PREFETCH_TILES[config]`` K tiles, else ``PDL_PREFETCH``; a depth that
+    is not 0 or a power of two is a ValueError naming its entry, before any launch."""
+    pytest.importorskip("triton")
+    from blocks.kernels import skinny
+
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append(kw["PREFETCH"])
+
+    monkeypatch.setattr(skinny, "_skinny_kernel", Recorder())
+    monkeypatch.setattr(skinny, "PDL_PREFETCH", 2)
+    monkeypatch.setattr(skinny, "PREFETCH_TILES", {"swiglu": 8, "o_proj": 0})
+    x, w = torch.zeros(2, 8), torch.zeros(4, 8)
+    skinny.linear(x, w)
+    skinny.swiglu(x, w)
+    skinny.residual_linear(x, w, torch.zeros(2, 4), config="o_proj")
+    assert launched == [2, 8, 0]
+    skinny.PREFETCH_TILES["swiglu"] = 3
+    with pytest.raises(ValueError, match=r"PREFETCH_TILES\['swiglu'\]: 0 or a power of two"):
+        skinny.swiglu(x, w)
+    assert launched == [2, 8, 0]
+
+
 def test_rope_cache_refuses_what_it_does_not_serve_before_launch():
     """``rope_into_cache``'s one-line errors, before any launch: caches of odd head dim or
     different shapes or dtypes, frequencies of the wrong length or dtype, a non-bool mask, a
@@ -423,15 +449,19 @@ def _fused_paths_on():
 
 
 @gpu
-@pytest.mark.parametrize("swap", [False, True], ids=["rows_m", "weights_m"])
+@pytest.mark.parametrize("swap, prefetch", [(False, None), (True, None), (True, 8)],
+                         ids=["rows_m", "weights_m", "weights_m_prefetch8"])
 @pytest.mark.parametrize("case", ["in_proj", "o_proj", "w13", "w2"])
-def test_skinny_gemms_at_decode_shapes_on_gpu(case, swap, monkeypatch):
+def test_skinny_gemms_at_decode_shapes_on_gpu(case, swap, prefetch, monkeypatch):
     """bf16 at the benchmark model's shapes (batch 16, d_model 2048) against float32 PyTorch on the
     same bf16 values; the weights as the products' M side too (``SWAP_AB``: warpgroup MMA at block
-    64 on sm_90, the configurations' blocks as they are)."""
+    64 on sm_90, the configurations' blocks as they are), and with 8 K tiles prefetched
+    (``PREFETCH_TILES``; under PDL, which only the decode graph's kernels before it give time)."""
     from blocks.kernels import skinny
 
     monkeypatch.setattr(skinny, "SWAP_AB", swap)
+    if prefetch is not None:
+        monkeypatch.setattr(skinny, "PREFETCH_TILES", dict.fromkeys(skinny.CONFIGS, prefetch))
 
     N, K = {"in_proj": (8224, 2048), "o_proj": (2048, 2048), "w13": (11008, 2048), "w2": (2048, 5504)}[case]
     torch.manual_seed(0)
