@@ -198,15 +198,11 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     shapes = decode_shapes()
     for role, case, swiglu, residual in (("in_proj", "in_proj", False, False), ("swiglu", "w13", True, False),
                                          ("o_proj", "o_proj", False, True), ("w2", "w2", False, True)):
-        config = sk._config(role, dtype)
-        BN, BKs, _, warps, stages = config
-        k_per, splits = sk._split(shapes[case][1], config)
-        yield (f"skinny.{role}", sk._skinny_kernel,
-               dict(BM=sk.MAX_ROWS, BN=BN, BK=BKs, K_PER=k_per, SWIGLU=swiglu, DOT_PREC=prec, PDL=sk.PDL,
-                    PREFETCH=sk._prefetch_tiles(role), LINE=128 // dtype.itemsize, ROW_SCALE=not residual, BT=64,
-                    RESIDUAL=residual, SPLITS=splits, GAMMA=residual,
-                    W_EVICT="evict_first" if sk.WEIGHT_EVICT_FIRST else "", SWAP=sk.SWAP_AB),
-               warps, stages, None)  # as skinny._launch: the config's stages for every dtype
+        k_per, splits = sk._split(shapes[case][1], sk._config(role, dtype))
+        constexprs, launch = sk.kernel_constexprs(role, dtype, k_per, swiglu=swiglu, tiles_in=0 if residual else 64,
+                                                  residual=residual, splits=splits, gamma=residual)
+        yield (f"skinny.{role}", sk._skinny_kernel, dict(constexprs, PDL=sk.PDL),
+               launch["num_warps"], launch["num_stages"], None)  # as skinny._launch
     # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)
     for tag, G in (("mha", 1), ("gqa4", 4)):
         for splits in (1, 4):

@@ -345,26 +345,36 @@ def _launch(grid, x, w, out, N, k_per, config, so_m, *, half=0, so_s=0, swiglu=F
     (``ROW_SCALE``), ``res`` / ``part`` / ``norm_out`` / ``gamma`` the residual epilogue's operands
     (``RESIDUAL``, ``GAMMA``), ``config`` the ``CONFIGS`` key it runs at. A pointer the launch does
     not use gets ``out`` (never read)."""
-    BN, BK, _, warps, stages = _config(config, x.dtype)
-
     def given(t):
         return out if t is None else t
 
     tiles_in = norm_in.sumsq.shape[0] if norm_in is not None else 1
     ticketed = res is not None and splits > 1
+    constexprs, launch = kernel_constexprs(config, x.dtype, k_per, swiglu=swiglu, tiles_in=tiles_in if norm_in else 0,
+                                           residual=res is not None, splits=splits, gamma=norm_out is not None)
     _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), w.stride(0), so_s, so_m,
                          given(norm_in and norm_in.sumsq), tiles_in, norm_in.scaled.shape[1] if norm_in else 1,
                          norm_in.eps if norm_in else 0., given(res), res.stride(0) if res is not None else 0,
                          given(part), given(norm_out and norm_out.scaled),
                          norm_out.scaled.stride(0) if norm_out else 0, given(gamma),
                          given(norm_out and norm_out.sumsq), _tickets(x.device, grid[0]) if ticketed else out,
-                         BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
-                         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", PREFETCH=_prefetch_tiles(config),
-                         LINE=128 // x.element_size(), ROW_SCALE=norm_in is not None, BT=pow2(tiles_in, 1),
-                         RESIDUAL=res is not None, SPLITS=splits, GAMMA=norm_out is not None,
-                         W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB,
-                         num_warps=1 if _INTERPRET else warps, num_stages=1 if _INTERPRET else stages,
-                         **_pdl(x.device))
+                         **constexprs, **(dict(num_warps=1, num_stages=1) if _INTERPRET else launch), **_pdl(x.device))
+
+
+def kernel_constexprs(config: str, dtype: torch.dtype, k_per: int, *, swiglu: bool = False, tiles_in: int = 0,
+                      residual: bool = False, splits: int = 1, gamma: bool = False) -> tuple[dict, dict]:
+    """``_skinny_kernel``'s constexprs but ``PDL`` and its ``num_warps`` / ``num_stages`` for the GEMM
+    ``config`` (a ``CONFIGS`` key) in ``dtype`` walking ``k_per`` keys per split, as the module's
+    switches stand: ``tiles_in`` the column tiles of the ``NormedRows`` it scales by (0: a plain left
+    operand), ``residual`` / ``splits`` / ``gamma`` the residual epilogue's. One place for what
+    ``_launch`` runs and what ``benchmarks/kernels_aot_regs.py`` and the PTX tests compile."""
+    BN, BK, _, warps, stages = _config(config, dtype)
+    constexprs = dict(BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
+                      DOT_PREC="ieee" if dtype == torch.float32 else "tf32", PREFETCH=_prefetch_tiles(config),
+                      LINE=128 // dtype.itemsize, ROW_SCALE=tiles_in > 0, BT=pow2(max(tiles_in, 1), 1),
+                      RESIDUAL=residual, SPLITS=splits, GAMMA=gamma,
+                      W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB)
+    return constexprs, dict(num_warps=warps, num_stages=stages)
 
 
 @register_kernel("skinny", "decode")  # registered so that callers can ask whether these kernels are available

@@ -1061,17 +1061,18 @@ def test_skinny_pdl_waits_before_reading_the_kernel_befores_output():
 
     code = """
 import kernels_aot_regs as aot
+import torch
 from blocks.kernels import skinny as sk
 ints = {n: "i32" for n in ("M", "N", "K", "R", "HALF", "sxm", "swn", "so_s", "so_m", "srm", "shm", "snm", "T_in",
                            "N_in", "sxg")}
 ptrs = dict(x="*bf16", w="*bf16", out="*bf16", ss_in="*fp32", eps_in="fp32", res="*bf16", part="*fp32", xg="*bf16",
             gamma="*bf16", ss_out="*fp32", tickets="*i32")
-# plain, SwiGLU reading NormedRows, and residual_linear's split-K with the next norm
-for swiglu, rows, splits in ((False, False, 1), (True, True, 1), (False, False, 4)):
-    k = aot.compile_one(sk._skinny_kernel, dict(ints, **ptrs),
-                        dict(BM=16, BN=32, BK=128, K_PER=2048, SWIGLU=swiglu, DOT_PREC="tf32", PDL=True, PREFETCH=2,
-                             LINE=64, ROW_SCALE=rows, BT=64, RESIDUAL=splits > 1, SPLITS=splits,
-                             GAMMA=splits > 1, W_EVICT="evict_first", SWAP=sk.SWAP_AB), 4, 4, 90)
+# plain, SwiGLU reading NormedRows, and residual_linear's split-K with the next norm, as skinny launches them
+for role, swiglu, rows, splits in (("in_proj", False, False, 1), ("swiglu", True, True, 1), ("o_proj", False, False, 4)):
+    cx, launch = sk.kernel_constexprs(role, torch.bfloat16, 512, swiglu=swiglu, tiles_in=64 if rows else 0,
+                                      residual=splits > 1, splits=splits, gamma=splits > 1)
+    k = aot.compile_one(sk._skinny_kernel, dict(ints, **ptrs), dict(cx, PDL=True), launch["num_warps"],
+                        launch["num_stages"], 90)
     print(k.asm["ptx"].replace(chr(10), " ;; "))
 for gather in (False, True):
     k = aot.compile_one(sk._add_norm_kernel, dict(ints, part="*fp32", res="*bf16", rows="*i64", gamma="*fp32",
