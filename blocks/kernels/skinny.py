@@ -72,10 +72,12 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # before as its programs finish. history: docs/benchmarks/kernel_decisions/skinny.md#lost
 PDL = True
 PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one prefetch per cache line)
-# Per GEMM (a ``CONFIGS`` key): its own prefetch depth instead of ``PDL_PREFETCH``. The step's
-# GEMMs overlap different kernels: w1|w3 launches under o_proj, whose 8.4 MB leave the memory idle
-# for most of its ~6 us (and whose 80 KB of shared memory leave room for w1|w3's 144 KB beside it),
-# o_proj under the mixer; a depth that pays under one may not under another.
+# Per GEMM (a ``CONFIGS`` key): its own prefetch depth instead of ``PDL_PREFETCH`` (``--set
+# PREFETCH_TILES.swiglu=4``). The step's GEMMs overlap different kernels: w1|w3 launches under o_proj,
+# whose 8.4 MB leave the memory idle for most of its ~6 us (and whose 80 KB of shared memory leave
+# room for w1|w3's 144 KB beside it), o_proj under the mixer. Timed (H200 2026-12-03 07:14, x24
+# graphs, 5 passes, docs/benchmarks/decode_sets_1203_0714.md): w1|w3 at 4 tiles a tie, at 8 +1.2%;
+# o_proj's whole slice (4) a tie: none set.
 PREFETCH_TILES: dict[str, int] = {}
 # ``archsearch.decode_layer``: o_proj and w2 as ``residual_linear`` (the residual add and the next
 # norm in the GEMM's last split, the norm's 1 / rms applied by the next GEMM) instead of
