@@ -113,22 +113,6 @@ SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILO
 
 
 @triton.jit
-def _prefetch_l2(w, o_n, m_n, swn, k0, k_end, BK: tl.constexpr, TILES: tl.constexpr, LINE: tl.constexpr,
-                 KEEP: tl.constexpr):
-    """Pull the weight rows ``o_n``, columns ``k0 .. k0 + TILES * BK`` (before ``k_end``) into L2:
-    one ``prefetch.global.L2`` per ``LINE``-element cache line (``KEEP``: ``::evict_last``)."""
-    o_l = k0 + tl.arange(0, TILES * BK // LINE) * LINE
-    m = m_n[:, None] & (o_l < k_end)[None, :]
-    p = w + o_n[:, None] * swn + o_l[None, :]
-    if KEEP:
-        tl.inline_asm_elementwise("@$2 prefetch.global.L2::evict_last [$1]; mov.b32 $0, 0;", "=r,l,b", [p, m],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l,b", [p, m],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _w_tile(w, o_n, swn, i_n, k0, KT, BN: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr):
     """``[BN, BK]`` pointers to the weight rows ``o_n`` (column tile ``i_n``), keys ``k0 .. k0 + BK``:
     row-major (row stride ``swn``), or with ``PACKED`` tile ``(i_n, k0 / BK)`` of the tile-major
@@ -141,13 +125,19 @@ def _w_tile(w, o_n, swn, i_n, k0, KT, BN: tl.constexpr, BK: tl.constexpr, PACKED
 
 
 @triton.jit
-def _prefetch_l2_packed(w, i_n, k0, k_end, KT, BN: tl.constexpr, BK: tl.constexpr, TILES: tl.constexpr,
-                        LINE: tl.constexpr, KEEP: tl.constexpr):
-    """``_prefetch_l2`` of a ``PACKED`` weight: the ``TILES`` tiles from ``(i_n, k0 / BK)`` (those
-    before ``k_end``) are one contiguous range, one prefetch per ``LINE`` elements."""
-    o_l = tl.arange(0, TILES * BN * BK // LINE) * LINE
-    m = o_l < tl.minimum(TILES, tl.cdiv(k_end - k0, BK)) * (BN * BK)
-    p = w + (i_n * KT + k0 // BK) * (BN * BK) + o_l
+def _prefetch_l2(w, o_n, m_n, swn, i_n, k0, k_end, KT, BN: tl.constexpr, BK: tl.constexpr, TILES: tl.constexpr,
+                 LINE: tl.constexpr, KEEP: tl.constexpr, PACKED: tl.constexpr):
+    """Pull the weight tiles ``k0 .. k0 + TILES * BK`` (before ``k_end``) of rows ``o_n`` into L2:
+    one ``prefetch.global.L2`` per ``LINE``-element cache line (``KEEP``: ``::evict_last``). Row-major:
+    ``[BN, TILES * BK / LINE]`` lines; ``PACKED`` (``_w_tile``): the tiles are one contiguous range."""
+    if PACKED:
+        o_l = tl.arange(0, TILES * BN * BK // LINE) * LINE
+        m = o_l < tl.minimum(TILES, tl.cdiv(k_end - k0, BK)) * (BN * BK)
+        p = w + (i_n * KT + k0 // BK) * (BN * BK) + o_l
+    else:
+        o_l = k0 + tl.arange(0, TILES * BK // LINE) * LINE
+        m = m_n[:, None] & (o_l < k_end)[None, :]
+        p = w + o_n[:, None] * swn + o_l[None, :]
     if KEEP:
         tl.inline_asm_elementwise("@$2 prefetch.global.L2::evict_last [$1]; mov.b32 $0, 0;", "=r,l,b", [p, m],
                                   dtype=tl.int32, is_pure=False, pack=1)
@@ -220,14 +210,10 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         if PREFETCH > 0:
-            if PACKED:
-                _prefetch_l2_packed(w, i_n, i_s * K_PER, k_end, KT, BN, BK, PREFETCH, LINE, W_EVICT != "")
-                if SWIGLU:
-                    _prefetch_l2_packed(w3, i_n, i_s * K_PER, k_end, KT, BN, BK, PREFETCH, LINE, W_EVICT != "")
-            else:
-                _prefetch_l2(w, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
-                if SWIGLU:
-                    _prefetch_l2(w3, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
+            _prefetch_l2(w, o_n, m_n, swn, i_n, i_s * K_PER, k_end, KT, BN, BK, PREFETCH, LINE, W_EVICT != "", PACKED)
+            if SWIGLU:
+                _prefetch_l2(w3, o_n, m_n, swn, i_n, i_s * K_PER, k_end, KT, BN, BK, PREFETCH, LINE, W_EVICT != "",
+                             PACKED)
         tl.extra.cuda.gdc_wait()  # x is the kernel before's output
     # the epilogue's operands, loaded before the K loop so that their latency hides behind it (by
     # every split: which one finishes the tile is known only at the end)
