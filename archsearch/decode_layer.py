@@ -150,7 +150,7 @@ def _in_proj(layer, x: torch.Tensor, hn) -> dict[str, torch.Tensor]:
     elif not isinstance(hn, skinny.NormedRows):
         hn = hn.view(B, D)
     in_proj = layer.mixer.in_proj
-    proj_all = skinny.linear(hn, skinny.weight_for(in_proj.weight, "in_proj"), "in_proj")  # [B, sum(widths)]
+    proj_all = skinny.linear(hn, in_proj.weight, "in_proj")  # [B, sum(widths)]
     return dict(zip(in_proj.names, proj_all.view(B, 1, -1).split(in_proj.widths, dim=-1)))
 
 
@@ -165,16 +165,14 @@ def _after_mixer(layer, x: torch.Tensor, o: torch.Tensor, next_norm, hand_on: bo
     mixer = layer.mixer
     gamma, eps = (None, 0.0) if next_norm is None else (next_norm.weight, _eps(next_norm))
     if skinny.RESIDUAL_EPILOGUE:
-        h, hn2 = skinny.residual_linear(o.view(B, -1), skinny.weight_for(mixer.o_proj.weight, "o_proj"), x2,
-                                        layer.norm2.weight, _eps(layer.norm2), "o_proj")
+        h, hn2 = skinny.residual_linear(o.view(B, -1), mixer.o_proj.weight, x2, layer.norm2.weight,
+                                        _eps(layer.norm2), "o_proj")
     else:
-        w_o = skinny.weight_for(mixer.o_proj.weight, "o_proj_partials")
-        h, hn2 = skinny.add_norm(skinny.partials(o.view(B, -1), w_o, "o_proj_partials"), x2, layer.norm2.weight,
-                                 _eps(layer.norm2))
-    a = skinny.swiglu(hn2, skinny.weight_for(layer.mlp.w13.weight, "swiglu", halves=2))  # [B, hidden]
+        h, hn2 = skinny.add_norm(skinny.partials(o.view(B, -1), mixer.o_proj.weight, "o_proj_partials"), x2,
+                                 layer.norm2.weight, _eps(layer.norm2))
+    a = skinny.swiglu(hn2, layer.mlp.w13.weight)  # [B, hidden]
     if skinny.RESIDUAL_EPILOGUE and (hand_on or next_norm is None):
-        out, hn_next = skinny.residual_linear(a, skinny.weight_for(layer.mlp.w2.weight, "w2"), h, gamma, eps, "w2")
+        out, hn_next = skinny.residual_linear(a, layer.mlp.w2.weight, h, gamma, eps, "w2")
         return out.view(B, 1, D), hn_next
-    out, hn_next = skinny.add_norm(skinny.partials(a, skinny.weight_for(layer.mlp.w2.weight, "w2_partials"),
-                                                   "w2_partials"), h, gamma, eps)
+    out, hn_next = skinny.add_norm(skinny.partials(a, layer.mlp.w2.weight, "w2_partials"), h, gamma, eps)
     return out.view(B, 1, D), None if hn_next is None else hn_next.view(B, 1, D)

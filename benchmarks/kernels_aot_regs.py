@@ -78,7 +78,7 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
     if fn is sk._skinny_kernel:  # the decode GEMMs: rows of activations, the norm weight in their dtype
         types.update({n: f"*{act}" for n in ("x", "w", "out", "res", "xg", "gamma")},
                      ss_in="*fp32", ss_out="*fp32", tickets="*i32", eps_in="fp32",
-                     **{n: "i32" for n in ("M", "N", "K", "KT", "HALF", "sxm", "swn", "so_s", "so_m", "T_in", "N_in", "srm",
+                     **{n: "i32" for n in ("M", "N", "K", "HALF", "sxm", "swn", "so_s", "so_m", "T_in", "N_in", "srm",
                                            "sxg")})
     return types
 
@@ -199,11 +199,10 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     for role, case, swiglu, residual in (("in_proj", "in_proj", False, False), ("swiglu", "w13", True, False),
                                          ("o_proj", "o_proj", False, True), ("w2", "w2", False, True)):
         k_per, splits = sk._split(shapes[case][1], sk._config(role, dtype))
-        for packed in (False, True):  # the weights row-major, or tile-major (skinny.pack)
-            constexprs, launch = sk.kernel_constexprs(role, dtype, k_per, swiglu=swiglu, tiles_in=0 if residual else 64,
-                                                      residual=residual, splits=splits, gamma=residual, packed=packed)
-            yield (f"skinny.{role}{'_packed' if packed else ''}", sk._skinny_kernel, dict(constexprs, PDL=sk.PDL),
-                   launch["num_warps"], launch["num_stages"], None)  # as skinny._launch
+        constexprs, launch = sk.kernel_constexprs(role, dtype, k_per, swiglu=swiglu, tiles_in=0 if residual else 64,
+                                                  residual=residual, splits=splits, gamma=residual)
+        yield (f"skinny.{role}", sk._skinny_kernel, dict(constexprs, PDL=sk.PDL),
+               launch["num_warps"], launch["num_stages"], None)  # as skinny._launch
     # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)
     for tag, G in (("mha", 1), ("gqa4", 4)):
         for splits in (1, 4):

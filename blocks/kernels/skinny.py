@@ -29,7 +29,6 @@ Every kernel here is forward-only and runs under ``torch.no_grad`` from ``archse
 """
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple
 
 import torch
@@ -69,7 +68,8 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Prefetch depth in one call: 0 / 2 / 8 / 32 tiles 1.516 / 1.446 / 1.638 / 1.635 ms (gated): deeper
 # prefetches compete with the kernel before for bandwidth.
 # Lost: the weights read by TMA; the next kernel's first reads prefetched into L2 by the kernel
-# before as its programs finish. history: docs/benchmarks/kernel_decisions/skinny.md#lost
+# before as its programs finish; the weights in a tile-major copy (each tile one contiguous block,
+# 2026-12-03). history: docs/benchmarks/kernel_decisions/skinny.md#lost
 PDL = True
 PDL_PREFETCH = 2  # K tiles of weights prefetched; 0 or a power of two (one prefetch per cache line)
 # Per GEMM (a ``CONFIGS`` key): its own prefetch depth instead of ``PDL_PREFETCH`` (``--set
@@ -103,41 +103,18 @@ WEIGHT_EVICT_FIRST = True
 # simple_gla 1.275 -> 1.273 (H200 2026-12-03 06:10, 5 round-robin passes, docs/benchmarks/
 # decode_sets_1203.md); these GEMMs alone -0.2%, the switch alone at the old blocks +1.1..1.6% (04:26).
 SWAP_AB = True
-# ``archsearch.decode_layer``: the GEMMs read tile-major copies of the weights (``pack``, made once
-# per weight and tile shape by ``weight_for``, outside any graph capture): each [BN, BK] tile one
-# contiguous block instead of BN rows' strided pieces. Costs a second copy of the decode weights in
-# GPU memory; a captured decode graph reads the copies made before its capture.
-PACKED_WEIGHTS = False
 SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True),
-            "WEIGHT_EVICT_FIRST": (False, True), "SWAP_AB": (False, True), "PACKED_WEIGHTS": (False, True)}
+            "WEIGHT_EVICT_FIRST": (False, True), "SWAP_AB": (False, True)}
 
 
 @triton.jit
-def _w_tile(w, o_n, swn, i_n, k0, KT, BN: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr):
-    """``[BN, BK]`` pointers to the weight rows ``o_n`` (column tile ``i_n``), keys ``k0 .. k0 + BK``:
-    row-major (row stride ``swn``), or with ``PACKED`` tile ``(i_n, k0 / BK)`` of the tile-major
-    ``[NT, KT, BN, BK]`` layout (``pack``), one contiguous block."""
-    if PACKED:
-        return (w + (i_n * KT + k0 // BK) * (BN * BK) + tl.arange(0, BN)[:, None] * BK
-                + tl.arange(0, BK)[None, :])
-    else:
-        return w + o_n[:, None] * swn + (k0 + tl.arange(0, BK))[None, :]
-
-
-@triton.jit
-def _prefetch_l2(w, o_n, m_n, swn, i_n, k0, k_end, KT, BN: tl.constexpr, BK: tl.constexpr, TILES: tl.constexpr,
-                 LINE: tl.constexpr, KEEP: tl.constexpr, PACKED: tl.constexpr):
-    """Pull the weight tiles ``k0 .. k0 + TILES * BK`` (before ``k_end``) of rows ``o_n`` into L2:
-    one ``prefetch.global.L2`` per ``LINE``-element cache line (``KEEP``: ``::evict_last``). Row-major:
-    ``[BN, TILES * BK / LINE]`` lines; ``PACKED`` (``_w_tile``): the tiles are one contiguous range."""
-    if PACKED:
-        o_l = tl.arange(0, TILES * BN * BK // LINE) * LINE
-        m = o_l < tl.minimum(TILES, tl.cdiv(k_end - k0, BK)) * (BN * BK)
-        p = w + (i_n * KT + k0 // BK) * (BN * BK) + o_l
-    else:
-        o_l = k0 + tl.arange(0, TILES * BK // LINE) * LINE
-        m = m_n[:, None] & (o_l < k_end)[None, :]
-        p = w + o_n[:, None] * swn + o_l[None, :]
+def _prefetch_l2(w, o_n, m_n, swn, k0, k_end, BK: tl.constexpr, TILES: tl.constexpr, LINE: tl.constexpr,
+                 KEEP: tl.constexpr):
+    """Pull the weight rows ``o_n``, columns ``k0 .. k0 + TILES * BK`` (before ``k_end``) into L2:
+    one ``prefetch.global.L2`` per ``LINE``-element cache line (``KEEP``: ``::evict_last``)."""
+    o_l = k0 + tl.arange(0, TILES * BK // LINE) * LINE
+    m = m_n[:, None] & (o_l < k_end)[None, :]
+    p = w + o_n[:, None] * swn + o_l[None, :]
     if KEEP:
         tl.inline_asm_elementwise("@$2 prefetch.global.L2::evict_last [$1]; mov.b32 $0, 0;", "=r,l,b", [p, m],
                                   dtype=tl.int32, is_pure=False, pack=1)
@@ -167,12 +144,11 @@ def _acc_dot(acc, b_x, b_w, SWAP: tl.constexpr, DOT_PREC: tl.constexpr):
 
 @_jit
 def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
-                   ss_in, T_in, N_in, eps_in, res, srm, part, xg, sxg, gamma, ss_out, tickets, KT,
+                   ss_in, T_in, N_in, eps_in, res, srm, part, xg, sxg, gamma, ss_out, tickets,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, K_PER: tl.constexpr,
                    SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                    LINE: tl.constexpr, ROW_SCALE: tl.constexpr, BT: tl.constexpr, RESIDUAL: tl.constexpr,
-                   SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr, SWAP: tl.constexpr,
-                   PACKED: tl.constexpr):
+                   SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr, SWAP: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
@@ -191,9 +167,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     ``ss_out[i_n, m]``, the tile's sum of ``out[m]^2`` (float32): the next GEMM's ``ROW_SCALE``
     operands. ``W_EVICT``: the weight loads' L2 eviction policy (``""`` or ``"evict_first"``,
     ``WEIGHT_EVICT_FIRST``); with one, the PDL prefetches are ``evict_last``. ``SWAP``
-    (``SWAP_AB``): the products formed as ``w . x^T`` (``[BN, BM]``), transposed after the K loop.
-    ``PACKED``: ``w`` is ``pack``'s tile-major layout (``KT`` K tiles per row of tiles, zero-padded;
-    ``HALF`` then the element offset of W3's tiles), each tile one contiguous read."""
+    (``SWAP_AB``): the products formed as ``w . x^T`` (``[BN, BM]``), transposed after the K loop."""
     i_n = tl.program_id(0)
     i_s = tl.program_id(1)
     o_m = tl.arange(0, BM)
@@ -203,17 +177,12 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     acc = _acc_zeros(BM, BN, SWAP)  # [BN, BM] with SWAP, transposed after the K loop
     acc3 = _acc_zeros(BM, BN, SWAP)
     k_end = tl.minimum(i_s * K_PER + K_PER, K)
-    if PACKED:  # W3's tiles (SWIGLU)
-        w3 = w + HALF
-    else:
-        w3 = w + HALF * swn
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         if PREFETCH > 0:
-            _prefetch_l2(w, o_n, m_n, swn, i_n, i_s * K_PER, k_end, KT, BN, BK, PREFETCH, LINE, W_EVICT != "", PACKED)
+            _prefetch_l2(w, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
             if SWIGLU:
-                _prefetch_l2(w3, o_n, m_n, swn, i_n, i_s * K_PER, k_end, KT, BN, BK, PREFETCH, LINE, W_EVICT != "",
-                             PACKED)
+                _prefetch_l2(w, HALF + o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
         tl.extra.cuda.gdc_wait()  # x is the kernel before's output
     # the epilogue's operands, loaded before the K loop so that their latency hides behind it (by
     # every split: which one finishes the tile is known only at the end)
@@ -228,11 +197,11 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < k_end
         b_x = tl.load(x + o_m[:, None] * sxm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
-        b_w = tl.load(_w_tile(w, o_n, swn, i_n, k0, KT, BN, BK, PACKED), mask=m_n[:, None] & m_k[None, :], other=0.,
+        b_w = tl.load(w + o_n[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.,
                       eviction_policy=W_EVICT)
         acc = _acc_dot(acc, b_x, b_w, SWAP, DOT_PREC)
         if SWIGLU:
-            b_w3 = tl.load(_w_tile(w3, o_n, swn, i_n, k0, KT, BN, BK, PACKED), mask=m_n[:, None] & m_k[None, :],
+            b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
                            other=0., eviction_policy=W_EVICT)
             acc3 = _acc_dot(acc3, b_x, b_w3, SWAP, DOT_PREC)
     if SWAP:
@@ -313,90 +282,11 @@ def _add_norm_kernel(part, res, rows, gamma, h, hn, M, N, R, srm, shm, snm, eps,
         tl.store(hn + i_m * snm + o, (y * rstd * g).to(hn.dtype.element_ty), mask=m)
 
 
-class PackedWeight(NamedTuple):
-    """A weight ``[N, K]`` (``halves`` 2: W1 ``[N, K]`` over W3, as ``SwiGLU.w13``) in the tile-major
-    layout that the GEMM at ``(BN, BK)`` reads one contiguous block per tile: ``data`` is flat,
-    ``[halves, NT, KT, BN, BK]`` with ``NT = cdiv(N, BN)``, ``KT = cdiv(K, BK)``, zero-padded. Made by
-    ``pack``; a copy, so it does not follow later changes of the weight it was packed from."""
-
-    data: torch.Tensor
-    N: int
-    K: int
-    BN: int
-    BK: int
-    halves: int
-
-    @property
-    def KT(self) -> int:
-        return cdiv(self.K, self.BK)
-
-    @property
-    def half_elems(self) -> int:
-        """Elements of one half (W1's tiles; W3's start there)."""
-        return cdiv(self.N, self.BN) * self.KT * self.BN * self.BK
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.data.dtype
-
-
-def pack(w: torch.Tensor, config: str, halves: int = 1) -> PackedWeight:
-    """``w [halves * N, K]`` in the tile-major layout of the ``CONFIGS[config]`` GEMM in ``w``'s dtype
-    (``PackedWeight``): each ``[BN, BK]`` tile one contiguous block instead of BN rows' strided pieces."""
-    if w.dim() != 2 or w.shape[0] % halves or halves not in (1, 2):
-        raise ValueError(f"skinny pack: w [halves * N, K] with halves 1 or 2, got {tuple(w.shape)}, {halves}")
-    BN, BK = _config(config, w.dtype)[:2]
-    N, K = w.shape[0] // halves, w.shape[1]
-    NT, KT = cdiv(N, BN), cdiv(K, BK)
-    padded = w.new_zeros(halves, NT * BN, KT * BK)
-    padded[:, :N, :K] = w.view(halves, N, K)
-    data = padded.view(halves, NT, BN, KT, BK).permute(0, 1, 3, 2, 4).contiguous().view(-1)
-    return PackedWeight(data, N, K, BN, BK, halves)
-
-
-# weight_for's copies: id(weight) -> (a weak reference to it, its version, (BN, BK, halves), the copy)
-_PACKED: dict[int, tuple] = {}
-
-
-def weight_for(w: torch.Tensor, config: str, halves: int = 1) -> torch.Tensor | PackedWeight:
-    """What the ``config`` GEMM should read for weight ``w``: ``w`` itself, or with ``PACKED_WEIGHTS``
-    its ``pack`` copy, made on first use and again after ``w`` changes in place (its version) or the
-    config's tiles change. Packing inside a CUDA graph capture would record the copy into every
-    replay: a RuntimeError instead (run one step before capturing, as ``GraphDecoder`` does)."""
-    if not PACKED_WEIGHTS:
-        return w
-    tiles = (*_config(config, w.dtype)[:2], halves)
-    hit = _PACKED.get(id(w))
-    if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == tiles:
-        return hit[3]
-    if w.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"skinny.PACKED_WEIGHTS: the {config!r} weight {tuple(w.shape)} has no packed copy for "
-                           f"tiles {tiles[0]}x{tiles[1]}; run one step before capturing a CUDA graph")
-    for key in [k for k, v in _PACKED.items() if v[0]() is None]:  # copies of weights since freed
-        del _PACKED[key]
-    packed = pack(w.detach(), config, halves)
-    _PACKED[id(w)] = (weakref.ref(w), w._version, tiles, packed)
-    return packed
-
-
-def _check(x: torch.Tensor, w: torch.Tensor | PackedWeight, name: str) -> None:
-    K, w_unit = (w.K, True) if isinstance(w, PackedWeight) else (w.shape[1], w.stride(1) == 1)
-    if (x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.shape[1] != K or x.stride(1) != 1
-            or not w_unit or x.dtype != w.dtype or x.dtype not in _DTYPES):
-        w_desc = f"packed [N {w.N}, K {w.K}]" if isinstance(w, PackedWeight) else str(tuple(w.shape))
+def _check(x: torch.Tensor, w: torch.Tensor, name: str) -> None:
+    if (x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.shape[1] != w.shape[1] or x.stride(1) != 1
+            or w.stride(1) != 1 or x.dtype != w.dtype or x.dtype not in _DTYPES):
         raise ValueError(f"skinny {name}: x [M <= {MAX_ROWS}, K] and w [N, K] of one dtype with unit last "
-                         f"strides, got x {tuple(x.shape)} {x.dtype}, w {w_desc} {w.dtype}")
-
-
-def _rows(w: torch.Tensor | PackedWeight, config: str, halves: int = 1) -> int:
-    """The weight's rows (all halves'); a ``PackedWeight`` checked against ``config``'s tiles."""
-    if not isinstance(w, PackedWeight):
-        return w.shape[0]
-    BN, BK = _config(config, w.dtype)[:2]
-    if (w.BN, w.BK, w.halves) != (BN, BK, halves):
-        raise ValueError(f"skinny: a weight packed for tiles {w.BN}x{w.BK} in {w.halves} half(s), the "
-                         f"{config!r} GEMM reads {BN}x{BK} in {halves}: pack it again (skinny.pack)")
-    return w.N * w.halves
+                         f"strides, got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
 
 
 def _pdl(device: torch.device) -> dict:
@@ -463,38 +353,30 @@ def _launch(grid, x, w, out, N, k_per, config, so_m, *, half=0, so_s=0, swiglu=F
 
     tiles_in = norm_in.sumsq.shape[0] if norm_in is not None else 1
     ticketed = res is not None and splits > 1
-    packed = isinstance(w, PackedWeight)
     constexprs, launch = kernel_constexprs(config, x.dtype, k_per, swiglu=swiglu, tiles_in=tiles_in if norm_in else 0,
-                                           residual=res is not None, splits=splits, gamma=norm_out is not None,
-                                           packed=packed)
-    if packed:  # HALF: the element offset of W3's tiles; KT: K tiles per row of tiles
-        w, swn, kt, half = w.data, 0, w.KT, (w.half_elems if swiglu else 0)
-    else:
-        swn, kt = w.stride(0), 1
-    _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), swn, so_s, so_m,
+                                           residual=res is not None, splits=splits, gamma=norm_out is not None)
+    _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), w.stride(0), so_s, so_m,
                          given(norm_in and norm_in.sumsq), tiles_in, norm_in.scaled.shape[1] if norm_in else 1,
                          norm_in.eps if norm_in else 0., given(res), res.stride(0) if res is not None else 0,
                          given(part), given(norm_out and norm_out.scaled),
                          norm_out.scaled.stride(0) if norm_out else 0, given(gamma),
-                         given(norm_out and norm_out.sumsq), _tickets(x.device, grid[0]) if ticketed else out, kt,
+                         given(norm_out and norm_out.sumsq), _tickets(x.device, grid[0]) if ticketed else out,
                          **constexprs, **(dict(num_warps=1, num_stages=1) if _INTERPRET else launch), **_pdl(x.device))
 
 
 def kernel_constexprs(config: str, dtype: torch.dtype, k_per: int, *, swiglu: bool = False, tiles_in: int = 0,
-                      residual: bool = False, splits: int = 1, gamma: bool = False,
-                      packed: bool = False) -> tuple[dict, dict]:
+                      residual: bool = False, splits: int = 1, gamma: bool = False) -> tuple[dict, dict]:
     """``_skinny_kernel``'s constexprs but ``PDL`` and its ``num_warps`` / ``num_stages`` for the GEMM
     ``config`` (a ``CONFIGS`` key) in ``dtype`` walking ``k_per`` keys per split, as the module's
     switches stand: ``tiles_in`` the column tiles of the ``NormedRows`` it scales by (0: a plain left
-    operand), ``residual`` / ``splits`` / ``gamma`` the residual epilogue's, ``packed`` a
-    ``PackedWeight``. One place for what
+    operand), ``residual`` / ``splits`` / ``gamma`` the residual epilogue's. One place for what
     ``_launch`` runs and what ``benchmarks/kernels_aot_regs.py`` and the PTX tests compile."""
     BN, BK, _, warps, stages = _config(config, dtype)
     constexprs = dict(BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
                       DOT_PREC="ieee" if dtype == torch.float32 else "tf32", PREFETCH=_prefetch_tiles(config),
                       LINE=128 // dtype.itemsize, ROW_SCALE=tiles_in > 0, BT=pow2(max(tiles_in, 1), 1),
                       RESIDUAL=residual, SPLITS=splits, GAMMA=gamma,
-                      W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB, PACKED=packed)
+                      W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB)
     return constexprs, dict(num_warps=warps, num_stages=stages)
 
 
@@ -506,7 +388,7 @@ def _config(name: str, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
     return BN, (BK // 2 if dtype == torch.float32 else BK), split, warps, stages
 
 
-def _operand(x: torch.Tensor | NormedRows, w: torch.Tensor | PackedWeight, name: str) -> tuple[torch.Tensor, NormedRows | None]:
+def _operand(x: torch.Tensor | NormedRows, w: torch.Tensor, name: str) -> tuple[torch.Tensor, NormedRows | None]:
     """``(left operand, the NormedRows whose row scale the kernel applies or None)``, checked."""
     rows = x if isinstance(x, NormedRows) else None
     x = rows.scaled if rows is not None else x
@@ -518,24 +400,24 @@ def _operand(x: torch.Tensor | NormedRows, w: torch.Tensor | PackedWeight, name:
     return x, rows
 
 
-def linear(x: torch.Tensor | NormedRows, w: torch.Tensor | PackedWeight, config: str = "in_proj") -> torch.Tensor:
+def linear(x: torch.Tensor | NormedRows, w: torch.Tensor, config: str = "in_proj") -> torch.Tensor:
     """``x [M, K] @ w [N, K]^T -> [M, N]`` in ``x``'s dtype (float32 accumulation), one split;
-    ``x`` may be ``NormedRows`` (the product of the normed rows), ``w`` a ``PackedWeight`` (``pack(w, config)``)."""
+    ``x`` may be ``NormedRows`` (the product of the normed rows)."""
     x, rows = _operand(x, w, "linear")
     cfg = _config(config, x.dtype)
-    N = _rows(w, config)
+    N = w.shape[0]
     out = x.new_empty(x.shape[0], N)
     _launch((cdiv(N, cfg[0]), 1), x, w, out, N, x.shape[1], config, out.stride(0), norm_in=rows)
     return out
 
 
-def partials(x: torch.Tensor, w: torch.Tensor | PackedWeight, config: str = "o_proj_partials") -> torch.Tensor:
+def partials(x: torch.Tensor, w: torch.Tensor, config: str = "o_proj_partials") -> torch.Tensor:
     """``x [M, K] @ w [N, K]^T`` as float32 partial sums ``[S, M, N]`` over S slices of K (the
     config's split, fewer when K is short); ``add_norm`` adds them up."""
     _check(x, w, "partials")
     cfg = _config(config, x.dtype)
     M, K = x.shape
-    N = _rows(w, config)
+    N = w.shape[0]
     k_per, S = _split(K, cfg)
     out = torch.empty(S, M, N, dtype=torch.float32, device=x.device)
     _launch((cdiv(N, cfg[0]), S), x, w, out, N, k_per, config, out.stride(1), so_s=out.stride(0))
@@ -549,7 +431,7 @@ def _split(K: int, cfg) -> tuple[int, int]:
     return k_per, cdiv(K, k_per)
 
 
-def residual_linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, residual: torch.Tensor, gamma: torch.Tensor | None = None,
+def residual_linear(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor | None = None,
                     eps: float = 1e-6, config: str = "o_proj") -> tuple[torch.Tensor, NormedRows | None]:
     """``h = residual + x [M, K] @ w [N, K]^T`` (``h`` in ``x``'s dtype) and, with ``gamma``, the
     RMSNorm of ``h`` as ``NormedRows`` for the next ``linear`` / ``swiglu``, in one kernel: the
@@ -558,7 +440,7 @@ def residual_linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, residual: t
     _check(x, w, "residual_linear")
     cfg = _config(config, x.dtype)
     M, K = x.shape
-    N = _rows(w, config)
+    N = w.shape[0]
     if (tuple(residual.shape) != (M, N) or residual.stride(1) != 1 or residual.dtype != x.dtype
             or residual.device != x.device or (gamma is not None and (tuple(gamma.shape) != (N,) or gamma.stride(0) != 1))):
         raise ValueError(f"skinny residual_linear: residual [M, N] of x's dtype with unit last stride, gamma [N] "
@@ -575,14 +457,14 @@ def residual_linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, residual: t
     return h, normed
 
 
-def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor | PackedWeight, config: str = "swiglu") -> torch.Tensor:
+def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor, config: str = "swiglu") -> torch.Tensor:
     """``silu(x W1^T) * (x W3^T) -> [M, hidden]`` in ``x``'s dtype, ``w13 = [W1; W3]``
     (``[2 * hidden, K]``, as ``archsearch.model.SwiGLU.w13``); ``x`` may be ``NormedRows``."""
     x, rows = _operand(x, w13, "swiglu")
-    if not isinstance(w13, PackedWeight) and w13.shape[0] % 2:
+    if w13.shape[0] % 2:
         raise ValueError(f"skinny swiglu: w13 must stack W1 over W3 ([2 * hidden, K]), got {tuple(w13.shape)}")
     cfg = _config(config, x.dtype)
-    hidden = _rows(w13, config, halves=2) // 2
+    hidden = w13.shape[0] // 2
     out = x.new_empty(x.shape[0], hidden)
     _launch((cdiv(hidden, cfg[0]), 1), x, w13, out, hidden, x.shape[1], config, out.stride(0), half=hidden, swiglu=True,
             norm_in=rows)

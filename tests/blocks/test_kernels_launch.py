@@ -939,23 +939,6 @@ def test_skinny_configs_report_compares_the_current_configuration_with_the_faste
         sc.main(["--set", "PDL=maybe"])
 
 
-def test_skinny_packed_report_gives_each_layouts_time_and_their_ratio():
-    """``benchmarks/skinny_packed.py``: the report's row per GEMM (both layouts' medians and their
-    ratio, or a layout's error), and usage errors for an unknown role or no rounds."""
-    sp = _benchmark("skinny_packed")
-    res = {"device": "GPU", "when": "now", "batch": 16, "rounds": 3, "roles": {
-        "w2": {"shape": (2048, 5504), "config": [64, 128, 4, 4, 8], "row_major": {"us": [9, 8, 10], "median_us": 9.0},
-               "packed": {"us": [7.2, 7.0, 7.4], "median_us": 7.2}},
-        "o_proj": {"shape": (2048, 2048), "config": [64, 128, 4, 4, 4], "row_major": {"us": [6.0], "median_us": 6.0},
-                   "packed": {"error": "relative error 1.00e+00 against float32"}}}}
-    md = sp.markdown(res)
-    assert "| w2 (2048 x 5504) | (64, 128, 4, 4, 8) | 9.00 | 7.20 | 0.800 |" in md
-    assert "| o_proj (2048 x 2048) | (64, 128, 4, 4, 4) | 6.00 | relative error 1.00e+00 against float32 | - |" in md
-    for bad in (["--roles", "w4"], ["--rounds", "0"], ["--set", "PACKED_WEIGHTS=maybe"]):
-        with pytest.raises(SystemExit):
-            sp.main(bad)
-
-
 def test_gpu_benchmark_sets_the_decode_mixer_switches(monkeypatch, capsys, tmp_path):
     """``gpu_kernels.py --set CHUNKS=2`` reaches ``decode_mixer`` (recorded in the report's switch
     line); a value a switch does not take is a one-line usage error, also inside
@@ -1080,17 +1063,14 @@ def test_skinny_pdl_waits_before_reading_the_kernel_befores_output():
 import kernels_aot_regs as aot
 import torch
 from blocks.kernels import skinny as sk
-ints = {n: "i32" for n in ("M", "N", "K", "KT", "R", "HALF", "sxm", "swn", "so_s", "so_m", "srm", "shm", "snm", "T_in",
+ints = {n: "i32" for n in ("M", "N", "K", "R", "HALF", "sxm", "swn", "so_s", "so_m", "srm", "shm", "snm", "T_in",
                            "N_in", "sxg")}
 ptrs = dict(x="*bf16", w="*bf16", out="*bf16", ss_in="*fp32", eps_in="fp32", res="*bf16", part="*fp32", xg="*bf16",
             gamma="*bf16", ss_out="*fp32", tickets="*i32")
 # plain, SwiGLU reading NormedRows, and residual_linear's split-K with the next norm, as skinny launches them
-# (and the last two with tile-major packed weights)
-for role, swiglu, rows, splits, packed in (("in_proj", False, False, 1, False), ("swiglu", True, True, 1, False),
-                                           ("o_proj", False, False, 4, False), ("swiglu", True, True, 1, True),
-                                           ("o_proj", False, False, 4, True)):
+for role, swiglu, rows, splits in (("in_proj", False, False, 1), ("swiglu", True, True, 1), ("o_proj", False, False, 4)):
     cx, launch = sk.kernel_constexprs(role, torch.bfloat16, 512, swiglu=swiglu, tiles_in=64 if rows else 0,
-                                      residual=splits > 1, splits=splits, gamma=splits > 1, packed=packed)
+                                      residual=splits > 1, splits=splits, gamma=splits > 1)
     k = aot.compile_one(sk._skinny_kernel, dict(ints, **ptrs), dict(cx, PDL=True), launch["num_warps"],
                         launch["num_stages"], 90)
     print(k.asm["ptx"].replace(chr(10), " ;; "))
@@ -1102,8 +1082,7 @@ for gather in (False, True):
 """
     out = run_python(code, {"TRITON_INTERPRET": None})
     ptxs = [line for line in out.splitlines() if "griddepcontrol" in line]
-    assert len(ptxs) == 7, out[-2000:]
-    gemm = {0: "plain", 1: "swiglu", 2: "split", 3: "swiglu", 4: "split"}  # then add_norm, embed_norm
+    assert len(ptxs) == 5, out[-2000:]
     for n, ptx in enumerate(ptxs):
         lines = [t.strip() for t in ptx.split(" ;; ")]
         wait = next(i for i, t in enumerate(lines) if t.startswith("griddepcontrol.wait"))
@@ -1113,7 +1092,7 @@ for gather in (False, True):
         # residual_linear's ticket: an acquire-release atomic at GPU scope (the partials before it
         # visible to the last split), after a CTA barrier
         tickets = [i for i, t in enumerate(lines) if re.match(r"(@%p\d+ )?atom\.", t)]
-        assert bool(tickets) == (gemm.get(n) == "split")
+        assert bool(tickets) == (n == 2)
         for i in tickets:  # a CTA barrier between the last partial store and the ticket
             last_store = max(j for j, t in enumerate(lines[:i]) if re.match(r"(@%p\d+ )?st\.global", t))
             assert ".gpu." in lines[i] and ".acq_rel." in lines[i]
@@ -1121,7 +1100,7 @@ for gather in (False, True):
         prefetches = [i for i, t in enumerate(lines) if "prefetch.global.L2" in t]
         assert all(i < wait for i in prefetches)
         # WEIGHT_EVICT_FIRST: the GEMMs' prefetched tiles are kept in L2 (evict_last)
-        assert n not in gemm or (prefetches and all("::evict_last" in lines[i] for i in prefetches))
+        assert n > 2 or (prefetches and all("::evict_last" in lines[i] for i in prefetches))
 
 
 def test_decode_mixer_reads_only_its_state_before_the_wait():

@@ -127,38 +127,6 @@ def test_residual_linear_tickets_choose_the_split_that_finishes_a_tile_in_interp
 
 
 @interpreter
-@pytest.mark.parametrize("swap", [False, True], ids=["rows_m", "weights_m"])
-@pytest.mark.parametrize("M, N, K", [(3, 70, 150), (16, 32, 64)])
-def test_packed_weights_give_the_row_major_results_in_interpreter(M, N, K, swap, monkeypatch):
-    """``pack``'s tile-major weights (N and K off the tiles: zero padding) give every GEMM's row-major
-    result bit for bit, prefetches and all; a weight packed for other tiles is refused by name."""
-    from blocks.kernels import skinny
-
-    monkeypatch.setattr(skinny, "SWAP_AB", swap)
-    for key in ("in_proj", "swiglu", "o_proj", "o_proj_partials"):  # float32: BK 16, K in several splits
-        monkeypatch.setitem(skinny.CONFIGS, key, (16, 32, 1 if key in ("in_proj", "swiglu") else 4, 4, 4))
-    torch.manual_seed(0)
-    x, w, w13 = torch.randn(M, K), torch.randn(N, K) / K ** 0.5, torch.randn(2 * N, K) / K ** 0.5
-    res, gamma = torch.randn(M, N), 1 + 0.1 * torch.randn(N)
-    rows = skinny.NormedRows(x, torch.rand(3, M) * K, 1e-6)
-    wp, w13p = skinny.pack(w, "in_proj"), skinny.pack(w13, "swiglu", halves=2)
-    assert wp.data.numel() == -(-N // 16) * -(-K // 16) * 16 * 16 and w13p.data.numel() == 2 * wp.data.numel()
-    with checked_memory():
-        assert torch.equal(skinny.linear(rows, wp), skinny.linear(rows, w))
-        assert torch.equal(skinny.swiglu(rows, w13p), skinny.swiglu(rows, w13))
-        assert torch.equal(skinny.partials(x, skinny.pack(w, "o_proj_partials")), skinny.partials(x, w))
-        got = skinny.residual_linear(x, skinny.pack(w, "o_proj"), res, gamma, 1e-6, "o_proj")
-        want = skinny.residual_linear(x, w, res, gamma, 1e-6, "o_proj")
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1].scaled, want[1].scaled)
-    assert torch.equal(got[1].sumsq, want[1].sumsq)
-    monkeypatch.setitem(skinny.CONFIGS, "in_proj", (32, 32, 1, 4, 4))
-    with pytest.raises(ValueError, match="packed for tiles 16x16 in 1 half.*'in_proj' GEMM reads 32x16"):
-        skinny.linear(x, wp)
-    with pytest.raises(ValueError, match="packed for tiles 16x16 in 1 half.*reads 16x16 in 2"):
-        skinny.swiglu(x, skinny.pack(w, "swiglu"))
-
-
-@interpreter
 def test_embed_norm_in_interpreter():
     """``skinny.embed_norm``: the rows of the tokens (repeated, first and last of the vocabulary)
     and their RMSNorm, against ``F.embedding`` + ``F.rms_norm``."""
@@ -227,35 +195,6 @@ def test_skinny_prefetch_depth_per_gemm_reaches_the_launch(monkeypatch):
     assert launched == [2, 8, 0]
 
 
-def test_weight_for_packs_once_and_again_after_the_weight_changes_before_launch(monkeypatch):
-    """``weight_for``: the weight itself with ``PACKED_WEIGHTS`` off; on, its ``pack`` copy, the same
-    object on the next call, a new one after an in-place change of the weight or of the config's
-    tiles, none kept for a weight that is gone."""
-    pytest.importorskip("triton")
-    from blocks.kernels import skinny
-
-    monkeypatch.setattr(skinny, "_PACKED", {})
-    monkeypatch.setitem(skinny.CONFIGS, "o_proj", (16, 32, 4, 4, 4))
-    w = torch.randn(40, 70)
-    assert skinny.weight_for(w, "o_proj") is w
-    monkeypatch.setattr(skinny, "PACKED_WEIGHTS", True)
-    p = skinny.weight_for(w, "o_proj")
-    assert isinstance(p, skinny.PackedWeight) and (p.N, p.K, p.BN, p.BK) == (40, 70, 16, 16)
-    assert skinny.weight_for(w, "o_proj") is p
-    assert torch.equal(p.data.view(3, 5, 16, 16)[1, 2], w[16:32, 32:48])  # tile (1, 2)
-    with torch.no_grad():
-        w.add_(1.0)
-    p2 = skinny.weight_for(w, "o_proj")
-    assert p2 is not p and torch.equal(p2.data.view(3, 5, 16, 16)[1, 2], w[16:32, 32:48])
-    monkeypatch.setitem(skinny.CONFIGS, "o_proj", (32, 32, 4, 4, 4))
-    assert skinny.weight_for(w, "o_proj").BN == 32
-    w13 = torch.randn(20, 70)
-    assert skinny.weight_for(w13, "swiglu", halves=2).halves == 2
-    del w, w13
-    skinny.weight_for(torch.randn(8, 8), "o_proj")  # the freed weights' copies go
-    assert len(skinny._PACKED) == 1
-
-
 def test_rope_cache_refuses_what_it_does_not_serve_before_launch():
     """``rope_into_cache``'s one-line errors, before any launch: caches of odd head dim or
     different shapes or dtypes, frequencies of the wrong length or dtype, a non-bool mask, a
@@ -294,18 +233,15 @@ LAYER_CONFIGS = [("gated_deltanet", {"num_heads": 2}), ("deltanet", {"num_heads"
 @pytest.mark.parametrize("block, config", LAYER_CONFIGS, ids=lambda c: str(c))
 @pytest.mark.parametrize("given_norm", [False, True], ids=["norm1_here", "norm1_given"])
 @pytest.mark.parametrize("epilogue", [False, True], ids=["add_norm", "residual_epilogue"])
-@pytest.mark.parametrize("packed", [False, True], ids=["", "packed"])
-def test_decode_layer_step_in_interpreter(block, config, given_norm, epilogue, packed, monkeypatch):
+def test_decode_layer_step_in_interpreter(block, config, given_norm, epilogue, monkeypatch):
     """``decode_layer.step`` against ``HybridLayer.forward`` for one token continuing a state: the
     new residual stream, the next norm of it (a tensor, or handed on as ``NormedRows``), the new
-    state; with ``norm1(x)`` computed there or handed in (as the fused layer before hands it),
-    with o_proj / w2 as ``residual_linear`` or as ``partials`` + ``add_norm``, and with the GEMMs
-    reading tile-major copies of the weights (``PACKED_WEIGHTS``)."""
+    state; with ``norm1(x)`` computed there or handed in (as the fused layer before hands it), and
+    with o_proj / w2 as ``residual_linear`` or as ``partials`` + ``add_norm``."""
     from blocks import kernels
     from blocks.kernels import decode_mixer, skinny
 
     monkeypatch.setattr(skinny, "RESIDUAL_EPILOGUE", epilogue)
-    monkeypatch.setattr(skinny, "PACKED_WEIGHTS", packed)
 
     layer = _layer(block, config)
     reference = copy.deepcopy(layer)  # the block's own path (no mixer kernel)
@@ -557,19 +493,17 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case, swap, prefetch, monkeypatch)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("compile_mode", [False, True], ids=["graph", "compiled"])
 @pytest.mark.parametrize("pdl", [False, True], ids=["", "pdl"])
-@pytest.mark.parametrize("packed", [False, True], ids=["", "packed"])
-def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, packed, monkeypatch):
+def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, monkeypatch):
     """With ``decode_layer.ENABLED`` the layers of a captured decode graph (two linear in a row
     after the fused embedding + norm, a softmax layer handed its norm1 and handing on its next, a
     linear one after it, one last: the final norm fused) run as the skinny kernels and the fused
     mixer (the softmax layer: the skinny GEMMs around the cache's attention), step by step against
     the eager model with both off; with and without the skinny kernels' programmatic dependent
-    launch (``skinny.PDL``) and with the GEMMs reading packed weights (``skinny.PACKED_WEIGHTS``)."""
+    launch (``skinny.PDL``)."""
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer, skinny, tiles
 
     monkeypatch.setattr(skinny, "PDL", pdl)
-    monkeypatch.setattr(skinny, "PACKED_WEIGHTS", packed)
     launches = []
     real_pdl = tiles.pdl_launch  # every launch's PDL arguments, recorded
     monkeypatch.setattr(skinny, "pdl_launch", lambda on, device: launches.append(real_pdl(on, device)) or launches[-1])
