@@ -51,9 +51,14 @@ MAX_ROWS = 16
 # 1.365 -> 1.355 ms gated_deltanet, 1.312 -> 1.301 simple_gla, every pass below every pass at 4
 # stages (H200 2026-12-02 18:33, docs/benchmarks/decode_sets_1202_1833.md; 6 stages +0.4%, swiglu and
 # in_proj at 6 +0.9..+2.5%); Nsight Compute had the GEMMs short of bytes in flight (ncu_decode_1202.md).
-# swiglu, o_proj, w2 at block 64 and 4 warps since 2026-12-03 (with ``SWAP_AB``, below).
+# swiglu, o_proj, w2 at block 64 and 4 warps since 2026-12-03 (with ``SWAP_AB``, below). w2 at BK 256 /
+# 4 stages, o_proj at BK 256 in 2 splits (each split's rows 512 B per tile, as in_proj's, which sits at
+# its read ceiling): x24 graphs w2 alone gated_deltanet 1.314 -> 1.304 / simple_gla 1.277 -> 1.264 ms on a
+# steady host (H200 2026-12-03 08:21, every pass below every base pass for simple_gla), 1.359 -> 1.356 /
+# 1.325 -> 1.312 in a slow-mode call after it; with o_proj 1.352 / 1.309; w1|w3 at BK 256 (3 stages, 216
+# KB) a tie, and with w2's worse than w2's alone (docs/benchmarks/decode_sets_1203_0821.md).
 CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "swiglu": (64, 128, 1, 4, 4),
-           "o_proj": (64, 128, 4, 4, 4), "w2": (64, 128, 4, 4, 8),
+           "o_proj": (64, 256, 2, 4, 4), "w2": (64, 256, 4, 4, 4),
            "o_proj_partials": (64, 128, 4, 4, 4), "w2_partials": (64, 128, 4, 4, 4)}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Programmatic dependent launch (Hopper+): each kernel here is launched with ``launch_pdl``, lets the
