@@ -338,7 +338,7 @@ def _set_prefetch(key: str, raw: str) -> int:
     if key not in skinny.CONFIGS:
         raise ValueError(f"--set: PREFETCH_TILES.{key}: {key!r} is not a GEMM of skinny.CONFIGS "
                          f"({', '.join(skinny.CONFIGS)})")
-    if not raw.isdigit() or (int(raw) & (int(raw) - 1)):
+    if not (raw.lstrip("-").isdigit() and skinny.prefetch_depth_ok(int(raw))):
         raise ValueError(f"--set: PREFETCH_TILES.{key} takes 0 or a power of two (K tiles), got {raw!r}")
     skinny.PREFETCH_TILES[key] = int(raw)
     return int(raw)

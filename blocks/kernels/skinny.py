@@ -299,11 +299,16 @@ def _pdl(device: torch.device) -> dict:
     return pdl_launch(PDL, device)
 
 
+def prefetch_depth_ok(tiles: int) -> bool:
+    """A prefetch depth the kernel takes: 0 or a power of two (K tiles; one prefetch per cache line)."""
+    return tiles >= 0 and pow2(max(tiles, 1), 1) == max(tiles, 1)
+
+
 def _prefetch_tiles(config: str) -> int:
     """The K tiles of weights the GEMM ``config`` (a ``CONFIGS`` key) prefetches before its PDL wait:
-    ``PREFETCH_TILES[config]``, else ``PDL_PREFETCH``; 0 or a power of two (checked)."""
+    ``PREFETCH_TILES[config]``, else ``PDL_PREFETCH``; checked (``prefetch_depth_ok``)."""
     tiles = PREFETCH_TILES.get(config, PDL_PREFETCH)
-    if tiles < 0 or pow2(max(tiles, 1), 1) != max(tiles, 1):
+    if not prefetch_depth_ok(tiles):
         name = f"PREFETCH_TILES[{config!r}]" if config in PREFETCH_TILES else "PDL_PREFETCH"
         raise ValueError(f"skinny.{name}: 0 or a power of two (tiles), got {tiles}")
     return tiles
@@ -356,12 +361,12 @@ def _launch(grid, x, w, out, N, k_per, config, so_m, *, half=0, so_s=0, swiglu=F
     def given(t):
         return out if t is None else t
 
-    tiles_in = norm_in.sumsq.shape[0] if norm_in is not None else 1
+    tiles_in = norm_in.sumsq.shape[0] if norm_in is not None else 0
     ticketed = res is not None and splits > 1
-    constexprs, launch = kernel_constexprs(config, x.dtype, k_per, swiglu=swiglu, tiles_in=tiles_in if norm_in else 0,
+    constexprs, launch = kernel_constexprs(config, x.dtype, k_per, swiglu=swiglu, tiles_in=tiles_in,
                                            residual=res is not None, splits=splits, gamma=norm_out is not None)
     _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), w.stride(0), so_s, so_m,
-                         given(norm_in and norm_in.sumsq), tiles_in, norm_in.scaled.shape[1] if norm_in else 1,
+                         given(norm_in and norm_in.sumsq), max(tiles_in, 1), norm_in.scaled.shape[1] if norm_in else 1,
                          norm_in.eps if norm_in else 0., given(res), res.stride(0) if res is not None else 0,
                          given(part), given(norm_out and norm_out.scaled),
                          norm_out.scaled.stride(0) if norm_out else 0, given(gamma),
