@@ -64,8 +64,13 @@ ROPE_CACHE_KERNEL = True
 # 16k context against 1.617 / 2.162 / 4.247 without it; 124 kernels per step instead of 148;
 # docs/benchmarks/decode_attention.md.)
 ATTEND_KERNEL = True
+# The model's head after a fused last layer as a skinny GEMM (``decode_layer.head_step``) on the final
+# norm as that layer's w2 hands it on (``NormedRows``, the residual add and norm in w2's epilogue),
+# instead of w2's partials + add_norm and the head on cuBLAS (nvjet, 35-36 us on the H200 for 32000 x
+# 2048 in bf16, launched without PDL, so it neither prefetches nor starts under the kernel before).
+HEAD_KERNEL = False
 # what the benchmarks' ``--set`` / ``--compiled-sets`` may flip (benchmarks/gpu_common.py)
-SWITCHES = {"ROPE_CACHE_KERNEL": (False, True), "ATTEND_KERNEL": (False, True)}
+SWITCHES = {"ROPE_CACHE_KERNEL": (False, True), "ATTEND_KERNEL": (False, True), "HEAD_KERNEL": (False, True)}
 
 
 class _SoftmaxCache:
@@ -190,6 +195,8 @@ class GraphDecoder:
         self.fused_layers, self.next_norms = self._plan_fused_layers()
         # ... and, before a fused first layer, the embedding lookup and its norm1 as one kernel
         self.fused_embed = 0 in self.fused_layers and self._embed_fuses()
+        # ... and, after a fused last layer, the head as a skinny GEMM on its final norm
+        self.fused_head = len(self.model.layers) - 1 in self.fused_layers and self._head_fuses()
         # compile=True runs each other linear layer through torch.compile (regional compilation: the
         # layers share their code, so Inductor compiles once and every layer reuses it); it fuses
         # the dozens of small elementwise kernels per layer that otherwise dominate a decode step.
@@ -222,6 +229,12 @@ class GraphDecoder:
         from archsearch import decode_layer
 
         return decode_layer.embed_applies(self.model.embed, self.model.layers[0], self._probe())
+
+    @torch.no_grad()
+    def _head_fuses(self) -> bool:
+        from archsearch import decode_layer
+
+        return HEAD_KERNEL and decode_layer.head_applies(self.model.head, self.model.final_norm, self._probe())
 
     def _probe(self) -> torch.Tensor:
         """An uninitialised step input ``[B, 1, d_model]``: what ``decode_layer``'s checks look at."""
@@ -298,14 +311,16 @@ class GraphDecoder:
         else:
             x = model.embed(self.token[:, None])  # [B, 1, d_model]
             hn = None  # norm1 of x, where the fused layer before computed it
+        # the layers whose norm the layer before hands on as NormedRows (the head: the final norm)
+        handed_on = self.fused_layers | ({len(model.layers)} if self.fused_head else set())
         for i, layer in enumerate(model.layers):
             if i in self.fused_layers and i in self.caches:
                 x, hn = decode_layer.attention_step(layer, x, hn, self.caches[i].attend, self.pos,
-                                                    self.next_norms[i], hand_on=i + 1 in self.fused_layers)
+                                                    self.next_norms[i], hand_on=i + 1 in handed_on)
                 continue
             if i in self.fused_layers:
                 x, hn, new = decode_layer.step(layer, x, hn, self.states[i], self.next_norms[i],
-                                               hand_on=i + 1 in self.fused_layers)
+                                               hand_on=i + 1 in handed_on)
                 self._keep_state(i, layer, new)
                 continue
             if i not in self.caches:
@@ -315,9 +330,13 @@ class GraphDecoder:
             x = x + self.caches[i].step(layer.norm1(x), self.pos)
             if layer.mlp is not None:
                 x = x + layer.mlp(layer.norm2(x))
+        if self.fused_head:  # before the position's update: the head's weights prefetch under w2
+            logits = decode_layer.head_step(model.head, hn)
         # a kernel launched without PDL between two steps' fused mixers, which read their state
         # before waiting for the kernel before them (decode_mixer.mixer_step: the ordering it needs)
         self.pos.add_(1)
+        if self.fused_head:
+            return logits
         # hn is still set only after a fused last layer: the final norm of x
         return model.head(model.final_norm(x) if hn is None else hn)[:, 0]
 

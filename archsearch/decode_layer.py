@@ -95,6 +95,27 @@ def embed_applies(embed, first_layer, x: torch.Tensor) -> bool:
             and embed.weight.stride(1) == 1 and (applies(first_layer, x) or attention_applies(first_layer, x)))
 
 
+def head_applies(head, final_norm, x: torch.Tensor) -> bool:
+    """Whether the model's ``head`` runs as ``head_step`` after a fused last layer (``applies`` or
+    ``attention_applies`` said yes for it) whose step hands on ``final_norm`` as ``NormedRows``:
+    switched on, ``skinny.RESIDUAL_EPILOGUE``, exactly a bias-free ``nn.Linear`` of ``x``'s dtype
+    with unit-stride weight rows, and ``final_norm`` an RMSNorm with a weight."""
+    if not (ENABLED and type(head) is nn.Linear and head.bias is None and head.weight.dtype == x.dtype
+            and head.weight.stride(1) == 1 and is_rmsnorm(final_norm) and cuda_kernel("skinny", "decode", x) is not None):
+        return False
+    from blocks.kernels import skinny  # Triton is there: cuda_kernel found the kernels
+
+    return skinny.RESIDUAL_EPILOGUE
+
+
+def head_step(head, hn) -> torch.Tensor:
+    """``head_applies`` said yes: ``hn`` the final norm as ``skinny.NormedRows`` (``[B, D]``) ->
+    logits ``[B, vocab]`` in the activation dtype, one skinny GEMM (``CONFIGS["head"]``)."""
+    from blocks.kernels import skinny
+
+    return skinny.linear(hn, head.weight, "head")
+
+
 def embed(embed, tokens: torch.Tensor, norm1) -> tuple[torch.Tensor, torch.Tensor]:
     """``embed_applies`` said yes: ``tokens: [B]`` int64 -> ``(x = embed(tokens) [B, 1, D],
     norm1(x) [B, 1, D])``, one kernel; ``step``'s ``x`` and ``hn`` for the first layer."""

@@ -442,9 +442,9 @@ def step_path(events: list[tuple[str, float, float]], layers: int) -> dict:
     own span (``device_time_total``) overlaps its neighbours'; here each kernel is credited only
     with how far it moves the step's end: in start order, ``max(0, end - the latest end before
     it)`` (``path_us``; the credits and ``idle_us``, the time no kernel ran, sum to the step).
-    Kernels launched a multiple of ``layers`` times, more than once per layer, are split into
-    roles by their launch's index within the layer (``_skinny_kernel#0..3``: in_proj, o_proj, the
-    SwiGLU pair, w2 in a fused layer). Returns ``{"step_us", "idle_us", "by_role": [[role,
+    Kernels launched at least twice per layer are split into roles by their launch's index within
+    the layer (``_skinny_kernel#0..3``: in_proj, o_proj, the SwiGLU pair, w2 in a fused layer), the
+    launches after the last layer's as ``#+0``, ``#+1``... (the head, ``decode_graph.HEAD_KERNEL``). Returns ``{"step_us", "idle_us", "by_role": [[role,
     launches, path_us, span_us], ...] in first-launch order}``."""
     events = sorted(events, key=lambda e: e[1])
     counts: dict[str, int] = {}
@@ -457,8 +457,9 @@ def step_path(events: list[tuple[str, float, float]], layers: int) -> dict:
     for name, start, end in events:
         k = seen.get(name, 0)
         seen[name] = k + 1
-        per_layer = counts[name] // layers if counts[name] % layers == 0 else 1
-        role = f"{name[:90]}#{k % per_layer}" if per_layer > 1 else name[:90]
+        per_layer = counts[name] // layers if counts[name] >= 2 * layers else 1
+        index = f"{k % per_layer}" if k < per_layer * layers else f"+{k - per_layer * layers}"
+        role = f"{name[:90]}#{index}" if per_layer > 1 else name[:90]
         rec = roles.setdefault(role, [role, 0, 0.0, 0.0])
         rec[1] += 1
         idle += max(0.0, start - latest)

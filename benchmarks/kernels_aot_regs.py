@@ -200,7 +200,9 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                          ("o_proj", "o_proj", False, True), ("w2", "w2", False, True)):
         k_per, splits = sk._split(shapes[case][1], sk._config(role, dtype))
         constexprs, launch = sk.kernel_constexprs(role, dtype, k_per, swiglu=swiglu, tiles_in=0 if residual else 64,
-                                                  residual=residual, splits=splits, gamma=residual)
+                                                  residual=residual, splits=splits, gamma=residual,
+                                                  balanced={"in_proj": sk.BALANCED_LINEAR,
+                                                            "swiglu": sk.BALANCED_SWIGLU}.get(role, False))
         yield (f"skinny.{role}", sk._skinny_kernel, dict(constexprs, PDL=sk.PDL),
                launch["num_warps"], launch["num_stages"], None)  # as skinny._launch
     # the softmax layers' decode attention (16 heads of 128; one program per kv head, or split)

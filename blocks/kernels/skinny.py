@@ -57,7 +57,8 @@ MAX_ROWS = 16
 # steady host (H200 2026-12-03 08:21, every pass below every base pass for simple_gla), 1.359 -> 1.356 /
 # 1.325 -> 1.312 in a slow-mode call after it; with o_proj 1.352 / 1.309; w1|w3 at BK 256 (3 stages, 216
 # KB) a tie, and with w2's worse than w2's alone (docs/benchmarks/decode_sets_1203_0821.md).
-CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "swiglu": (64, 128, 1, 4, 4),
+# ``head``: the model's head after a fused last layer (``decode_graph.HEAD_KERNEL``), in_proj's tiles.
+CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "swiglu": (64, 128, 1, 4, 4), "head": (64, 256, 1, 4, 4),
            "o_proj": (64, 256, 2, 4, 4), "w2": (64, 256, 4, 4, 4),
            "o_proj_partials": (64, 128, 4, 4, 4), "w2_partials": (64, 128, 4, 4, 4)}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -108,8 +109,16 @@ WEIGHT_EVICT_FIRST = True
 # simple_gla 1.275 -> 1.273 (H200 2026-12-03 06:10, 5 round-robin passes, docs/benchmarks/
 # decode_sets_1203.md); these GEMMs alone -0.2%, the switch alone at the old blocks +1.1..1.6% (04:26).
 SWAP_AB = True
+# One-split GEMMs (``swiglu``, ``linear``) with their output columns spread evenly over a whole number
+# of waves of programs (``balanced_programs``) instead of one program per ``BN`` columns: w1|w3's 5504
+# columns at block 64 are 86 programs, which leave 46 of the H200's 132 SMs idle while 2/3 of them
+# read 45 MB (15.9 us against 12.6 for a streaming read over every SM, read_ceiling.md); balanced,
+# 132 programs of 41-42 columns (their blocks' last rows masked: no bytes read for them).
+BALANCED_SWIGLU = False
+BALANCED_LINEAR = False
 SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True),
-            "WEIGHT_EVICT_FIRST": (False, True), "SWAP_AB": (False, True)}
+            "WEIGHT_EVICT_FIRST": (False, True), "SWAP_AB": (False, True), "BALANCED_SWIGLU": (False, True),
+            "BALANCED_LINEAR": (False, True)}
 
 
 @triton.jit
@@ -153,8 +162,10 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, K_PER: tl.constexpr,
                    SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                    LINE: tl.constexpr, ROW_SCALE: tl.constexpr, BT: tl.constexpr, RESIDUAL: tl.constexpr,
-                   SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr, SWAP: tl.constexpr):
-    """Grid (cdiv(N, BN), SPLIT_K). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
+                   SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr, SWAP: tl.constexpr,
+                   BALANCED: tl.constexpr):
+    """Grid (cdiv(N, BN), SPLIT_K), or with ``BALANCED`` (one split, no ``RESIDUAL``) (P, 1): program
+    ``i`` takes the output columns ``[i N // P, (i + 1) N // P)`` (at most ``BN``). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
     ``out[:M, n] = silu(x . w[n]) * (x . w[HALF + n])`` for ``n < N`` (one split).
@@ -177,8 +188,13 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     i_s = tl.program_id(1)
     o_m = tl.arange(0, BM)
     m_m = o_m < M
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
+    if BALANCED:
+        n_lo = i_n * N // tl.num_programs(0)
+        o_n = n_lo + tl.arange(0, BN)
+        m_n = o_n < (i_n + 1) * N // tl.num_programs(0)
+    else:
+        o_n = i_n * BN + tl.arange(0, BN)
+        m_n = o_n < N
     acc = _acc_zeros(BM, BN, SWAP)  # [BN, BM] with SWAP, transposed after the K loop
     acc3 = _acc_zeros(BM, BN, SWAP)
     k_end = tl.minimum(i_s * K_PER + K_PER, K)
@@ -353,18 +369,23 @@ def _tickets(device: torch.device, tiles: int) -> torch.Tensor:
 
 
 def _launch(grid, x, w, out, N, k_per, config, so_m, *, half=0, so_s=0, swiglu=False, norm_in: NormedRows | None = None,
-            res=None, part=None, norm_out: NormedRows | None = None, gamma=None, splits=1):
+            res=None, part=None, norm_out: NormedRows | None = None, gamma=None, splits=1, balanced=False):
     """One ``_skinny_kernel`` launch: ``norm_in`` the ``NormedRows`` whose row scale it applies
     (``ROW_SCALE``), ``res`` / ``part`` / ``norm_out`` / ``gamma`` the residual epilogue's operands
-    (``RESIDUAL``, ``GAMMA``), ``config`` the ``CONFIGS`` key it runs at. A pointer the launch does
-    not use gets ``out`` (never read)."""
+    (``RESIDUAL``, ``GAMMA``), ``config`` the ``CONFIGS`` key it runs at; ``balanced`` (one split):
+    the ``N`` columns spread over ``balanced_programs`` programs instead of ``grid[0]``. A pointer
+    the launch does not use gets ``out`` (never read)."""
     def given(t):
         return out if t is None else t
+
+    if balanced:
+        grid = (balanced_programs(N, grid[0], x.device), 1)
 
     tiles_in = norm_in.sumsq.shape[0] if norm_in is not None else 0
     ticketed = res is not None and splits > 1
     constexprs, launch = kernel_constexprs(config, x.dtype, k_per, swiglu=swiglu, tiles_in=tiles_in,
-                                           residual=res is not None, splits=splits, gamma=norm_out is not None)
+                                           residual=res is not None, splits=splits, gamma=norm_out is not None,
+                                           balanced=balanced)
     _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), w.stride(0), so_s, so_m,
                          given(norm_in and norm_in.sumsq), max(tiles_in, 1), norm_in.scaled.shape[1] if norm_in else 1,
                          norm_in.eps if norm_in else 0., given(res), res.stride(0) if res is not None else 0,
@@ -375,19 +396,39 @@ def _launch(grid, x, w, out, N, k_per, config, so_m, *, half=0, so_s=0, swiglu=F
 
 
 def kernel_constexprs(config: str, dtype: torch.dtype, k_per: int, *, swiglu: bool = False, tiles_in: int = 0,
-                      residual: bool = False, splits: int = 1, gamma: bool = False) -> tuple[dict, dict]:
+                      residual: bool = False, splits: int = 1, gamma: bool = False,
+                      balanced: bool = False) -> tuple[dict, dict]:
     """``_skinny_kernel``'s constexprs but ``PDL`` and its ``num_warps`` / ``num_stages`` for the GEMM
     ``config`` (a ``CONFIGS`` key) in ``dtype`` walking ``k_per`` keys per split, as the module's
     switches stand: ``tiles_in`` the column tiles of the ``NormedRows`` it scales by (0: a plain left
-    operand), ``residual`` / ``splits`` / ``gamma`` the residual epilogue's. One place for what
+    operand), ``residual`` / ``splits`` / ``gamma`` the residual epilogue's, ``balanced`` the columns spread
+    evenly over the programs (``BALANCED_SWIGLU`` / ``BALANCED_LINEAR``). One place for what
     ``_launch`` runs and what ``benchmarks/kernels_aot_regs.py`` and the PTX tests compile."""
     BN, BK, _, warps, stages = _config(config, dtype)
+    if balanced and (residual or splits > 1):
+        raise ValueError("skinny: balanced columns serve one-split GEMMs without the residual epilogue")
     constexprs = dict(BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
                       DOT_PREC="ieee" if dtype == torch.float32 else "tf32", PREFETCH=_prefetch_tiles(config),
                       LINE=128 // dtype.itemsize, ROW_SCALE=tiles_in > 0, BT=pow2(max(tiles_in, 1), 1),
                       RESIDUAL=residual, SPLITS=splits, GAMMA=gamma,
-                      W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB)
+                      W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB, BALANCED=balanced)
     return constexprs, dict(num_warps=warps, num_stages=stages)
+
+
+# The SMs a balanced launch spreads its columns over where the device has no SM count (the interpreter)
+INTERPRET_SMS = 3
+_SMS: dict[torch.device, int] = {}
+
+
+def balanced_programs(N: int, tiles: int, device: torch.device) -> int:
+    """Programs for ``N`` output columns that ``tiles`` programs of ``BN`` columns would cover, spread
+    evenly over whole waves of the device's SMs: ``waves * SMs`` (``waves = cdiv(tiles, SMs)``), so
+    that each takes ``N // P`` or ``N // P + 1 <= BN`` columns; at most ``N`` (a column each)."""
+    sms = _SMS.get(device)
+    if sms is None:
+        sms = _SMS[device] = (torch.cuda.get_device_properties(device).multi_processor_count
+                              if device.type == "cuda" else INTERPRET_SMS)
+    return min(cdiv(tiles, sms) * sms, N)
 
 
 @register_kernel("skinny", "decode")  # registered so that callers can ask whether these kernels are available
@@ -417,7 +458,8 @@ def linear(x: torch.Tensor | NormedRows, w: torch.Tensor, config: str = "in_proj
     cfg = _config(config, x.dtype)
     N = w.shape[0]
     out = x.new_empty(x.shape[0], N)
-    _launch((cdiv(N, cfg[0]), 1), x, w, out, N, x.shape[1], config, out.stride(0), norm_in=rows)
+    _launch((cdiv(N, cfg[0]), 1), x, w, out, N, x.shape[1], config, out.stride(0), norm_in=rows,
+            balanced=BALANCED_LINEAR)
     return out
 
 
@@ -477,7 +519,7 @@ def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor, config: str = "swigl
     hidden = w13.shape[0] // 2
     out = x.new_empty(x.shape[0], hidden)
     _launch((cdiv(hidden, cfg[0]), 1), x, w13, out, hidden, x.shape[1], config, out.stride(0), half=hidden, swiglu=True,
-            norm_in=rows)
+            norm_in=rows, balanced=BALANCED_SWIGLU)
     return out
 
 

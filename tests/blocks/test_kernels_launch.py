@@ -779,6 +779,10 @@ def test_decode_profile_lists_every_kernel_with_its_launches():
     assert path["step_us"] == 40.0 and path["idle_us"] == 1.0
     assert path["by_role"] == [["gemm#0", 2, 19.0, 19.0], ["step", 2, 5.0, 7.0], ["gemm#1", 2, 15.0, 19.0]]
     assert sum(r[2] for r in path["by_role"]) + path["idle_us"] == path["step_us"]
+    # a gemm after the last layer (the model's head): its own role
+    head = gpu_kernels.step_path([("gemm", 0.0, 10.0), ("gemm", 10.0, 20.0), ("gemm", 20.0, 30.0),
+                                  ("gemm", 30.0, 40.0), ("gemm", 40.0, 45.0)], layers=2)
+    assert head["by_role"] == [["gemm#0", 2, 20.0, 20.0], ["gemm#1", 2, 20.0, 20.0], ["gemm#+0", 1, 5.0, 5.0]]
     p["path"] = path
     text = "\n".join(gpu_kernels._md_kernel_lists([("m x2 @ 8", {"graph_s": 40e-6, "profile": p})], rows=3))
     assert "40 us under the profiler, 1.0 us idle" in text and "| `gemm#1` | 2 | 15.0 | 7.50 | 9.50 |" in text

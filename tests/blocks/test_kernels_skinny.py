@@ -127,6 +127,66 @@ def test_residual_linear_tickets_choose_the_split_that_finishes_a_tile_in_interp
 
 
 @interpreter
+@pytest.mark.parametrize("N", [5, 70, 200])
+def test_balanced_one_split_gemms_in_interpreter(N, monkeypatch):
+    """``linear`` and ``swiglu`` with ``BALANCED_LINEAR`` / ``BALANCED_SWIGLU``: the columns spread
+    over whole waves of ``INTERPRET_SMS`` (3) programs, unevenly (N 70: 24 / 23 / 23 columns of
+    block-32 programs; 200: 7 tiles -> 9 programs; 5: 3 programs), also on ``NormedRows``, against
+    float32 PyTorch."""
+    from blocks.kernels import skinny
+
+    monkeypatch.setattr(skinny, "BALANCED_LINEAR", True)
+    monkeypatch.setattr(skinny, "BALANCED_SWIGLU", True)
+    monkeypatch.setitem(skinny.CONFIGS, "in_proj", (32, 64, 1, 4, 4))
+    monkeypatch.setitem(skinny.CONFIGS, "swiglu", (32, 64, 1, 4, 4))
+    torch.manual_seed(0)
+    M, K = 3, 40
+    x, w, w13 = torch.randn(M, K), torch.randn(N, K) / K ** 0.5, torch.randn(2 * N, K) / K ** 0.5
+    rows = skinny.NormedRows(x, torch.rand(2, M) * K, 1e-6)
+    xn = rows.materialize()
+    with checked_memory():
+        y, a = skinny.linear(x, w), skinny.swiglu(rows, w13)
+    assert rel(y, x @ w.T) < 1e-6
+    w1, w3 = w13.chunk(2)
+    assert rel(a, F.silu(xn @ w1.T) * (xn @ w3.T)) < 1e-6
+
+
+def test_balanced_programs_cover_whole_waves_and_refuse_split_k(monkeypatch):
+    """``balanced_programs``: whole waves of SMs, each program at most a block of columns, at most a
+    column each; the launch takes that grid only where its switch is on, and a balanced split-K or
+    residual launch is refused."""
+    pytest.importorskip("triton")
+    from blocks.kernels import skinny
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(skinny, "_SMS", {cpu: 132})
+    assert skinny.balanced_programs(5504, 86, cpu) == 132  # w1|w3 at block 64: 41-42 columns each
+    assert skinny.balanced_programs(8224, 129, cpu) == 132
+    assert skinny.balanced_programs(8448, 133, cpu) == 264
+    assert skinny.balanced_programs(40, 1, cpu) == 40
+    for N, tiles in ((5504, 86), (8448, 133), (100, 2)):
+        P = skinny.balanced_programs(N, tiles, cpu)
+        assert max((i + 1) * N // P - i * N // P for i in range(P)) <= skinny.cdiv(N, tiles)
+
+    grids = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: grids.append((grid, kw["BALANCED"]))
+
+    monkeypatch.setattr(skinny, "_skinny_kernel", Recorder())
+    monkeypatch.setitem(skinny.CONFIGS, "swiglu", (32, 64, 1, 4, 4))
+    x, w = torch.zeros(2, 8), torch.zeros(200, 8)
+    skinny.swiglu(x, w)  # 100 columns: 4 blocks of 32
+    monkeypatch.setattr(skinny, "BALANCED_SWIGLU", True)
+    skinny.swiglu(x, w)
+    skinny.linear(x, w, "swiglu")  # BALANCED_LINEAR off
+    assert grids == [((4, 1), False), ((100, 1), True), ((7, 1), False)]  # 132 SMs, 100 columns: one each
+    with pytest.raises(ValueError, match="balanced columns serve one-split GEMMs"):
+        skinny.kernel_constexprs("o_proj", torch.float32, 8, residual=True, splits=2, balanced=True)
+
+
+@interpreter
 def test_embed_norm_in_interpreter():
     """``skinny.embed_norm``: the rows of the tokens (repeated, first and last of the vocabulary)
     and their RMSNorm, against ``F.embedding`` + ``F.rms_norm``."""
@@ -409,7 +469,8 @@ def test_decode_layer_refuses_layers_it_does_not_compute(monkeypatch):
 # --- where the layer applies (CPU) ---------------------------------------------------------------
 def test_decode_layer_applies_only_on_cuda_when_switched_on(monkeypatch):
     """Off when switched off, on CPU, while a gradient is recorded, above 16 rows or for a layer
-    the fused mixer does not serve; a CPU GraphDecoder plans no fused layers."""
+    the fused mixer does not serve; a CPU GraphDecoder plans no fused layers (nor head). The head
+    kernel (``head_applies``): a bias-free ``nn.Linear`` of the activations' dtype after an RMSNorm."""
     from archsearch.decode_graph import GraphDecoder
     from test_kernels_gpu import _cpu_model
 
@@ -419,12 +480,19 @@ def test_decode_layer_applies_only_on_cuda_when_switched_on(monkeypatch):
         assert not decode_layer.applies(layer, torch.zeros(2, 1, 32))  # CPU
         assert not decode_layer.attention_applies(_layer("softmax", {"num_heads": 2}), torch.zeros(2, 1, 32))
     model = _cpu_model([("gated_deltanet", {"num_heads": 2}), ("softmax", {"num_heads": 2})])
-    assert GraphDecoder(model, 2, capacity=4, use_graph=False).fused_layers == set()
+    dec = GraphDecoder(model, 2, capacity=4, use_graph=False)
+    assert dec.fused_layers == set() and not dec.fused_head
+    head, final = torch.nn.Linear(32, 11, bias=False), torch.nn.RMSNorm(32)
+    assert not decode_layer.head_applies(head, final, torch.zeros(2, 1, 32))  # CPU
     if not HAS_GPU:
         return
     cuda = layer.cuda()
     x = torch.zeros(2, 1, 32, device="cuda")
     with torch.no_grad():
+        assert decode_layer.head_applies(head.cuda(), final.cuda(), x)
+        assert not decode_layer.head_applies(torch.nn.Linear(32, 11).cuda(), final.cuda(), x)  # a bias
+        assert not decode_layer.head_applies(head.cuda(), torch.nn.LayerNorm(32).cuda(), x)
+        assert not decode_layer.head_applies(head.cuda().bfloat16(), final.cuda(), x)  # another dtype
         assert decode_layer.applies(cuda, x)
         assert not decode_layer.applies(cuda, torch.zeros(17, 1, 32, device="cuda"))
         assert not decode_layer.applies(_layer("gla", {"num_heads": 2}, device="cuda"), x)
@@ -449,17 +517,21 @@ def _fused_paths_on():
 
 
 @gpu
-@pytest.mark.parametrize("swap, prefetch", [(False, None), (True, None), (True, 8)],
-                         ids=["rows_m", "weights_m", "weights_m_prefetch8"])
+@pytest.mark.parametrize("swap, prefetch, balanced", [(False, None, False), (True, None, False), (True, 8, False),
+                                                       (True, None, True)],
+                         ids=["rows_m", "weights_m", "weights_m_prefetch8", "weights_m_balanced"])
 @pytest.mark.parametrize("case", ["in_proj", "o_proj", "w13", "w2"])
-def test_skinny_gemms_at_decode_shapes_on_gpu(case, swap, prefetch, monkeypatch):
+def test_skinny_gemms_at_decode_shapes_on_gpu(case, swap, prefetch, balanced, monkeypatch):
     """bf16 at the benchmark model's shapes (batch 16, d_model 2048) against float32 PyTorch on the
     same bf16 values; the weights as the products' M side too (``SWAP_AB``: warpgroup MMA at block
-    64 on sm_90, the configurations' blocks as they are), and with 8 K tiles prefetched
-    (``PREFETCH_TILES``; under PDL, which only the decode graph's kernels before it give time)."""
+    64 on sm_90, the configurations' blocks as they are), with 8 K tiles prefetched
+    (``PREFETCH_TILES``; under PDL, which only the decode graph's kernels before it give time), and
+    the one-split GEMMs' columns spread over the SMs (``BALANCED_LINEAR`` / ``BALANCED_SWIGLU``)."""
     from blocks.kernels import skinny
 
     monkeypatch.setattr(skinny, "SWAP_AB", swap)
+    monkeypatch.setattr(skinny, "BALANCED_LINEAR", balanced)
+    monkeypatch.setattr(skinny, "BALANCED_SWIGLU", balanced)
     if prefetch is not None:
         monkeypatch.setattr(skinny, "PREFETCH_TILES", dict.fromkeys(skinny.CONFIGS, prefetch))
 
@@ -492,18 +564,21 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case, swap, prefetch, monkeypatch)
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("compile_mode", [False, True], ids=["graph", "compiled"])
-@pytest.mark.parametrize("pdl", [False, True], ids=["", "pdl"])
-def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, monkeypatch):
+@pytest.mark.parametrize("pdl, head", [(False, False), (True, False), (True, True)], ids=["", "pdl", "pdl_head"])
+def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, head, monkeypatch):
     """With ``decode_layer.ENABLED`` the layers of a captured decode graph (two linear in a row
     after the fused embedding + norm, a softmax layer handed its norm1 and handing on its next, a
     linear one after it, one last: the final norm fused) run as the skinny kernels and the fused
     mixer (the softmax layer: the skinny GEMMs around the cache's attention), step by step against
     the eager model with both off; with and without the skinny kernels' programmatic dependent
-    launch (``skinny.PDL``)."""
+    launch (``skinny.PDL``); and with the head as a skinny GEMM on the last layer's handed-on final
+    norm (``decode_graph.HEAD_KERNEL``)."""
+    from archsearch import decode_graph
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer, skinny, tiles
 
     monkeypatch.setattr(skinny, "PDL", pdl)
+    monkeypatch.setattr(decode_graph, "HEAD_KERNEL", head)
     launches = []
     real_pdl = tiles.pdl_launch  # every launch's PDL arguments, recorded
     monkeypatch.setattr(skinny, "pdl_launch", lambda on, device: launches.append(real_pdl(on, device)) or launches[-1])
@@ -520,6 +595,7 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
         dec = GraphDecoder(model, B, capacity=P + steps, compile=compile_mode)
     assert dec.fused_layers == {0, 1, 2, 3, 4} and dec.next_norms[4] is model.final_norm and dec.fused_embed
     assert dec.next_norms[0] is model.layers[1].norm1 and dec.next_norms[1] is model.layers[2].norm1
+    assert dec.fused_head == head
     _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)
     # the switch reached the launches: the GEMMs, add_norm and embed_norm
     assert len(launches) > 10 and all(("launch_pdl" in kw) == pdl for kw in launches)
