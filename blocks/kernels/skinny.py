@@ -116,9 +116,12 @@ SWAP_AB = True
 # 132 programs of 41-42 columns (their blocks' last rows masked: no bytes read for them).
 BALANCED_SWIGLU = False
 BALANCED_LINEAR = False
+# ``swiglu``: W1's and W3's rows of a program's block as one ``[2 BN, BK]`` tile (one load, one
+# product per K step) instead of two tiles, two loads and two products.
+SWIGLU_ONE_TILE = False
 SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True),
             "WEIGHT_EVICT_FIRST": (False, True), "SWAP_AB": (False, True), "BALANCED_SWIGLU": (False, True),
-            "BALANCED_LINEAR": (False, True)}
+            "BALANCED_LINEAR": (False, True), "SWIGLU_ONE_TILE": (False, True)}
 
 
 @triton.jit
@@ -163,9 +166,11 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                    LINE: tl.constexpr, ROW_SCALE: tl.constexpr, BT: tl.constexpr, RESIDUAL: tl.constexpr,
                    SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr, SWAP: tl.constexpr,
-                   BALANCED: tl.constexpr):
+                   BALANCED: tl.constexpr, ONE_TILE: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K), or with ``BALANCED`` (one split, no ``RESIDUAL``) (P, 1): program
-    ``i`` takes the output columns ``[i N // P, (i + 1) N // P)`` (at most ``BN``). ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
+    ``i`` takes the output columns ``[i N // P, (i + 1) N // P)`` (at most ``BN``). ``ONE_TILE``
+    (``SWIGLU_ONE_TILE``): SwiGLU's W1 and W3 rows of a tile loaded as one ``[2 BN, BK]`` tile, one
+    product per K step (``[2 BN, BM]``), its halves split after the loop. ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
     ``out[:M, n] = silu(x . w[n]) * (x . w[HALF + n])`` for ``n < N`` (one split).
@@ -190,20 +195,30 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     m_m = o_m < M
     if BALANCED:
         n_lo = i_n * N // tl.num_programs(0)
-        o_n = n_lo + tl.arange(0, BN)
-        m_n = o_n < (i_n + 1) * N // tl.num_programs(0)
+        n_hi = (i_n + 1) * N // tl.num_programs(0)
     else:
-        o_n = i_n * BN + tl.arange(0, BN)
-        m_n = o_n < N
+        n_lo = i_n * BN
+        n_hi = N
+    o_n = n_lo + tl.arange(0, BN)
+    m_n = o_n < n_hi
     acc = _acc_zeros(BM, BN, SWAP)  # [BN, BM] with SWAP, transposed after the K loop
     acc3 = _acc_zeros(BM, BN, SWAP)
+    if SWIGLU and ONE_TILE:  # W1's rows of the tile, then W3's: one [2 BN, BK] weight tile per K step
+        o_2 = tl.arange(0, 2 * BN)
+        o_c = n_lo + o_2 % BN  # the output column of each weight row
+        m_w = o_c < n_hi
+        o_w = o_c + tl.where(o_2 < BN, 0, HALF)
+        acc2 = _acc_zeros(BM, 2 * BN, SWAP)
     k_end = tl.minimum(i_s * K_PER + K_PER, K)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         if PREFETCH > 0:
-            _prefetch_l2(w, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
-            if SWIGLU:
-                _prefetch_l2(w, HALF + o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
+            if SWIGLU and ONE_TILE:
+                _prefetch_l2(w, o_w, m_w, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
+            else:
+                _prefetch_l2(w, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
+                if SWIGLU:
+                    _prefetch_l2(w, HALF + o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
         tl.extra.cuda.gdc_wait()  # x is the kernel before's output
     # the epilogue's operands, loaded before the K loop so that their latency hides behind it (by
     # every split: which one finishes the tile is known only at the end)
@@ -218,14 +233,23 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < k_end
         b_x = tl.load(x + o_m[:, None] * sxm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
-        b_w = tl.load(w + o_n[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.,
-                      eviction_policy=W_EVICT)
-        acc = _acc_dot(acc, b_x, b_w, SWAP, DOT_PREC)
-        if SWIGLU:
-            b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
-                           other=0., eviction_policy=W_EVICT)
-            acc3 = _acc_dot(acc3, b_x, b_w3, SWAP, DOT_PREC)
-    if SWAP:
+        if SWIGLU and ONE_TILE:
+            b_w = tl.load(w + o_w[:, None] * swn + o_k[None, :], mask=m_w[:, None] & m_k[None, :], other=0.,
+                          eviction_policy=W_EVICT)
+            acc2 = _acc_dot(acc2, b_x, b_w, SWAP, DOT_PREC)
+        else:
+            b_w = tl.load(w + o_n[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.,
+                          eviction_policy=W_EVICT)
+            acc = _acc_dot(acc, b_x, b_w, SWAP, DOT_PREC)
+            if SWIGLU:
+                b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
+                               other=0., eviction_policy=W_EVICT)
+                acc3 = _acc_dot(acc3, b_x, b_w3, SWAP, DOT_PREC)
+    if SWIGLU and ONE_TILE:
+        if SWAP:
+            acc2 = tl.trans(acc2)  # [BM, 2 BN]: W1's products, then W3's
+        acc, acc3 = tl.split(tl.permute(tl.reshape(acc2, [BM, 2, BN]), (0, 2, 1)))
+    elif SWAP:
         acc = tl.trans(acc)
         acc3 = tl.trans(acc3)
     if ROW_SCALE:
@@ -411,7 +435,8 @@ def kernel_constexprs(config: str, dtype: torch.dtype, k_per: int, *, swiglu: bo
                       DOT_PREC="ieee" if dtype == torch.float32 else "tf32", PREFETCH=_prefetch_tiles(config),
                       LINE=128 // dtype.itemsize, ROW_SCALE=tiles_in > 0, BT=pow2(max(tiles_in, 1), 1),
                       RESIDUAL=residual, SPLITS=splits, GAMMA=gamma,
-                      W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB, BALANCED=balanced)
+                      W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB, BALANCED=balanced,
+                      ONE_TILE=swiglu and SWIGLU_ONE_TILE)
     return constexprs, dict(num_warps=warps, num_stages=stages)
 
 

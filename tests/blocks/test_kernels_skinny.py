@@ -127,16 +127,19 @@ def test_residual_linear_tickets_choose_the_split_that_finishes_a_tile_in_interp
 
 
 @interpreter
+@pytest.mark.parametrize("one_tile", [False, True], ids=["two_tiles", "one_tile"])
+@pytest.mark.parametrize("balanced", [False, True], ids=["blocks", "balanced"])
 @pytest.mark.parametrize("N", [5, 70, 200])
-def test_balanced_one_split_gemms_in_interpreter(N, monkeypatch):
+def test_balanced_one_split_gemms_in_interpreter(N, balanced, one_tile, monkeypatch):
     """``linear`` and ``swiglu`` with ``BALANCED_LINEAR`` / ``BALANCED_SWIGLU``: the columns spread
     over whole waves of ``INTERPRET_SMS`` (3) programs, unevenly (N 70: 24 / 23 / 23 columns of
-    block-32 programs; 200: 7 tiles -> 9 programs; 5: 3 programs), also on ``NormedRows``, against
-    float32 PyTorch."""
+    block-32 programs; 200: 7 tiles -> 9 programs; 5: 3 programs), and SwiGLU's two weight tiles
+    as one (``SWIGLU_ONE_TILE``), also on ``NormedRows``, against float32 PyTorch."""
     from blocks.kernels import skinny
 
-    monkeypatch.setattr(skinny, "BALANCED_LINEAR", True)
-    monkeypatch.setattr(skinny, "BALANCED_SWIGLU", True)
+    monkeypatch.setattr(skinny, "BALANCED_LINEAR", balanced)
+    monkeypatch.setattr(skinny, "BALANCED_SWIGLU", balanced)
+    monkeypatch.setattr(skinny, "SWIGLU_ONE_TILE", one_tile)
     monkeypatch.setitem(skinny.CONFIGS, "in_proj", (32, 64, 1, 4, 4))
     monkeypatch.setitem(skinny.CONFIGS, "swiglu", (32, 64, 1, 4, 4))
     torch.manual_seed(0)
@@ -526,12 +529,14 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case, swap, prefetch, balanced, mo
     same bf16 values; the weights as the products' M side too (``SWAP_AB``: warpgroup MMA at block
     64 on sm_90, the configurations' blocks as they are), with 8 K tiles prefetched
     (``PREFETCH_TILES``; under PDL, which only the decode graph's kernels before it give time), and
-    the one-split GEMMs' columns spread over the SMs (``BALANCED_LINEAR`` / ``BALANCED_SWIGLU``)."""
+    the one-split GEMMs' columns spread over the SMs (``BALANCED_LINEAR`` / ``BALANCED_SWIGLU``) with
+    SwiGLU's two weight tiles as one (``SWIGLU_ONE_TILE``)."""
     from blocks.kernels import skinny
 
     monkeypatch.setattr(skinny, "SWAP_AB", swap)
     monkeypatch.setattr(skinny, "BALANCED_LINEAR", balanced)
     monkeypatch.setattr(skinny, "BALANCED_SWIGLU", balanced)
+    monkeypatch.setattr(skinny, "SWIGLU_ONE_TILE", balanced)
     if prefetch is not None:
         monkeypatch.setattr(skinny, "PREFETCH_TILES", dict.fromkeys(skinny.CONFIGS, prefetch))
 
