@@ -111,14 +111,19 @@ WEIGHT_EVICT_FIRST = True
 SWAP_AB = True
 # One-split GEMMs (``swiglu``, ``linear``) with their output columns spread evenly over a whole number
 # of waves of programs (``balanced_programs``) instead of one program per ``BN`` columns: w1|w3's 5504
-# columns at block 64 are 86 programs, which leave 46 of the H200's 132 SMs idle while 2/3 of them
-# read 45 MB (15.9 us against 12.6 for a streaming read over every SM, read_ceiling.md); balanced,
-# 132 programs of 41-42 columns (their blocks' last rows masked: no bytes read for them).
-BALANCED_SWIGLU = False
+# columns at block 64 are 86 programs, which leave 46 of the H200's 132 SMs idle; balanced, 132
+# programs of 41-42 columns (their blocks' last rows masked: no bytes read for them). And
+# ``SWIGLU_ONE_TILE``: W1's and W3's rows of a program's block as one ``[2 BN, BK]`` tile (one load,
+# one product per K step) instead of two. Timed (H200 2026-12-03 09:21, x24 compiled graphs, 5
+# round-robin passes on a steady host, docs/benchmarks/decode_sets_1203_0921.md): both on,
+# gated_deltanet 1.335 -> 1.321 ms, simple_gla 1.294 -> 1.284, every pass below every base pass;
+# ``SWIGLU_ONE_TILE`` alone -0.3 / -0.2%. w1|w3 itself stays at ~16 us on the step's path (~2.8 TB/s)
+# in every form tried (86 or 132 programs, one or two tiles, 4 or 8 warps, BK 128 or 256): the gain is
+# w2's, whose programs no longer wait on the idle SMs (its own span 24.8 -> 11.8 us, 09:16 call,
+# docs/benchmarks/decode_sets_1203_0916.md). ``BALANCED_LINEAR`` (in_proj: 129 -> 132 programs) a tie.
+BALANCED_SWIGLU = True
 BALANCED_LINEAR = False
-# ``swiglu``: W1's and W3's rows of a program's block as one ``[2 BN, BK]`` tile (one load, one
-# product per K step) instead of two tiles, two loads and two products.
-SWIGLU_ONE_TILE = False
+SWIGLU_ONE_TILE = True
 SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True),
             "WEIGHT_EVICT_FIRST": (False, True), "SWAP_AB": (False, True), "BALANCED_SWIGLU": (False, True),
             "BALANCED_LINEAR": (False, True), "SWIGLU_ONE_TILE": (False, True)}

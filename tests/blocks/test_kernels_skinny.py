@@ -180,6 +180,8 @@ def test_balanced_programs_cover_whole_waves_and_refuse_split_k(monkeypatch):
     monkeypatch.setattr(skinny, "_skinny_kernel", Recorder())
     monkeypatch.setitem(skinny.CONFIGS, "swiglu", (32, 64, 1, 4, 4))
     x, w = torch.zeros(2, 8), torch.zeros(200, 8)
+    monkeypatch.setattr(skinny, "BALANCED_SWIGLU", False)
+    monkeypatch.setattr(skinny, "BALANCED_LINEAR", False)
     skinny.swiglu(x, w)  # 100 columns: 4 blocks of 32
     monkeypatch.setattr(skinny, "BALANCED_SWIGLU", True)
     skinny.swiglu(x, w)
