@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     for (label, (programs, bn)), bk, stages, split in itertools.product(grids.items(), (128, 256), (3, 4),
                                                                         (True, False)):
         out = torch.empty(programs, device="cuda", dtype=torch.float32)
-        tile_read(ws[0], out, bn, bk, stages, 4, split)
+        try:
+            tile_read(ws[0], out, bn, bk, stages, 4, split)
+        except triton.runtime.errors.OutOfResources:  # BK 256 in 4 stages: more shared memory than an SM has
+            continue
         if not torch.allclose(out.sum(), ws[0].float().sum(), rtol=1e-3, atol=1.0):
             raise SystemExit(f"tile_reads: wrong sum at {label}, BK {bk}, split {split}")
         t = time_layers(lambda w: tile_read(w, out, bn, bk, stages, 4, split), ws)  # noqa: B023

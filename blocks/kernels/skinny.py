@@ -57,8 +57,14 @@ MAX_ROWS = 16
 # steady host (H200 2026-12-03 08:21, every pass below every base pass for simple_gla), 1.359 -> 1.356 /
 # 1.325 -> 1.312 in a slow-mode call after it; with o_proj 1.352 / 1.309; w1|w3 at BK 256 (3 stages, 216
 # KB) a tie, and with w2's worse than w2's alone (docs/benchmarks/decode_sets_1203_0821.md).
+# swiglu at block 32 (with ``BALANCED_SWIGLU`` and ``SWIGLU_ONE_TILE``: 264 programs of ~21 columns, one
+# [64, 128] tile per K step, 80 KB, two programs per SM) instead of 64: x24 graphs gated_deltanet 1.349 ->
+# 1.343 ms, simple_gla 1.312 -> 1.302, every pass below (H200 2026-12-03 09:41, slow-mode host,
+# docs/benchmarks/decode_sets_1203_0941.log); 1.285 -> 1.283 / 1.249 -> 1.242 at 09:53 (decode_1203_0953.md);
+# the fastest GEMM-shaped read of the weight in benchmarks/tile_reads.py (tile_reads_1203_0948.md). At 3
+# stages (three per SM) or BK 64 / 6 stages +2..+3%.
 # ``head``: the model's head after a fused last layer (``decode_graph.HEAD_KERNEL``), in_proj's tiles.
-CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "swiglu": (64, 128, 1, 4, 4), "head": (64, 256, 1, 4, 4),
+CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "swiglu": (32, 128, 1, 4, 4), "head": (64, 256, 1, 4, 4),
            "o_proj": (64, 256, 2, 4, 4), "w2": (64, 256, 4, 4, 4),
            "o_proj_partials": (64, 128, 4, 4, 4), "w2_partials": (64, 128, 4, 4, 4)}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
