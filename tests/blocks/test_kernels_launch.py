@@ -1726,3 +1726,26 @@ sys.exit(gluon_probe.main(["--compile-only", "90", "--out", {str(tmp_path)!r}]))
     assert res["ok"] is True and all(v is True for v in res["available"].values()), res
     assert res["compile"]["arch"] == 90 and res["compile"]["wgmma"] == 4 and res["compile"]["wgmma_wait"] == 1, res
     assert res["compile"]["registers"] and res["compile"]["registers"] > 0, res
+
+
+@pytest.mark.skipif(not tiles.INTERPRET, reason="runs the kernel in Triton's interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("split", [True, False], ids=["w1_w3_rows", "one_region"])
+@pytest.mark.parametrize("programs, bn", [(3, 32), (5, 16), (2, 64)])
+def test_tile_reads_sum_each_programs_rows_once(programs, bn, split):
+    """``benchmarks/tile_reads.py``'s GEMM-shaped read: over its programs, every row of the weight
+    summed once (a product with ones), whether each program's rows lie in W1's and W3's halves or in
+    one region; K and the halves off the blocks."""
+    from interpreter_bounds import checked_memory
+
+    tr = _benchmark("tile_reads")
+    w = torch.randn(2 * 70, 300, generator=torch.Generator().manual_seed(programs))
+    out = torch.empty(programs)
+    with checked_memory():
+        tr.tile_read(w, out, bn, 64, 2, 4, split)
+    assert torch.allclose(out.sum(), w.sum(), rtol=1e-5, atol=1e-3)
+    # each program's own share: rows [lo, hi) and HALF + [lo, hi), or [2 lo, 2 hi)
+    half = 70
+    for i in range(programs):
+        lo, hi = i * half // programs, (i + 1) * half // programs
+        rows = torch.cat([w[lo:hi], w[half + lo:half + hi]]) if split else w[2 * lo:2 * hi]
+        assert torch.allclose(out[i], rows.sum(), rtol=1e-5, atol=1e-3)
