@@ -444,8 +444,9 @@ def step_path(events: list[tuple[str, float, float]], layers: int) -> dict:
     it)`` (``path_us``; the credits and ``idle_us``, the time no kernel ran, sum to the step).
     Kernels launched at least twice per layer are split into roles by their launch's index within
     the layer (``_skinny_kernel#0..3``: in_proj, o_proj, the SwiGLU pair, w2 in a fused layer), the
-    launches after the last layer's as ``#+0``, ``#+1``... (the head, ``decode_graph.HEAD_KERNEL``). Returns ``{"step_us", "idle_us", "by_role": [[role,
-    launches, path_us, span_us], ...] in first-launch order}``."""
+    launches after the last layer's as ``#+0``, ``#+1``... (the head, ``decode_graph.HEAD_KERNEL``).
+    Returns ``{"step_us", "idle_us", "by_role": [[role, launches, path_us, span_us], ...] in
+    first-launch order}``."""
     events = sorted(events, key=lambda e: e[1])
     counts: dict[str, int] = {}
     for name, _, _ in events:

@@ -1,16 +1,17 @@
 """Whether reading w1|w3 as the decode GEMM reads it costs bandwidth by its geometry: GEMM-shaped
 tile reads (no product) of the SwiGLU weight, from one region or from W1's and W3's halves.
 
-The decode layer's SwiGLU GEMM (``skinny.swiglu``) reads a ``[2 * 5504, 2048]`` bf16 weight at
-~2.8 TB/s whatever its grid or loop form, where a streaming read of as many bytes reaches ~3.6
-(``docs/benchmarks/read_ceiling.md``) and in_proj's GEMM, one region, ~3.5. Each program of a
-SwiGLU GEMM reads the same rows of two regions 22.5 MB apart (W1's block and W3's). Here a
-Triton kernel walks the weight exactly as that GEMM does, in ``[2 BN, BK]`` tiles along K, but
-only sums them (a product with a ones operand in place of the activations), with each program's rows either in two regions (``split``: rows ``[lo, hi)`` and
-``HALF + [lo, hi)``, as SwiGLU) or contiguous (``one``: rows ``[2 lo, 2 hi)``, the same count),
-over as many programs as the GEMM runs (blocks of 64 columns, or spread over the SMs); beside
-it the streaming read of as many bytes and the GEMM itself. 24 distinct weights in one CUDA graph
-(far beyond L2), us per call.
+The decode layer's SwiGLU GEMM (``skinny.swiglu``) read its ``[2 * 5504, 2048]`` bf16 weight at ~2.8
+TB/s in the decode step whatever its grid or loop form, where a streaming read of as many bytes
+reaches ~3.6 (``docs/benchmarks/read_ceiling.md``) and in_proj's GEMM, one region, ~3.5. Each
+program of a SwiGLU GEMM reads the same rows of two regions 22.5 MB apart (W1's block and W3's).
+Here a Triton kernel walks the weight as that GEMM does, in ``[2 BN, BK]`` tiles along K, but only
+sums them (a product with a ones operand in place of the activations), each program's rows either
+in two regions (W1's and W3's: rows ``[lo, hi)`` and ``HALF + [lo, hi)``) or in one (rows
+``[2 lo, 2 hi)``, as many), over as many programs as the GEMM runs (blocks of 64 columns, or spread
+over the SMs); beside it the streaming read of as many bytes and the GEMM itself alone. 24 distinct
+weights in one CUDA graph (far beyond L2), us per call. (2026-12-03 09:48: the geometry costs
+nothing, and the GEMM alone reads at the ceiling: ``docs/benchmarks/tile_reads_1203_0948.md``.)
 
     python benchmarks/tile_reads.py [--out DIR]
 

@@ -123,9 +123,10 @@ SWAP_AB = True
 # one product per K step) instead of two. Timed (H200 2026-12-03 09:21, x24 compiled graphs, 5
 # round-robin passes on a steady host, docs/benchmarks/decode_sets_1203_0921.md): both on,
 # gated_deltanet 1.335 -> 1.321 ms, simple_gla 1.294 -> 1.284, every pass below every base pass;
-# ``SWIGLU_ONE_TILE`` alone -0.3 / -0.2%. w1|w3 itself stays at ~16 us on the step's path (~2.8 TB/s)
-# in every form tried (86 or 132 programs, one or two tiles, 4 or 8 warps, BK 128 or 256): the gain is
-# w2's, whose programs no longer wait on the idle SMs (its own span 24.8 -> 11.8 us, 09:16 call,
+# ``SWIGLU_ONE_TILE`` alone -0.3 / -0.2%. w1|w3 alone now reads at the streaming read's ceiling (12.76
+# against 12.66 us, docs/benchmarks/tile_reads_1203_0948.md) but keeps ~16 us of the step's path in every
+# form tried (86 or 132 programs, one or two tiles, 4 or 8 warps, BK 128 or 256): in the step the gain is
+# w2's, whose programs no longer wait on SMs w1|w3 left idle (its own span 24.8 -> 11.8 us, 09:16 call,
 # docs/benchmarks/decode_sets_1203_0916.md). ``BALANCED_LINEAR`` (in_proj: 129 -> 132 programs) a tie.
 BALANCED_SWIGLU = True
 BALANCED_LINEAR = False
@@ -179,9 +180,10 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr, SWAP: tl.constexpr,
                    BALANCED: tl.constexpr, ONE_TILE: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K), or with ``BALANCED`` (one split, no ``RESIDUAL``) (P, 1): program
-    ``i`` takes the output columns ``[i N // P, (i + 1) N // P)`` (at most ``BN``). ``ONE_TILE``
-    (``SWIGLU_ONE_TILE``): SwiGLU's W1 and W3 rows of a tile loaded as one ``[2 BN, BK]`` tile, one
-    product per K step (``[2 BN, BM]``), its halves split after the loop. ``x: [M <= BM, K]``, ``w: [*, K]`` (unit last strides).
+    ``i`` takes the output columns ``[i N // P, (i + 1) N // P)`` (at most ``BN``). ``x: [M <= BM, K]``,
+    ``w: [*, K]`` (unit last strides). ``ONE_TILE`` (``SWIGLU_ONE_TILE``): SwiGLU's W1 and W3 rows of a
+    block loaded as one ``[2 BN, BK]`` tile, one product per K step (``[2 BN, BM]``), its halves split
+    after the loop.
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
     ``out[:M, n] = silu(x . w[n]) * (x . w[HALF + n])`` for ``n < N`` (one split).
