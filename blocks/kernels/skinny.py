@@ -37,7 +37,7 @@ import triton.language as tl
 
 from . import register_kernel
 from .fitted import jit as _jit
-from .tiles import INTERPRET as _INTERPRET, cdiv, pdl_launch, pow2
+from .tiles import INTERPRET as _INTERPRET, cdiv, pdl_launch, pow2, sm_count
 
 MAX_ROWS = 16
 # (BN, BK, SPLIT_K, num_warps, num_stages) per GEMM of a decode layer (H200). in_proj, swiglu: the
@@ -62,7 +62,7 @@ MAX_ROWS = 16
 # 1.343 ms, simple_gla 1.312 -> 1.302, every pass below (H200 2026-12-03 09:41, slow-mode host,
 # docs/benchmarks/decode_sets_1203_0941.log); 1.285 -> 1.283 / 1.249 -> 1.242 at 09:53 (decode_1203_0953.md);
 # the fastest GEMM-shaped read of the weight in benchmarks/tile_reads.py (tile_reads_1203_0948.md). At 3
-# stages (three per SM) or BK 64 / 6 stages +2..+3%.
+# stages (three per SM) +3.3 / +3.0%, BK 64 / 6 stages +2.0 / +1.5%.
 # ``head``: the model's head after a fused last layer (``decode_graph.HEAD_KERNEL``), in_proj's tiles.
 CONFIGS = {"in_proj": (64, 256, 1, 4, 4), "swiglu": (32, 128, 1, 4, 4), "head": (64, 256, 1, 4, 4),
            "o_proj": (64, 256, 2, 4, 4), "w2": (64, 256, 4, 4, 4),
@@ -181,9 +181,9 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    BALANCED: tl.constexpr, ONE_TILE: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K), or with ``BALANCED`` (one split, no ``RESIDUAL``) (P, 1): program
     ``i`` takes the output columns ``[i N // P, (i + 1) N // P)`` (at most ``BN``). ``x: [M <= BM, K]``,
-    ``w: [*, K]`` (unit last strides). ``ONE_TILE`` (``SWIGLU_ONE_TILE``): SwiGLU's W1 and W3 rows of a
-    block loaded as one ``[2 BN, BK]`` tile, one product per K step (``[2 BN, BM]``), its halves split
-    after the loop.
+    ``w: [*, K]`` (unit last strides). ``ONE_TILE`` (only with ``SWIGLU``; ``SWIGLU_ONE_TILE``): SwiGLU's
+    W1 and W3 rows of a block loaded as one ``[2 BN, BK]`` tile, one product per K step (``[2 BN, BM]``),
+    its halves split after the loop.
     Plain: ``out[s, :M, n] = x[:, ks] . w[n, ks]`` over this split's keys ``ks = [s K_PER, (s+1) K_PER)``
     (``so_s`` the split stride of float32 partials; 0 with one split). ``SWIGLU``:
     ``out[:M, n] = silu(x . w[n]) * (x . w[HALF + n])`` for ``n < N`` (one split).
@@ -216,7 +216,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     m_n = o_n < n_hi
     acc = _acc_zeros(BM, BN, SWAP)  # [BN, BM] with SWAP, transposed after the K loop
     acc3 = _acc_zeros(BM, BN, SWAP)
-    if SWIGLU and ONE_TILE:  # W1's rows of the tile, then W3's: one [2 BN, BK] weight tile per K step
+    if ONE_TILE:  # W1's rows of the tile, then W3's: one [2 BN, BK] weight tile per K step
         o_2 = tl.arange(0, 2 * BN)
         o_c = n_lo + o_2 % BN  # the output column of each weight row
         m_w = o_c < n_hi
@@ -226,7 +226,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         if PREFETCH > 0:
-            if SWIGLU and ONE_TILE:
+            if ONE_TILE:
                 _prefetch_l2(w, o_w, m_w, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
             else:
                 _prefetch_l2(w, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
@@ -246,7 +246,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < k_end
         b_x = tl.load(x + o_m[:, None] * sxm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
-        if SWIGLU and ONE_TILE:
+        if ONE_TILE:
             b_w = tl.load(w + o_w[:, None] * swn + o_k[None, :], mask=m_w[:, None] & m_k[None, :], other=0.,
                           eviction_policy=W_EVICT)
             acc2 = _acc_dot(acc2, b_x, b_w, SWAP, DOT_PREC)
@@ -258,7 +258,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                 b_w3 = tl.load(w + (HALF + o_n)[:, None] * swn + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
                                other=0., eviction_policy=W_EVICT)
                 acc3 = _acc_dot(acc3, b_x, b_w3, SWAP, DOT_PREC)
-    if SWIGLU and ONE_TILE:
+    if ONE_TILE:
         if SWAP:
             acc2 = tl.trans(acc2)  # [BM, 2 BN]: W1's products, then W3's
         acc, acc3 = tl.split(tl.permute(tl.reshape(acc2, [BM, 2, BN]), (0, 2, 1)))
@@ -455,17 +455,13 @@ def kernel_constexprs(config: str, dtype: torch.dtype, k_per: int, *, swiglu: bo
 
 # The SMs a balanced launch spreads its columns over where the device has no SM count (the interpreter)
 INTERPRET_SMS = 3
-_SMS: dict[torch.device, int] = {}
 
 
 def balanced_programs(N: int, tiles: int, device: torch.device) -> int:
     """Programs for ``N`` output columns that ``tiles`` programs of ``BN`` columns would cover, spread
     evenly over whole waves of the device's SMs: ``waves * SMs`` (``waves = cdiv(tiles, SMs)``), so
     that each takes ``N // P`` or ``N // P + 1 <= BN`` columns; at most ``N`` (a column each)."""
-    sms = _SMS.get(device)
-    if sms is None:
-        sms = _SMS[device] = (torch.cuda.get_device_properties(device).multi_processor_count
-                              if device.type == "cuda" else INTERPRET_SMS)
+    sms = sm_count(device) if device.type == "cuda" else INTERPRET_SMS
     return min(cdiv(tiles, sms) * sms, N)
 
 

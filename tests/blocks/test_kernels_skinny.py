@@ -162,7 +162,7 @@ def test_balanced_programs_cover_whole_waves_and_refuse_split_k(monkeypatch):
     from blocks.kernels import skinny
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(skinny, "_SMS", {cpu: 132})
+    monkeypatch.setattr(skinny, "INTERPRET_SMS", 132)  # a CPU device: no SM count
     assert skinny.balanced_programs(5504, 86, cpu) == 132  # w1|w3 at block 64: 41-42 columns each
     assert skinny.balanced_programs(8224, 129, cpu) == 132
     assert skinny.balanced_programs(8448, 133, cpu) == 264
