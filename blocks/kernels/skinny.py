@@ -186,14 +186,24 @@ def _raise_ready(ready):
     tl.atomic_add(ready, 1, sem="release")
 
 
+# Polls of ``_wait_ready`` (each an L2 round trip, ~1 us) after which a count still short is a bug
+# (a producer that does not raise it, a reset before every reader arrived): the program traps, and
+# the launch fails with a CUDA error instead of hanging the GPU.
+READY_POLLS_MAX = tl.constexpr(1 << 22)
+
+
 @triton.jit
 def _wait_ready(ready, count, arrivals):
     """Wait until ``ready[0] >= count`` (polled with volatile loads, which stay out of L1), then
     arrive with an acquire-release atomic (the producer's stores visible to this program's loads
     after it); the last of the ``arrivals`` programs sets ``ready[0]`` back to 0 for the next call."""
     n = tl.load(ready, volatile=True)
-    while n < count:
+    polls = 0
+    while (n < count) & (polls < READY_POLLS_MAX):
         n = tl.load(ready, volatile=True)
+        polls += 1
+    if n < count:
+        tl.inline_asm_elementwise("trap; mov.b32 $0, 0;", "=r,r", [n], dtype=tl.int32, is_pure=False, pack=1)
     if tl.atomic_add(ready, 1, sem="acq_rel") == count + arrivals - 1:
         tl.store(ready, 0)
 

@@ -1111,7 +1111,8 @@ def test_skinny_ready_count_orders_the_swiglu_after_o_projs_tiles():
     """sm_90 compile of ``residual_swiglu``'s two GEMMs with ``READY_COUNT`` and ``PDL``: o_proj (two
     splits, and one) raises the count with a release atomic at GPU scope after a CTA barrier that
     follows its last global store; w1|w3 has no grid-dependency wait, polls the count with volatile
-    loads, and arrives with an acquire-release atomic at GPU scope before any other global load or
+    loads (trapping after ``READY_POLLS_MAX``), and arrives with an acquire-release atomic at GPU scope
+    before any other global load or
     asynchronous copy (its weight prefetches into L2 aside, which come first). (The host's Triton 3.6
     compiles the same order: ``benchmarks/kernels_aot_regs.py``'s ``compile_one``.)"""
     import re
@@ -1142,6 +1143,7 @@ for role, rows, splits in (("swiglu", True, 1), ("o_proj", False, 2), ("o_proj",
             assert polls and len(atoms) == 1 and ".gpu." in lines[atoms[0]] and ".acq_rel." in lines[atoms[0]]
             reads = [i for i, t in enumerate(lines) if re.match(r"(@%p\d+ )?(ld\.global|cp\.async)", t)]
             assert reads and max(polls) < atoms[0] < min(reads)
+            assert any("trap;" in t for t in lines[min(polls):atoms[0]])  # a count never reached: a CUDA error
             assert all(i < min(polls) for i, t in enumerate(lines) if "prefetch.global.L2" in t)
         else:  # o_proj: the ticket (two splits), then the count
             raise_ = atoms[-1]
