@@ -186,24 +186,50 @@ def _raise_ready(ready):
     tl.atomic_add(ready, 1, sem="release")
 
 
-# Polls of ``_wait_ready`` (each an L2 round trip, ~1 us) after which a count still short is a bug
-# (a producer that does not raise it, a reset before every reader arrived): the program traps, and
-# the launch fails with a CUDA error instead of hanging the GPU.
+# Polls of ``_wait_ready`` after which a count still short is a bug (a producer that does not raise
+# it, a reset before every reader arrived): the program traps, and the launch fails with a CUDA error
+# instead of hanging the GPU (~4 s of polls).
 READY_POLLS_MAX = tl.constexpr(1 << 22)
+# One thread per program polls the count, with a short sleep between polls: every thread of 264
+# programs polling one address (the first form, 11:47) kept an L2 slice busy and lost 2.6% on the x24
+# graphs. PTX labels inside ``{ }`` are local to the block, so the sequence can be inlined repeatedly.
+_POLL_ASM = tl.constexpr("""{
+.reg .pred %pw<3>;
+.reg .u32 %tw, %vw, %nw;
+mov.u32 %tw, %tid.x;
+setp.ne.u32 %pw0, %tw, 0;
+@%pw0 bra DONE;
+mov.u32 %nw, 0;
+POLL:
+ld.volatile.global.u32 %vw, [$1];
+setp.ge.s32 %pw1, %vw, $2;
+@%pw1 bra DONE;
+nanosleep.u32 64;
+add.u32 %nw, %nw, 1;
+setp.lt.u32 %pw2, %nw, 4194304;
+@%pw2 bra POLL;
+trap;
+DONE:
+mov.b32 $0, 0;
+}""")
 
 
 @triton.jit
-def _wait_ready(ready, count, arrivals):
-    """Wait until ``ready[0] >= count`` (polled with volatile loads, which stay out of L1), then
+def _wait_ready(ready, count, arrivals, POLL_ASM: tl.constexpr):
+    """Wait until ``ready[0] >= count`` (polled with volatile loads, which stay out of L1: by thread 0
+    with ``POLL_ASM``, the others waiting at a CTA barrier; by every thread in the interpreter), then
     arrive with an acquire-release atomic (the producer's stores visible to this program's loads
     after it); the last of the ``arrivals`` programs sets ``ready[0]`` back to 0 for the next call."""
-    n = tl.load(ready, volatile=True)
-    polls = 0
-    while (n < count) & (polls < READY_POLLS_MAX):
+    if POLL_ASM:
+        tl.inline_asm_elementwise(_POLL_ASM, "=r,l,r", [ready, count], dtype=tl.int32, is_pure=False, pack=1)
+        tl.debug_barrier()
+    else:
         n = tl.load(ready, volatile=True)
-        polls += 1
-    if n < count:
-        tl.inline_asm_elementwise("trap; mov.b32 $0, 0;", "=r,r", [n], dtype=tl.int32, is_pure=False, pack=1)
+        polls = 0
+        while (n < count) & (polls < READY_POLLS_MAX):
+            n = tl.load(ready, volatile=True)
+            polls += 1
+        tl.device_assert(n >= count, "skinny: the ready count never arrived")
     if tl.atomic_add(ready, 1, sem="acq_rel") == count + arrivals - 1:
         tl.store(ready, 0)
 
@@ -216,7 +242,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                    LINE: tl.constexpr, ROW_SCALE: tl.constexpr, BT: tl.constexpr, RESIDUAL: tl.constexpr,
                    SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr, SWAP: tl.constexpr,
                    BALANCED: tl.constexpr, ONE_TILE: tl.constexpr, READY_OUT: tl.constexpr,
-                   READY_IN: tl.constexpr):
+                   READY_IN: tl.constexpr, POLL_ASM: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K), or with ``BALANCED`` (one split, no ``RESIDUAL``) (P, 1): program
     ``i`` takes the output columns ``[i N // P, (i + 1) N // P)`` (at most ``BN``). ``x: [M <= BM, K]``,
     ``w: [*, K]`` (unit last strides). ``ONE_TILE`` (only with ``SWIGLU``; ``SWIGLU_ONE_TILE``): SwiGLU's
@@ -273,7 +299,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
         if not READY_IN:
             tl.extra.cuda.gdc_wait()  # x is the kernel before's output
     if READY_IN:
-        _wait_ready(ready, T_in, tl.num_programs(0) * tl.num_programs(1))
+        _wait_ready(ready, T_in, tl.num_programs(0) * tl.num_programs(1), POLL_ASM)
     # the epilogue's operands, loaded before the K loop so that their latency hides behind it (by
     # every split: which one finishes the tile is known only at the end)
     m_mn = m_m[:, None] & m_n[None, :]
@@ -512,7 +538,8 @@ def kernel_constexprs(config: str, dtype: torch.dtype, k_per: int, *, swiglu: bo
                       LINE=128 // dtype.itemsize, ROW_SCALE=tiles_in > 0, BT=pow2(max(tiles_in, 1), 1),
                       RESIDUAL=residual, SPLITS=splits, GAMMA=gamma,
                       W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB, BALANCED=balanced,
-                      ONE_TILE=swiglu and SWIGLU_ONE_TILE, READY_OUT=ready_out, READY_IN=ready_in)
+                      ONE_TILE=swiglu and SWIGLU_ONE_TILE, READY_OUT=ready_out, READY_IN=ready_in,
+                      POLL_ASM=not _INTERPRET)
     return constexprs, dict(num_warps=warps, num_stages=stages)
 
 
