@@ -8,7 +8,7 @@ deltanet, gated_deltanet, simple_gla), RMSNorm norms and a SwiGLU MLP, one decod
     proj      = hn1 W_in^T                        skinny.linear           (hn1 = rmsnorm1(x))
     o, state  = mixer(proj, state)                decode_mixer            (conv, gates, state update, norms)
     h, hn2    = x + o W_o^T, rmsnorm2(h)          skinny.residual_linear  (split-K, summed by the last split)
-    a         = silu(hn2 W1^T) * (hn2 W3^T)       skinny.swiglu           (with o_proj: skinny.residual_swiglu)
+    a         = silu(hn2 W1^T) * (hn2 W3^T)       skinny.swiglu
     x', hn1'  = h + a W2^T, rmsnorm1'(x')         skinny.residual_linear  (the next layer's norm1, or
                                                                            the model's final norm)
 
@@ -185,13 +185,13 @@ def _after_mixer(layer, x: torch.Tensor, o: torch.Tensor, next_norm, hand_on: bo
     x2 = x.view(B, D)
     mixer = layer.mixer
     gamma, eps = (None, 0.0) if next_norm is None else (next_norm.weight, _eps(next_norm))
-    if skinny.RESIDUAL_EPILOGUE:  # (with skinny.READY_COUNT w1|w3 waits for o_proj's tiles, not its grid)
-        h, a = skinny.residual_swiglu(o.view(B, -1), mixer.o_proj.weight, x2, layer.norm2.weight,
-                                      _eps(layer.norm2), layer.mlp.w13.weight)  # a: [B, hidden]
+    if skinny.RESIDUAL_EPILOGUE:
+        h, hn2 = skinny.residual_linear(o.view(B, -1), mixer.o_proj.weight, x2, layer.norm2.weight,
+                                        _eps(layer.norm2), "o_proj")
     else:
         h, hn2 = skinny.add_norm(skinny.partials(o.view(B, -1), mixer.o_proj.weight, "o_proj_partials"), x2,
                                  layer.norm2.weight, _eps(layer.norm2))
-        a = skinny.swiglu(hn2, layer.mlp.w13.weight)  # [B, hidden]
+    a = skinny.swiglu(hn2, layer.mlp.w13.weight)  # [B, hidden]
     if skinny.RESIDUAL_EPILOGUE and (hand_on or next_norm is None):
         out, hn_next = skinny.residual_linear(a, layer.mlp.w2.weight, h, gamma, eps, "w2")
         return out.view(B, 1, D), hn_next

@@ -77,7 +77,7 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
                  **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
     if fn is sk._skinny_kernel:  # the decode GEMMs: rows of activations, the norm weight in their dtype
         types.update({n: f"*{act}" for n in ("x", "w", "out", "res", "xg", "gamma")},
-                     ss_in="*fp32", ss_out="*fp32", tickets="*i32", ready="*i32", eps_in="fp32",
+                     ss_in="*fp32", ss_out="*fp32", tickets="*i32", eps_in="fp32",
                      **{n: "i32" for n in ("M", "N", "K", "HALF", "sxm", "swn", "so_s", "so_m", "T_in", "N_in", "srm",
                                            "sxg")})
     return types

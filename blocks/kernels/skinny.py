@@ -131,16 +131,9 @@ SWAP_AB = True
 BALANCED_SWIGLU = True
 BALANCED_LINEAR = False
 SWIGLU_ONE_TILE = True
-# ``residual_swiglu`` (o_proj with the residual and norm2, then w1|w3 on its rows): w1|w3's programs wait
-# for a count of o_proj's finished column tiles (``ready``: an int32 that o_proj's finishing programs raise
-# with release atomics and w1|w3's programs poll, then set back to 0) instead of PDL's wait for o_proj's
-# whole grid to complete and flush (``gdc_wait``). The wait needs o_proj's programs all resident, which PDL
-# gives (w1|w3 launches only once every o_proj program has started). Aimed at the ~3.5 us per layer
-# that w1|w3 takes on the step's path beyond its read ceiling (docs/benchmarks/README.md).
-READY_COUNT = False
 SWITCHES = {"PDL": (False, True), "PDL_PREFETCH": (0, 2, 8, 32), "RESIDUAL_EPILOGUE": (False, True),
             "WEIGHT_EVICT_FIRST": (False, True), "SWAP_AB": (False, True), "BALANCED_SWIGLU": (False, True),
-            "BALANCED_LINEAR": (False, True), "SWIGLU_ONE_TILE": (False, True), "READY_COUNT": (False, True)}
+            "BALANCED_LINEAR": (False, True), "SWIGLU_ONE_TILE": (False, True)}
 
 
 @triton.jit
@@ -178,71 +171,14 @@ def _acc_dot(acc, b_x, b_w, SWAP: tl.constexpr, DOT_PREC: tl.constexpr):
         return tl.dot(b_x, tl.trans(b_w), acc, input_precision=DOT_PREC)
 
 
-@triton.jit
-def _raise_ready(ready):
-    """One more finished column tile: ``ready[0] += 1`` at GPU scope, releasing every thread's
-    stores of the tile (the CTA barrier first orders them before the one thread's atomic)."""
-    tl.debug_barrier()
-    tl.atomic_add(ready, 1, sem="release")
-
-
-# Polls of ``_wait_ready`` after which a count still short is a bug (a producer that does not raise
-# it, a reset before every reader arrived): the program traps, and the launch fails with a CUDA error
-# instead of hanging the GPU (~4 s of polls).
-READY_POLLS_MAX = tl.constexpr(1 << 22)
-# One thread per program polls the count, with a short sleep between polls: every thread of 264
-# programs polling one address (the first form, 11:47) kept an L2 slice busy and lost 2.6% on the x24
-# graphs. PTX labels inside ``{ }`` are local to the block, so the sequence can be inlined repeatedly.
-_POLL_ASM = tl.constexpr("""{
-.reg .pred %pw<3>;
-.reg .u32 %tw, %vw, %nw;
-mov.u32 %tw, %tid.x;
-setp.ne.u32 %pw0, %tw, 0;
-@%pw0 bra DONE;
-mov.u32 %nw, 0;
-POLL:
-ld.volatile.global.u32 %vw, [$1];
-setp.ge.s32 %pw1, %vw, $2;
-@%pw1 bra DONE;
-nanosleep.u32 64;
-add.u32 %nw, %nw, 1;
-setp.lt.u32 %pw2, %nw, 4194304;
-@%pw2 bra POLL;
-trap;
-DONE:
-mov.b32 $0, 0;
-}""")
-
-
-@triton.jit
-def _wait_ready(ready, count, arrivals, POLL_ASM: tl.constexpr):
-    """Wait until ``ready[0] >= count`` (polled with volatile loads, which stay out of L1: by thread 0
-    with ``POLL_ASM``, the others waiting at a CTA barrier; by every thread in the interpreter), then
-    arrive with an acquire-release atomic (the producer's stores visible to this program's loads
-    after it); the last of the ``arrivals`` programs sets ``ready[0]`` back to 0 for the next call."""
-    if POLL_ASM:
-        tl.inline_asm_elementwise(_POLL_ASM, "=r,l,r", [ready, count], dtype=tl.int32, is_pure=False, pack=1)
-        tl.debug_barrier()
-    else:
-        n = tl.load(ready, volatile=True)
-        polls = 0
-        while (n < count) & (polls < READY_POLLS_MAX):
-            n = tl.load(ready, volatile=True)
-            polls += 1
-        tl.device_assert(n >= count, "skinny: the ready count never arrived")
-    if tl.atomic_add(ready, 1, sem="acq_rel") == count + arrivals - 1:
-        tl.store(ready, 0)
-
-
 @_jit
 def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
-                   ss_in, T_in, N_in, eps_in, res, srm, part, xg, sxg, gamma, ss_out, tickets, ready,
+                   ss_in, T_in, N_in, eps_in, res, srm, part, xg, sxg, gamma, ss_out, tickets,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, K_PER: tl.constexpr,
                    SWIGLU: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                    LINE: tl.constexpr, ROW_SCALE: tl.constexpr, BT: tl.constexpr, RESIDUAL: tl.constexpr,
                    SPLITS: tl.constexpr, GAMMA: tl.constexpr, W_EVICT: tl.constexpr, SWAP: tl.constexpr,
-                   BALANCED: tl.constexpr, ONE_TILE: tl.constexpr, READY_OUT: tl.constexpr,
-                   READY_IN: tl.constexpr, POLL_ASM: tl.constexpr):
+                   BALANCED: tl.constexpr, ONE_TILE: tl.constexpr):
     """Grid (cdiv(N, BN), SPLIT_K), or with ``BALANCED`` (one split, no ``RESIDUAL``) (P, 1): program
     ``i`` takes the output columns ``[i N // P, (i + 1) N // P)`` (at most ``BN``). ``x: [M <= BM, K]``,
     ``w: [*, K]`` (unit last strides). ``ONE_TILE`` (only with ``SWIGLU``; ``SWIGLU_ONE_TILE``): SwiGLU's
@@ -296,10 +232,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                 _prefetch_l2(w, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
                 if SWIGLU:
                     _prefetch_l2(w, HALF + o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
-        if not READY_IN:
-            tl.extra.cuda.gdc_wait()  # x is the kernel before's output
-    if READY_IN:
-        _wait_ready(ready, T_in, tl.num_programs(0) * tl.num_programs(1), POLL_ASM)
+        tl.extra.cuda.gdc_wait()  # x is the kernel before's output
     # the epilogue's operands, loaded before the K loop so that their latency hides behind it (by
     # every split: which one finishes the tile is known only at the end)
     m_mn = m_m[:, None] & m_n[None, :]
@@ -351,12 +284,8 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                     acc += tl.load(o_part + s * M * N, mask=m_mn, other=0., cache_modifier=".cg")
                 tl.store(tickets + i_n, 0)
                 _finish_residual(acc + r, out, so_m, xg, sxg, g, ss_out, M, i_n, o_m, o_n, m_m, m_n, GAMMA)
-                if READY_OUT:
-                    _raise_ready(ready)
         else:
             _finish_residual(acc + r, out, so_m, xg, sxg, g, ss_out, M, i_n, o_m, o_n, m_m, m_n, GAMMA)
-            if READY_OUT:
-                _raise_ready(ready)
     else:
         tl.store(out + i_s * so_s + o_m[:, None] * so_m + o_n[None, :], acc.to(out.dtype.element_ty), mask=m_mn)
 
@@ -457,45 +386,32 @@ class NormedRows(NamedTuple):
 
 
 # Split-K tickets of ``residual_linear`` (int32, one per column tile; each call's last split sets
-# its tile's back to 0), then ``residual_swiglu``'s ready count (``READY_COUNT``; its last reader sets
-# it back to 0). One buffer per device serves every call: a kernel touches the tickets only after
-# ``gdc_wait``, so after every kernel before it in the stream has finished, and raises the count only
-# after them too (the count's readers have all finished before the next producer's wait returns).
-# Two streams decoding on one device at once would share them: not supported.
+# its tile's back to 0). One buffer per device serves every call: a kernel touches the tickets only
+# after ``gdc_wait``, so after every kernel before it in the stream has finished. Two streams
+# decoding on one device at once would share them: not supported.
 _TICKETS: dict[torch.device, torch.Tensor] = {}
 _MAX_TILES = 1 << 16
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    """The device's int32 ``[_MAX_TILES + 1]``: the tickets, then the ready count (zeroed once)."""
-    t = _TICKETS.get(device)
-    if t is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("skinny residual_linear: call it once on this device before capturing a CUDA graph "
-                               "(its split-K tickets are allocated and zeroed outside the graph)")
-        t = _TICKETS[device] = torch.zeros(_MAX_TILES + 1, dtype=torch.int32, device=device)
-    return t
 
 
 def _tickets(device: torch.device, tiles: int) -> torch.Tensor:
     if tiles > _MAX_TILES:
         raise ValueError(f"skinny residual_linear: {tiles} column tiles, at most {_MAX_TILES}")
-    return _counters(device)[:_MAX_TILES]
-
-
-def _ready_count(device: torch.device) -> torch.Tensor:
-    return _counters(device)[_MAX_TILES:]
+    t = _TICKETS.get(device)
+    if t is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("skinny residual_linear: call it once on this device before capturing a CUDA graph "
+                               "(its split-K tickets are allocated and zeroed outside the graph)")
+        t = _TICKETS[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+    return t
 
 
 def _launch(grid, x, w, out, N, k_per, config, so_m, *, half=0, so_s=0, swiglu=False, norm_in: NormedRows | None = None,
-            res=None, part=None, norm_out: NormedRows | None = None, gamma=None, splits=1, balanced=False,
-            ready_out=False, ready_in=False):
+            res=None, part=None, norm_out: NormedRows | None = None, gamma=None, splits=1, balanced=False):
     """One ``_skinny_kernel`` launch: ``norm_in`` the ``NormedRows`` whose row scale it applies
     (``ROW_SCALE``), ``res`` / ``part`` / ``norm_out`` / ``gamma`` the residual epilogue's operands
     (``RESIDUAL``, ``GAMMA``), ``config`` the ``CONFIGS`` key it runs at; ``balanced`` (one split):
-    the ``N`` columns spread over ``balanced_programs`` programs instead of ``grid[0]``;
-    ``ready_out`` / ``ready_in``: it raises / waits for the device's ready count (``READY_OUT`` /
-    ``READY_IN``, ``residual_swiglu``). A pointer the launch does not use gets ``out`` (never read)."""
+    the ``N`` columns spread over ``balanced_programs`` programs instead of ``grid[0]``. A pointer
+    the launch does not use gets ``out`` (never read)."""
     def given(t):
         return out if t is None else t
 
@@ -506,40 +422,34 @@ def _launch(grid, x, w, out, N, k_per, config, so_m, *, half=0, so_s=0, swiglu=F
     ticketed = res is not None and splits > 1
     constexprs, launch = kernel_constexprs(config, x.dtype, k_per, swiglu=swiglu, tiles_in=tiles_in,
                                            residual=res is not None, splits=splits, gamma=norm_out is not None,
-                                           balanced=balanced, ready_out=ready_out, ready_in=ready_in)
+                                           balanced=balanced)
     _skinny_kernel[grid](x, w, out, x.shape[0], N, x.shape[1], half, x.stride(0), w.stride(0), so_s, so_m,
                          given(norm_in and norm_in.sumsq), max(tiles_in, 1), norm_in.scaled.shape[1] if norm_in else 1,
                          norm_in.eps if norm_in else 0., given(res), res.stride(0) if res is not None else 0,
                          given(part), given(norm_out and norm_out.scaled),
                          norm_out.scaled.stride(0) if norm_out else 0, given(gamma),
                          given(norm_out and norm_out.sumsq), _tickets(x.device, grid[0]) if ticketed else out,
-                         _ready_count(x.device) if ready_out or ready_in else out, **constexprs, **(dict(num_warps=1, num_stages=1) if _INTERPRET else launch), **_pdl(x.device))
+                         **constexprs, **(dict(num_warps=1, num_stages=1) if _INTERPRET else launch), **_pdl(x.device))
 
 
 def kernel_constexprs(config: str, dtype: torch.dtype, k_per: int, *, swiglu: bool = False, tiles_in: int = 0,
                       residual: bool = False, splits: int = 1, gamma: bool = False,
-                      balanced: bool = False, ready_out: bool = False, ready_in: bool = False) -> tuple[dict, dict]:
+                      balanced: bool = False) -> tuple[dict, dict]:
     """``_skinny_kernel``'s constexprs but ``PDL`` and its ``num_warps`` / ``num_stages`` for the GEMM
     ``config`` (a ``CONFIGS`` key) in ``dtype`` walking ``k_per`` keys per split, as the module's
     switches stand: ``tiles_in`` the column tiles of the ``NormedRows`` it scales by (0: a plain left
     operand), ``residual`` / ``splits`` / ``gamma`` the residual epilogue's, ``balanced`` the columns spread
-    evenly over the programs (``BALANCED_SWIGLU`` / ``BALANCED_LINEAR``), ``ready_out`` / ``ready_in`` the
-    ready count raised by a residual epilogue with the norm / waited for by a GEMM on its rows
-    (``residual_swiglu``). One place for what
+    evenly over the programs (``BALANCED_SWIGLU`` / ``BALANCED_LINEAR``). One place for what
     ``_launch`` runs and what ``benchmarks/kernels_aot_regs.py`` and the PTX tests compile."""
     BN, BK, _, warps, stages = _config(config, dtype)
     if balanced and (residual or splits > 1):
         raise ValueError("skinny: balanced columns serve one-split GEMMs without the residual epilogue")
-    if (ready_out and not (residual and gamma)) or (ready_in and tiles_in == 0):
-        raise ValueError("skinny: the ready count is raised by a residual epilogue with the norm and waited for by "
-                         "a GEMM on its NormedRows")
     constexprs = dict(BM=MAX_ROWS, BN=BN, BK=BK, K_PER=k_per, SWIGLU=swiglu,
                       DOT_PREC="ieee" if dtype == torch.float32 else "tf32", PREFETCH=_prefetch_tiles(config),
                       LINE=128 // dtype.itemsize, ROW_SCALE=tiles_in > 0, BT=pow2(max(tiles_in, 1), 1),
                       RESIDUAL=residual, SPLITS=splits, GAMMA=gamma,
                       W_EVICT="evict_first" if WEIGHT_EVICT_FIRST else "", SWAP=SWAP_AB, BALANCED=balanced,
-                      ONE_TILE=swiglu and SWIGLU_ONE_TILE, READY_OUT=ready_out, READY_IN=ready_in,
-                      POLL_ASM=not _INTERPRET)
+                      ONE_TILE=swiglu and SWIGLU_ONE_TILE)
     return constexprs, dict(num_warps=warps, num_stages=stages)
 
 
@@ -613,11 +523,6 @@ def residual_linear(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, ga
     RMSNorm of ``h`` as ``NormedRows`` for the next ``linear`` / ``swiglu``, in one kernel: the
     config's split-K partials are added up by each column tile's last split (``partials`` +
     ``add_norm`` in two kernels, which this replaces)."""
-    return _residual_linear(x, w, residual, gamma, eps, config, ready=False)
-
-
-def _residual_linear(x, w, residual, gamma, eps, config, ready: bool) -> tuple[torch.Tensor, NormedRows | None]:
-    """``residual_linear``; ``ready``: its finished column tiles raise the ready count."""
     _check(x, w, "residual_linear")
     cfg = _config(config, x.dtype)
     M, K = x.shape
@@ -634,47 +539,21 @@ def _residual_linear(x, w, residual, gamma, eps, config, ready: bool) -> tuple[t
     normed = (NormedRows(torch.empty_like(h), torch.empty(tiles, M, dtype=torch.float32, device=x.device), eps)
               if gamma is not None else None)
     _launch((tiles, S), x, w, h, N, k_per, config, h.stride(0), res=residual, part=part, norm_out=normed, gamma=gamma,
-            splits=S, ready_out=ready)
+            splits=S)
     return h, normed
-
-
-def residual_swiglu(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, eps: float,
-                    w13: torch.Tensor, config: str = "o_proj",
-                    swiglu_config: str = "swiglu") -> tuple[torch.Tensor, torch.Tensor]:
-    """``h, rows = residual_linear(x, w, residual, gamma, eps, config)`` and ``a = swiglu(rows, w13)``
-    -> ``(h [M, N], a [M, hidden])``, every operand checked before either launches. With
-    ``READY_COUNT`` the SwiGLU's programs wait for the count of the first kernel's finished column
-    tiles instead of its whole grid."""
-    if (gamma is None or w13.dim() != 2 or w13.shape[1] != w.shape[0] or w13.dtype != x.dtype
-            or w13.stride(1) != 1 or w13.device != x.device):
-        raise ValueError(f"skinny residual_swiglu: gamma [N] and w13 [2 * hidden, N] of x's dtype with unit last "
-                         f"stride (N = w's rows, {w.shape[0]}); got gamma "
-                         f"{None if gamma is None else tuple(gamma.shape)}, w13 {tuple(w13.shape)} {w13.dtype}")
-    _check_w13(w13)
-    h, rows = _residual_linear(x, w, residual, gamma, eps, config, ready=READY_COUNT)
-    return h, _swiglu(rows, w13, swiglu_config, ready=READY_COUNT)
 
 
 def swiglu(x: torch.Tensor | NormedRows, w13: torch.Tensor, config: str = "swiglu") -> torch.Tensor:
     """``silu(x W1^T) * (x W3^T) -> [M, hidden]`` in ``x``'s dtype, ``w13 = [W1; W3]``
     (``[2 * hidden, K]``, as ``archsearch.model.SwiGLU.w13``); ``x`` may be ``NormedRows``."""
-    return _swiglu(x, w13, config, ready=False)
-
-
-def _check_w13(w13: torch.Tensor) -> None:
+    x, rows = _operand(x, w13, "swiglu")
     if w13.shape[0] % 2:
         raise ValueError(f"skinny swiglu: w13 must stack W1 over W3 ([2 * hidden, K]), got {tuple(w13.shape)}")
-
-
-def _swiglu(x, w13, config, ready: bool) -> torch.Tensor:
-    """``swiglu``; ``ready``: its programs wait for the ready count of ``x``'s producer."""
-    x, rows = _operand(x, w13, "swiglu")
-    _check_w13(w13)
     cfg = _config(config, x.dtype)
     hidden = w13.shape[0] // 2
     out = x.new_empty(x.shape[0], hidden)
     _launch((cdiv(hidden, cfg[0]), 1), x, w13, out, hidden, x.shape[1], config, out.stride(0), half=hidden, swiglu=True,
-            norm_in=rows, balanced=BALANCED_SWIGLU, ready_in=ready)
+            norm_in=rows, balanced=BALANCED_SWIGLU)
     return out
 
 

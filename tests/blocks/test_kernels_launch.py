@@ -1070,7 +1070,7 @@ from blocks.kernels import skinny as sk
 ints = {n: "i32" for n in ("M", "N", "K", "R", "HALF", "sxm", "swn", "so_s", "so_m", "srm", "shm", "snm", "T_in",
                            "N_in", "sxg")}
 ptrs = dict(x="*bf16", w="*bf16", out="*bf16", ss_in="*fp32", eps_in="fp32", res="*bf16", part="*fp32", xg="*bf16",
-            gamma="*bf16", ss_out="*fp32", tickets="*i32", ready="*i32")
+            gamma="*bf16", ss_out="*fp32", tickets="*i32")
 # plain, SwiGLU reading NormedRows, and residual_linear's split-K with the next norm, as skinny launches them
 for role, swiglu, rows, splits in (("in_proj", False, False, 1), ("swiglu", True, True, 1), ("o_proj", False, False, 4)):
     cx, launch = sk.kernel_constexprs(role, torch.bfloat16, 512, swiglu=swiglu, tiles_in=64 if rows else 0,
@@ -1105,52 +1105,6 @@ for gather in (False, True):
         assert all(i < wait for i in prefetches)
         # WEIGHT_EVICT_FIRST: the GEMMs' prefetched tiles are kept in L2 (evict_last)
         assert n > 2 or (prefetches and all("::evict_last" in lines[i] for i in prefetches))
-
-
-def test_skinny_ready_count_orders_the_swiglu_after_o_projs_tiles():
-    """sm_90 compile of ``residual_swiglu``'s two GEMMs with ``READY_COUNT`` and ``PDL``: o_proj (two
-    splits, and one) raises the count with a release atomic at GPU scope after a CTA barrier that
-    follows its last global store; w1|w3 has no grid-dependency wait, polls the count with volatile
-    loads (trapping after ``READY_POLLS_MAX``), and arrives with an acquire-release atomic at GPU scope
-    before any other global load or
-    asynchronous copy (its weight prefetches into L2 aside, which come first). (The host's Triton 3.6
-    compiles the same order: ``benchmarks/kernels_aot_regs.py``'s ``compile_one``.)"""
-    import re
-
-    code = """
-import kernels_aot_regs as aot
-import torch
-from blocks.kernels import skinny as sk
-fn = sk._skinny_kernel
-for role, rows, splits in (("swiglu", True, 1), ("o_proj", False, 2), ("o_proj", False, 1)):
-    cx, launch = sk.kernel_constexprs(role, torch.bfloat16, 512, swiglu=rows, tiles_in=64 if rows else 0,
-                                      residual=not rows, splits=splits, gamma=not rows, ready_in=rows,
-                                      ready_out=not rows, balanced=rows)
-    k = aot.compile_one(fn, aot.arg_types("bf16", fn), dict(cx, PDL=True), launch["num_warps"],
-                        launch["num_stages"], 90)
-    print(k.asm["ptx"].replace(chr(10), " ;; "))
-"""
-    out = run_python(code, {"TRITON_INTERPRET": None})
-    ptxs = [line for line in out.splitlines() if "griddepcontrol" in line]
-    assert len(ptxs) == 3, out[-2000:]
-    for n, ptx in enumerate(ptxs):
-        lines = [t.strip() for t in ptx.split(" ;; ")]
-        # (an atomic whose result is unused compiles to ``red``: Triton 3.9)
-        atoms = [i for i, t in enumerate(lines) if re.match(r"(@%p\d+ )?(atom|red)\.global", t)]
-        if n == 0:  # w1|w3
-            assert not any(t.startswith("griddepcontrol.wait") for t in lines)
-            polls = [i for i, t in enumerate(lines) if t.startswith("ld.volatile.global")]
-            assert polls and len(atoms) == 1 and ".gpu." in lines[atoms[0]] and ".acq_rel." in lines[atoms[0]]
-            reads = [i for i, t in enumerate(lines) if re.match(r"(@%p\d+ )?(ld\.global|cp\.async)", t)]
-            assert reads and max(polls) < atoms[0] < min(reads)
-            assert any("trap;" in t for t in lines[min(polls):atoms[0]])  # a count never reached: a CUDA error
-            assert all(i < min(polls) for i, t in enumerate(lines) if "prefetch.global.L2" in t)
-        else:  # o_proj: the ticket (two splits), then the count
-            raise_ = atoms[-1]
-            assert ".gpu." in lines[raise_] and ".release." in lines[raise_] and len(atoms) == (2 if n == 1 else 1)
-            last_store = max(j for j, t in enumerate(lines[:raise_]) if re.match(r"(@%p\d+ )?st\.global", t))
-            assert any(t.startswith("bar.sync") for t in lines[last_store:raise_])
-            assert not any(re.match(r"(@%p\d+ )?st\.global", t) for t in lines[raise_:])
 
 
 def test_decode_mixer_reads_only_its_state_before_the_wait():

@@ -103,47 +103,6 @@ def test_residual_linear_and_normed_rows_in_interpreter(M, N, K, split, swap, mo
 
 
 @interpreter
-@pytest.mark.parametrize("ready", [False, True], ids=["grid_wait", "ready_count"])
-@pytest.mark.parametrize("split", [1, 4])
-def test_residual_swiglu_and_its_ready_count_in_interpreter(split, ready, monkeypatch):
-    """``residual_swiglu`` = ``residual_linear`` with the norm, then ``swiglu`` on its rows, with and
-    without ``READY_COUNT`` (o_proj's finishing programs raise the ready count, w1|w3's wait for it
-    and the last sets it back to 0): the same values, twice in a row (the count starts clean), and
-    the count at 0 after each call; an o_proj call that raises the count and no SwiGLU after it
-    leaves it at its tiles (why ``residual_swiglu`` checks both GEMMs' operands before launching)."""
-    from blocks.kernels import skinny
-
-    monkeypatch.setattr(skinny, "READY_COUNT", ready)
-    monkeypatch.setitem(skinny.CONFIGS, "o_proj", (16, 32, split, 4, 4))  # float32: BK 16, K 64
-    monkeypatch.setitem(skinny.CONFIGS, "swiglu", (16, 32, 1, 4, 4))
-    torch.manual_seed(3)
-    M, N, K, hidden = 3, 70, 64, 40
-    x, w = torch.randn(M, K), torch.randn(N, K) / 8
-    res, gamma = torch.randn(M, N), 1 + 0.3 * torch.randn(N)
-    w13 = torch.randn(2 * hidden, N) / N ** 0.5
-    ref_h = res + x @ w.T
-    hn = F.rms_norm(ref_h, (N,), gamma, 1e-5)
-    w1, w3 = w13.chunk(2)
-    ref_a = F.silu(hn @ w1.T) * (hn @ w3.T)
-    for _ in range(2):
-        with checked_memory():
-            h, a = skinny.residual_swiglu(x, w, res, gamma, 1e-5, w13)
-        assert rel(h, ref_h) < 1e-6 and rel(a, ref_a) < 1e-6
-        assert skinny._ready_count(torch.device("cpu")).item() == 0
-    if ready:  # o_proj alone with the count raised: its 5 tiles, nobody to reset them
-        skinny._residual_linear(x, w, res, gamma, 1e-5, "o_proj", ready=True)
-        count = skinny._ready_count(torch.device("cpu"))
-        assert count.item() == skinny.cdiv(N, 16)
-        count.zero_()
-    with pytest.raises(ValueError, match="w13 \\[2 \\* hidden, N\\]"):
-        skinny.residual_swiglu(x, w, res, gamma, 1e-5, w13[:, :-1])
-    with pytest.raises(ValueError, match="gamma \\[N\\]"):
-        skinny.residual_swiglu(x, w, res, None, 1e-5, w13)
-    with pytest.raises(ValueError, match="ready count is raised by a residual epilogue"):
-        skinny.kernel_constexprs("o_proj", torch.float32, 16, residual=True, ready_out=True)
-
-
-@interpreter
 def test_residual_linear_tickets_choose_the_split_that_finishes_a_tile_in_interpreter(monkeypatch):
     """The split-K ticket decides which split finishes a column tile: with tile 1's ticket left at
     1 (as a call that died mid-way would leave it), the third of its four splits takes ticket 3 and
@@ -603,13 +562,6 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case, swap, prefetch, balanced, mo
             assert rel(rows.materialize(), F.rms_norm(h2.float(), (N,), gamma, 1e-6)) < 1e-2
         assert not skinny._TICKETS[x.device].any()
         w_next = (torch.randn(4 * N, N, device="cuda") / N ** 0.5).bfloat16()
-        hn2_ref = F.rms_norm(h2.float(), (N,), gamma.bfloat16().float(), 1e-6)
-        a, b = (hn2_ref @ w_next.float().T).chunk(2, dim=-1)
-        monkeypatch.setattr(skinny, "READY_COUNT", True)
-        for _ in range(3):  # w1|w3 waiting for the ready count (launched after the residual GEMM here)
-            h3, a3 = skinny.residual_swiglu(x, w, res, gamma.bfloat16(), 1e-6, w_next, case)
-            assert torch.equal(h3, h2) and rel(a3, F.silu(a) * b) < 1e-2
-        assert not skinny._TICKETS[x.device].any()
         hn2 = F.rms_norm(h2.float(), (N,), gamma.bfloat16().float(), 1e-6)
         assert rel(skinny.linear(rows, w_next), hn2 @ w_next.float().T) < 1e-2
         a, b = (hn2 @ w_next.float().T).chunk(2, dim=-1)
@@ -619,26 +571,21 @@ def test_skinny_gemms_at_decode_shapes_on_gpu(case, swap, prefetch, balanced, mo
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("compile_mode", [False, True], ids=["graph", "compiled"])
-@pytest.mark.parametrize("pdl, head, ready", [(False, False, False), (True, False, False), (True, True, False),
-                                              (True, False, True), (False, False, True)],
-                         ids=["", "pdl", "pdl_head", "pdl_ready", "ready"])
-def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, head, ready, monkeypatch):
+@pytest.mark.parametrize("pdl, head", [(False, False), (True, False), (True, True)], ids=["", "pdl", "pdl_head"])
+def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode, pdl, head, monkeypatch):
     """With ``decode_layer.ENABLED`` the layers of a captured decode graph (two linear in a row
     after the fused embedding + norm, a softmax layer handed its norm1 and handing on its next, a
     linear one after it, one last: the final norm fused) run as the skinny kernels and the fused
     mixer (the softmax layer: the skinny GEMMs around the cache's attention), step by step against
     the eager model with both off; with and without the skinny kernels' programmatic dependent
-    launch (``skinny.PDL``); with the head as a skinny GEMM on the last layer's handed-on final
-    norm (``decode_graph.HEAD_KERNEL``); and with w1|w3 waiting for o_proj's ready count instead of
-    its grid (``skinny.READY_COUNT``, with PDL and without: then the count is complete at launch).
-    The count is back at 0 after the steps."""
+    launch (``skinny.PDL``); and with the head as a skinny GEMM on the last layer's handed-on final
+    norm (``decode_graph.HEAD_KERNEL``)."""
     from archsearch import decode_graph
     from archsearch.decode_graph import GraphDecoder
     from blocks.kernels import decode_mixer, skinny, tiles
 
     monkeypatch.setattr(skinny, "PDL", pdl)
     monkeypatch.setattr(decode_graph, "HEAD_KERNEL", head)
-    monkeypatch.setattr(skinny, "READY_COUNT", ready)
     launches = []
     real_pdl = tiles.pdl_launch  # every launch's PDL arguments, recorded
     monkeypatch.setattr(skinny, "pdl_launch", lambda on, device: launches.append(real_pdl(on, device)) or launches[-1])
@@ -659,8 +606,6 @@ def test_fused_decode_layers_in_the_decode_graph_match_eager(dtype, compile_mode
     _steps_match_eager(model, dec, prompt, steps, 1e-4 if dtype == torch.float32 else 5e-2, dec_context=_fused_paths_on)
     # the switch reached the launches: the GEMMs, add_norm and embed_norm
     assert len(launches) > 10 and all(("launch_pdl" in kw) == pdl for kw in launches)
-    torch.cuda.synchronize()
-    assert skinny._ready_count(torch.device("cuda", torch.cuda.current_device())).item() == 0
 
 
 @gpu
