@@ -191,6 +191,24 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 WALK_SEGMENT_SPREAD = 2.0
+# The forward's gate cumsum (``_cumsum_kernel``, 0.26-0.27 ms per step at every length: it reads the
+# float32 gate and writes the float32 ``gc``) launched per walk segment as the segment's "before"
+# (``overlap.run``), so that the first segment's walk starts after its own chunks' cumsum instead of
+# every chunk's; the steep chunks' scores (``intra_a``) after the last segment's. With one segment
+# it changes nothing. H200 2026-12-03 13:13 (``train_ab.py``, docs/benchmarks/train_ab_1203_segments.md):
+# 32k 4.475 -> 4.399 ms per step queued (-1.7%), synced +2.2% (the host launched the four cumsums
+# before the first walk: ``WALK_LAUNCH_INTERLEAVED``); 16k within 0.2% queued.
+SEGMENTED_CUMSUM = True
+# ``overlap.plan``'s ``ends``: the first and last of three or more segments this many times as long
+# as the others (1.0: even), to shorten the pipeline's fill (the first segment's cumsum and walk)
+# and drain (the last segment's per-chunk kernels). 0.5 against even (H200 2026-12-03 13:13,
+# docs/benchmarks/train_ab_1203_segments.md): 32k +0.7% queued / -1.0% synced, with
+# ``SEGMENTED_CUMSUM`` a tie queued; 16k a tie: even.
+WALK_SEGMENT_ENDS = 1.0
+# ``overlap.run``'s ``interleave``: the host launches each segment's walk right after its cumsum
+# (``SEGMENTED_CUMSUM``) instead of after every segment's (same GPU order; the first walk launched
+# sooner in a step from an idle GPU).
+WALK_LAUNCH_INTERLEAVED = True
 # Each walk program forms its chunk's decayed keys ``k exp(G_C - G)`` ([64, BK] with an exponential
 # per element) before its dot, and every V block's program of one key slice forms the same ones.
 # Over all of V at once (V block 128, 8 warps) they are formed once per key slice: fewer programs
@@ -214,7 +232,8 @@ BWD_CHUNK_ONE_TOTAL = True
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "SEGMENTED_CUMSUM": (False, True),
+            "WALK_SEGMENT_ENDS": (1.0, 0.5), "WALK_LAUNCH_INTERLEAVED": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -299,13 +318,13 @@ def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
 
 
 # --- kernels ---------------------------------------------------------------------------------
-@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
-def _cumsum_kernel(gk, gc, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """Grid (NT, B*H), BK >= K: chunk-local inclusive cumsum of ``gk`` into float32 ``gc``, and the
-    chunk's ``span: [B*H, NT]`` float32, the largest range (max - min over its rows) of that cumsum
-    in any key channel: the chunk's scores factor through one reference row while it is below
-    ``SPAN_MAX_CHUNK``."""
-    i_t = tl.program_id(0)
+@_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
+def _cumsum_kernel(gk, gc, span, T, NT, C0, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Grid (chunks, B*H), BK >= K: for chunks ``C0 ..``, the chunk-local inclusive cumsum of ``gk``
+    into float32 ``gc``, and the chunk's ``span: [B*H, NT]`` float32, the largest range (max - min
+    over its rows) of that cumsum in any key channel: the chunk's scores factor through one
+    reference row while it is below ``SPAN_MAX_CHUNK``."""
+    i_t = tl.program_id(0) + C0
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -815,14 +834,25 @@ def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, 
     return BK, walk_bv(x, B * H * _cdiv(K, BK), V)
 
 
+def cumsum_buffers(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gc [B, T, H, K] float32, span [B*H, NT] float32)``, empty (``chunk_cumsum``'s outputs)."""
+    B, T, H, K = gk.shape
+    gc = torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device)
+    return gc, torch.empty(B * H, _cdiv(T, BT), dtype=torch.float32, device=gk.device)
+
+
+def _cumsum_chunks(gk, gc, span, c0, c1):
+    """``gc`` and ``span`` of chunks ``c0 .. c1 - 1`` (``_cumsum_kernel``)."""
+    B, T, H, K = gk.shape
+    _cumsum_kernel[(c1 - c0, B * H)](gk, gc, span, T, span.shape[1], c0, H=H, K=K, BT=BT, BK=_pow2(K),
+                                     **_launch(LAUNCH, "cumsum", gk))
+
+
 def chunk_cumsum(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(gc [B, T, H, K] float32, span [B*H, NT] float32)``: the chunk-local cumsum of ``gk`` and
     each chunk's largest range of it over one key channel (``_cumsum_kernel``)."""
-    B, T, H, K = gk.shape
-    NT = _cdiv(T, BT)
-    gc = torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device)
-    span = torch.empty(B * H, NT, dtype=torch.float32, device=gk.device)
-    _cumsum_kernel[(NT, B * H)](gk, gc, span, T, NT, H=H, K=K, BT=BT, BK=_pow2(K), **_launch(LAUNCH, "cumsum", gk))
+    gc, span = cumsum_buffers(gk)
+    _cumsum_chunks(gk, gc, span, 0, span.shape[1])
     return gc, span
 
 
@@ -841,7 +871,7 @@ def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     n = WALK_SEGMENTS
     if x.is_cuda:
         n = min(n, max(1, round(WALK_SEGMENT_SPREAD * _sm_count(x.device) / max(programs, 1))))
-    return _overlap.plan(nt, programs, x, n, WALK_OVERLAP_BELOW_PER_SM)
+    return _overlap.plan(nt, programs, x, n, WALK_OVERLAP_BELOW_PER_SM, WALK_SEGMENT_ENDS)
 
 
 def _walk_launch(x: torch.Tensor, BV: int) -> dict:
@@ -923,15 +953,19 @@ def _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, store_a, c0, c1):
         **_launch(LAUNCH, "fwd_o", q))
 
 
-def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a):
-    """``(o [B, T, H, V], h, ht | None, A)`` after ``chunk_cumsum``: the state walk, the steep
-    chunks' scores (``intra_a``; ``A`` in v's dtype with ``keep_a``, where ``_fwd_o_kernel`` stores
-    the other chunks' too) and the output. The walk runs in segments beside the output kernel when
-    it has few programs (``overlap``)."""
+def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a, gk=None):
+    """``(o [B, T, H, V], h, ht | None, A)``: the state walk, the steep chunks' scores (``intra_a``;
+    ``A`` in v's dtype with ``keep_a``, where ``_fwd_o_kernel`` stores the other chunks' too) and the
+    output. The walk runs in segments beside the output kernel when it has few programs
+    (``overlap``). ``gk``: the gate, from which this fills the empty ``gc`` and ``span``
+    (``cumsum_buffers``), segment by segment ahead of the walk (``SEGMENTED_CUMSUM``); else they
+    are ``chunk_cumsum``'s, filled."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
     segments = _segments(NT, _walk_programs(k, B, H, K, V), k)
+    if gk is not None and len(segments) == 1:
+        _cumsum_chunks(gk, gc, span, 0, NT)
     h, ht = _walk_buffers(k, V, output_final_state)
     carry = None if len(segments) == 1 else k.new_empty(B, H, K, V, dtype=torch.float32)
 
@@ -940,19 +974,31 @@ def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a):
 
     if len(segments) == 1:  # the walk launched first: host time before it is GPU idle time
         walk(0, NT, 0)
-    # (with segments launched before the walks, so the first segment also waits for it, though it
-    # needs gc only: ~0.02 ms while no chunk is steep; launching it with the last segment's
-    # "before" would spare that wait: not yet run on a GPU)
-    A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
     o = torch.empty_like(v)
+    A = None
+
+    def scores():
+        nonlocal A
+        A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
+
+    def cumsum(c0, c1):  # the walk's "before": its chunks' gc; after the last, the scores (every gc)
+        _cumsum_chunks(gk, gc, span, c0, c1)
+        if c1 == NT:
+            scores()
+
+    if gk is None or len(segments) == 1:
+        # (with segments launched before the walks, so the first segment also waits for it, though it
+        # needs gc only: ~0.02 ms while no chunk is steep)
+        scores()
 
     def output(c0, c1):
         _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, keep_a, c0, c1)
 
     if len(segments) == 1:
         output(0, NT)
-    else:  # every buffer exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, lambda c0, c1: None, walk, output, k)
+    else:  # every buffer the walks touch exists before the first one (``overlap.run``'s contract)
+        _overlap.run(segments, cumsum if gk is not None else (lambda c0, c1: None), walk, output, k,
+                     WALK_LAUNCH_INTERLEAVED)
     return o, h, ht, A
 
 
@@ -1028,9 +1074,13 @@ class ChunkGLASubchunk(torch.autograd.Function):
     def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
         paths = chunk_paths()
         keep_a = KEEP_A and WHOLE_CHUNK  # without WHOLE_CHUNK every chunk's A comes from intra_a
-        gc, span = chunk_cumsum(gk)
+        if SEGMENTED_CUMSUM:  # filled by forward, ahead of each walk segment
+            gc, span = cumsum_buffers(gk)
+        else:
+            gc, span = chunk_cumsum(gk)
         # kept A in v's dtype: both readers cast it to that for their dots (same bits as float32)
-        o, h, ht, A = forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a)
+        o, h, ht, A = forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a,
+                              gk if SEGMENTED_CUMSUM else None)
         # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per
         # layer); the steep chunks' scores are recomputed too (A is [B, T, H, 64] float32 whether
         # one chunk or all are steep), except with KEEP_A (every chunk's A, kept) or without
