@@ -145,7 +145,7 @@ WALK_SEGMENT_ENDS = 1.0
 # ``overlap.run``'s ``interleave``: the host launches each segment's walk right after its WY kernels
 # instead of after every segment's (same GPU order; the first walk launched sooner in a step from an
 # idle GPU).
-WALK_LAUNCH_INTERLEAVED = True
+WALK_LAUNCH_INTERLEAVED = False
 
 
 def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
