@@ -51,7 +51,7 @@ from gpu_common import apply_sets, comma_ints  # noqa: E402 - benchmarks/ is thi
 
 # the delta backward's inter-kernel gradients (dv2, dw, dk_in, du) are in the activations' dtype,
 # and so is the WY inverse Ai with delta.WY_INPUT_DTYPE_DOTS
-ACTIVATIONS = ("q", "k", "kd", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv", "dv2", "dw", "dk_in", "du",
+ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv", "dv2", "dw", "dk_in", "du",
                # the decode mixer's projection columns, conv cache and weights, block parameters
                "proj", "cache", "new_cache", "conv_w", "a", "bl", "gate", "norm_w", "A_log", "dt_bias",
                # the softmax layers' KV caches (decode_attention)
@@ -142,15 +142,12 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     span_max, units = g.chunk_paths()
     wc_lowp = g._whole_chunk_lowp(dtype)
     keep_a = g.KEEP_A and g.WHOLE_CHUNK
-    yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=BK, KD=False), *table(g.LAUNCH, "cumsum", s))
-    yield ("gla.cumsum_kd", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=BK, KD=True), *table(g.LAUNCH, "cumsum_kd", s))
+    yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=BK), *table(g.LAUNCH, "cumsum", s))
     # the walks over all of V (gla.WALK_FULL_V) and, switched off, at long sequences' V block 32
     walks = ((128, "", "walk_bv128"), (32, "_bv32", "walk_bv32"))
     for bv, tag, entry in walks:
         yield (f"gla.fwd_h{tag}", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(bv, BV), USE_H0=True, STORE_HT=True,
-                                                       DOT_PREC=prec, KD=False), *table(g.LAUNCH, entry, s))
-    yield ("gla.fwd_h_kd", g._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_H0=True, STORE_HT=True,
-                                                DOT_PREC=prec, KD=True), *table(g.LAUNCH, "walk_bv128", s))
+                                                       DOT_PREC=prec), *table(g.LAUNCH, entry, s))
     ia_lowp, ia_lowp_diag = g._intra_a_lowp(dtype)
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
                                                   DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX,

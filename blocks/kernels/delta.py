@@ -137,15 +137,6 @@ WALK_MIN_PER_SM = 0.5
 # history: docs/benchmarks/kernel_decisions/delta.md#walk_segments
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 1.0
-# ``overlap.plan``'s ``ends``: the first and last of three or more segments this many times as long
-# as the others (1.0: even), to shorten the pipeline's fill (the first segment's WY kernels and walk)
-# and drain (the last segment's per-chunk kernels). 0.5 against even (H200 2026-12-03 13:14,
-# docs/benchmarks/train_ab_1203_segments.md): within 0.5% queued at 16k / 32k for both rules: even.
-WALK_SEGMENT_ENDS = 1.0
-# ``overlap.run``'s ``interleave``: the host launches each segment's walk right after its WY kernels
-# instead of after every segment's (same GPU order; the first walk launched sooner in a step from an
-# idle GPU).
-WALK_LAUNCH_INTERLEAVED = False
 
 
 def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
@@ -216,8 +207,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "WALK_SEGMENT_ENDS": (1.0, 0.5),
-            "WALK_LAUNCH_INTERLEAVED": (False, True)}
+            "WALK_SEGMENTS": (1, 2, 4, 8)}
 
 
 @triton.jit
@@ -894,7 +884,7 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
 def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``,
     ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
-    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM, WALK_SEGMENT_ENDS)
+    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM)
 
 
 def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
@@ -1014,8 +1004,7 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
         _fwd_h_walk(k, w, u, gc, h, vn, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry,
                     BV, c0, c1)
 
-    _overlap.run(segments, wy, walk, lambda c0, c1: _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1), k,
-                 WALK_LAUNCH_INTERLEAVED)
+    _overlap.run(segments, wy, walk, lambda c0, c1: _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1), k)
     return o, Ai, w, u, h, vn, ht
 
 
@@ -1105,8 +1094,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         wy_bwd(0, NT)
     else:
         # every buffer exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, dv_local, walk, lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q,
-                     WALK_LAUNCH_INTERLEAVED)
+        _overlap.run(segments, dv_local, walk, lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q)
     return dq, dk, dv, dbeta, dg, dh0
 
 

@@ -83,8 +83,6 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K is 
 # history: docs/benchmarks/kernel_decisions/gla.md#launch
 LAUNCH = {
     "cumsum": dict(num_warps=4, num_stages=3),
-    # with the decayed keys (``WALK_DECAYED_KEYS``): 143 registers at 8 warps, 255 at 4 (sm_90, Triton 3.6)
-    "cumsum_kd": dict(num_warps=8, num_stages=3),
     "walk": dict(num_warps=4, num_stages=2, maxnreg=104),
     # the walks at V block 32 (long sequences, ``tiles.walk_bv``) at 3 stages: -3.0 / -3.7% per
     # fwd+bwd step at 32k synced / queued (H200 2026-12-02 02:55, ``train_ab.py``, both walks,
@@ -199,25 +197,10 @@ WALK_SEGMENT_SPREAD = 2.0
 # every chunk's; the steep chunks' scores (``intra_a``) after the last segment's. With one segment
 # it changes nothing. H200 2026-12-03 13:13 (``train_ab.py``, docs/benchmarks/train_ab_1203_segments.md):
 # 32k 4.475 -> 4.399 ms per step queued (-1.7%), synced +2.2% (the host launched the four cumsums
-# before the first walk: ``WALK_LAUNCH_INTERLEAVED``); 16k within 0.2% queued.
+# before the first walk; launching each walk right after its cumsum did not help), 16k within 0.2%
+# queued; again -1.2 / -1.1% queued, +3.1 / +2.8% synced at 32k (13:23, 13:42). The throughput target
+# is read on the queued figures (a training loop's).
 SEGMENTED_CUMSUM = True
-# ``overlap.plan``'s ``ends``: the first and last of three or more segments this many times as long
-# as the others (1.0: even), to shorten the pipeline's fill (the first segment's cumsum and walk)
-# and drain (the last segment's per-chunk kernels). 0.5 against even (H200 2026-12-03 13:13,
-# docs/benchmarks/train_ab_1203_segments.md): 32k +0.7% queued / -1.0% synced, with
-# ``SEGMENTED_CUMSUM`` a tie queued; 16k a tie: even.
-WALK_SEGMENT_ENDS = 1.0
-# ``overlap.run``'s ``interleave``: the host launches each segment's walk right after its cumsum
-# (``SEGMENTED_CUMSUM``) instead of after every segment's (same GPU order; the first walk launched
-# sooner in a step from an idle GPU).
-WALK_LAUNCH_INTERLEAVED = False
-# With ``SEGMENTED_CUMSUM`` and more than one segment: each segment's cumsum kernel also writes the
-# keys decayed to their chunk's end (``k exp(G_C - G)``, k's dtype, the bits the walk formed), which
-# the forward walk then reads instead of the keys and ``gc``'s rows: no exponentials and no float32
-# rows on its chain of steps, 40 -> 24 KB of loads per step (the cumsum, beside the walk of the
-# segment before, reads the keys and writes them decayed: +0.5 GB at 64k tokens of 16 heads of 128).
-# Not yet timed on a GPU: off.
-WALK_DECAYED_KEYS = False
 # Each walk program forms its chunk's decayed keys ``k exp(G_C - G)`` ([64, BK] with an exponential
 # per element) before its dot, and every V block's program of one key slice forms the same ones.
 # Over all of V at once (V block 128, 8 warps) they are formed once per key slice: fewer programs
@@ -241,9 +224,7 @@ BWD_CHUNK_ONE_TOTAL = True
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "SEGMENTED_CUMSUM": (False, True),
-            "WALK_SEGMENT_ENDS": (1.0, 0.5), "WALK_LAUNCH_INTERLEAVED": (False, True),
-            "WALK_DECAYED_KEYS": (False, True)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "SEGMENTED_CUMSUM": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -329,14 +310,11 @@ def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
 
 # --- kernels ---------------------------------------------------------------------------------
 @_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
-def _cumsum_kernel(gk, gc, span, k, kd, T, NT, C0, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                   BK: tl.constexpr, KD: tl.constexpr):
+def _cumsum_kernel(gk, gc, span, T, NT, C0, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
     """Grid (chunks, B*H), BK >= K: for chunks ``C0 ..``, the chunk-local inclusive cumsum of ``gk``
     into float32 ``gc``, and the chunk's ``span: [B*H, NT]`` float32, the largest range (max - min
     over its rows) of that cumsum in any key channel: the chunk's scores factor through one
-    reference row while it is below ``SPAN_MAX_CHUNK``. ``KD``: also the keys decayed to the chunk's
-    end, ``kd = k exp(G_C - G)`` in k's dtype, the forward walk's dot operand, formed as the walk
-    forms it (the same bits)."""
+    reference row while it is below ``SPAN_MAX_CHUNK``."""
     i_t = tl.program_id(0) + C0
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -344,13 +322,6 @@ def _cumsum_kernel(gk, gc, span, k, kd, T, NT, C0, H: tl.constexpr, K: tl.conste
     b_c = tl.cumsum(_rows(gk, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK).to(tl.float32), axis=0)
     _store(gc, b_c, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
     m_r = ((i_t * BT + tl.arange(0, BT)) < T)[:, None]
-    if KD:
-        tl.debug_barrier()  # every thread's gc rows stored: the last one is read back (as the walk reads it)
-        last = tl.minimum(i_t * BT + BT, T) - 1
-        g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, 0, BK)
-        b_k = _rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # rows past T: 0, as the walk's
-        _store(kd, (b_k * _exp(g_last[None, :] - tl.where(m_r, b_c, g_last[None, :]))).to(kd.dtype.element_ty),
-               i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
     b_span = tl.max(tl.where(m_r, b_c, float("-inf")), axis=0) - tl.min(tl.where(m_r, b_c, float("inf")), axis=0)
     tl.store(span + i_bh * NT + i_t, tl.max(b_span, axis=0))
 
@@ -359,11 +330,9 @@ def _cumsum_kernel(gk, gc, span, k, kd, T, NT, C0, H: tl.constexpr, K: tl.conste
 def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr, KD: tl.constexpr):
+                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (K/BK, V/BV, B*H): walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (zero without
-    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``.
-    ``KD``: ``k`` holds the keys decayed to their chunk's end (``_cumsum_kernel``'s ``kd``), so the
-    chain of steps loads them instead of forming them from the keys and ``gc``'s rows."""
+    ``USE_H0``); ``h[b, t, h]`` = state before chunk t; ``ht``: the state after chunk ``C1 - 1``."""
     i_k = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -380,14 +349,11 @@ def _fwd_h_kernel(k, v, gc, h, h0, ht, T, NT, C0, C1,
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         last = tl.minimum(i_t * BT + BT, T) - 1
         g_last = _g_row(gc, i_b, i_h, last, last, T, H, K, i_k * BK, BK)
+        b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_k = _rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
         b_v = _rows(v, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_h *= _exp(g_last)[:, None]
-        if KD:
-            b_kd = b_k.to(b_v.dtype)
-        else:
-            b_g = _g_rows(gc, g_last, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-            b_kd = (b_k * _exp(g_last[None, :] - b_g)).to(b_v.dtype)
+        b_kd = (b_k * _exp(g_last[None, :] - b_g)).to(b_v.dtype)
         b_h += tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PREC)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
@@ -866,13 +832,11 @@ def cumsum_buffers(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return gc, torch.empty(B * H, _cdiv(T, BT), dtype=torch.float32, device=gk.device)
 
 
-def _cumsum_chunks(gk, gc, span, c0, c1, k=None, kd=None):
-    """``gc`` and ``span`` of chunks ``c0 .. c1 - 1`` (``_cumsum_kernel``), and with ``k`` their
-    decayed keys into ``kd`` (like ``k``)."""
+def _cumsum_chunks(gk, gc, span, c0, c1):
+    """``gc`` and ``span`` of chunks ``c0 .. c1 - 1`` (``_cumsum_kernel``)."""
     B, T, H, K = gk.shape
-    launch = _launch(LAUNCH, "cumsum", gk) if k is None else _launch(LAUNCH, "cumsum_kd", gk)
-    _cumsum_kernel[(c1 - c0, B * H)](gk, gc, span, gc if k is None else k, gc if kd is None else kd, T,
-                                     span.shape[1], c0, H=H, K=K, BT=BT, BK=_pow2(K), KD=k is not None, **launch)
+    _cumsum_kernel[(c1 - c0, B * H)](gk, gc, span, T, span.shape[1], c0, H=H, K=K, BT=BT, BK=_pow2(K),
+                                     **_launch(LAUNCH, "cumsum", gk))
 
 
 def chunk_cumsum(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -898,7 +862,7 @@ def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     n = WALK_SEGMENTS
     if x.is_cuda:
         n = min(n, max(1, round(WALK_SEGMENT_SPREAD * _sm_count(x.device) / max(programs, 1))))
-    return _overlap.plan(nt, programs, x, n, WALK_OVERLAP_BELOW_PER_SM, WALK_SEGMENT_ENDS)
+    return _overlap.plan(nt, programs, x, n, WALK_OVERLAP_BELOW_PER_SM)
 
 
 def _walk_launch(x: torch.Tensor, BV: int) -> dict:
@@ -914,17 +878,15 @@ def _walk_programs(x: torch.Tensor, B: int, H: int, K: int, V: int) -> int:
     return _cdiv(K, BK) * _cdiv(V, BV) * B * H
 
 
-def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1, kd=None):
+def _fwd_h_walk(k, v, gc, h, h_in, h_out, c0, c1):
     """The forward walk over chunks ``c0 .. c1 - 1`` into ``h [B, NT, H, K, V]``, from ``h_in``
-    (None: zero) to ``h_out`` (None: not stored), both ``[B, H, K, V]`` float32, possibly one buffer;
-    ``kd``: the decayed keys (``_cumsum_chunks``), read in place of ``k``."""
+    (None: zero) to ``h_out`` (None: not stored), both ``[B, H, K, V]`` float32, possibly one buffer."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     BK, BV = _walk_blocks(k, B, H, K, V)
     _fwd_h_kernel[(_cdiv(K, BK), _cdiv(V, BV), B * H)](
-        k if kd is None else kd, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=BK,
-        BV=BV, USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), KD=kd is not None,
-        **_walk_launch(k, BV))
+        k, v, gc, h, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k), **_walk_launch(k, BV))
 
 
 def _walk_buffers(k, V, output_final_state):
@@ -993,14 +955,13 @@ def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a, gk=
     V = v.shape[-1]
     NT = _cdiv(T, BT)
     segments = _segments(NT, _walk_programs(k, B, H, K, V), k)
-    kd = torch.empty_like(k) if gk is not None and WALK_DECAYED_KEYS and len(segments) > 1 else None
     if gk is not None and len(segments) == 1:
         _cumsum_chunks(gk, gc, span, 0, NT)
     h, ht = _walk_buffers(k, V, output_final_state)
     carry = None if len(segments) == 1 else k.new_empty(B, H, K, V, dtype=torch.float32)
 
     def walk(c0, c1, i):
-        _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1, kd)
+        _fwd_h_walk(k, v, gc, h, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry, c0, c1)
 
     if len(segments) == 1:  # the walk launched first: host time before it is GPU idle time
         walk(0, NT, 0)
@@ -1012,7 +973,7 @@ def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a, gk=
         A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
 
     def cumsum(c0, c1):  # the walk's "before": its chunks' gc; after the last, the scores (every gc)
-        _cumsum_chunks(gk, gc, span, c0, c1, None if kd is None else k, kd)
+        _cumsum_chunks(gk, gc, span, c0, c1)
         if c1 == NT:
             scores()
 
@@ -1027,8 +988,7 @@ def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a, gk=
     if len(segments) == 1:
         output(0, NT)
     else:  # every buffer the walks touch exists before the first one (``overlap.run``'s contract)
-        _overlap.run(segments, cumsum if gk is not None else (lambda c0, c1: None), walk, output, k,
-                     WALK_LAUNCH_INTERLEAVED)
+        _overlap.run(segments, cumsum if gk is not None else (lambda c0, c1: None), walk, output, k)
     return o, h, ht, A
 
 

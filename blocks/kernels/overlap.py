@@ -32,48 +32,28 @@ def walk_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device=device, priority=-1)
 
 
-def plan(nt: int, programs: int, x: torch.Tensor, segments: int, below_per_sm: float,
-         ends: float = 1.0) -> list[Segment]:
+def plan(nt: int, programs: int, x: torch.Tensor, segments: int, below_per_sm: float) -> list[Segment]:
     """Chunk ranges of a walk over ``nt`` chunks with ``programs`` programs: ``min(segments, nt)``
     ranges whose lengths differ by at most one, on a CUDA device only when the walk has fewer than
     ``below_per_sm`` programs per SM; else the single range ``[(0, nt)]``. Off CUDA (Triton's
     interpreter) there is no SM count: the ranges are cut whenever ``segments > 1``, so that the
     CPU tests run the segment bookkeeping.
 
-    ``ends``: with three or more ranges, the first and the last ``ends`` times as long as each of
-    the others (every range at least one chunk). What runs alone on the GPU is the first segment's
-    "before" and walk and the last one's "after" (the pipeline's fill and drain): short end ranges
-    shorten both."""
+    Ranges of equal length: short first and last ones (the pipeline's fill and drain), half the
+    others' length, were a tie or a loss (H200 2026-12-03 13:13, docs/benchmarks/train_ab_1203_segments.md)."""
     if segments <= 1 or nt <= 1 or (x.is_cuda and programs >= below_per_sm * sm_count(x.device)):
         return [(0, nt)]
     n = min(segments, nt)
-    if n < 3 or ends == 1.0:
-        cuts = [i * nt // n for i in range(n + 1)]
-    else:
-        if not ends > 0:
-            raise ValueError(f"overlap.plan: ends must be positive, got {ends}")
-        weights = [ends] + [1.0] * (n - 2) + [ends]
-        total, run_sum, cuts = sum(weights), 0.0, [0]
-        for w in weights[:-1]:
-            run_sum += w
-            cuts.append(int(run_sum * nt / total + 1e-9))
-        cuts.append(nt)
-        for i in range(1, n):  # at least one chunk per range, from both ends
-            cuts[i] = max(cuts[i], cuts[i - 1] + 1)
-        for i in range(n - 1, 0, -1):
-            cuts[i] = min(cuts[i], cuts[i + 1] - 1)
+    cuts = [i * nt // n for i in range(n + 1)]
     return list(zip(cuts[:-1], cuts[1:]))
 
 
 def run(segments: list[Segment], before: Callable[[int, int], None], walk: Callable[[int, int, int], None],
-        after: Callable[[int, int], None], x: torch.Tensor, interleave: bool = False) -> None:
+        after: Callable[[int, int], None], x: torch.Tensor) -> None:
     """For each segment ``(c0, c1)`` in walk order: ``before(c0, c1)`` (what the walk needs), then
     ``walk(c0, c1, i)`` (``i``: the segment's place in walk order, 0 first), then ``after(c0, c1)``
     (what needs the walk's results). With several segments on CUDA, the walks run in order on
     ``walk_stream`` and every ``before``/``after`` launch on the current stream, ordered by events.
-    The host launches every ``before`` and then every walk, or with ``interleave`` each segment's
-    walk right after its ``before`` (the same order on the GPU; the first walk is launched sooner,
-    which matters in a step from an idle GPU).
 
     Every tensor the walks touch must be allocated before this is called and stay referenced until
     it returns: the current stream waits for the last segment before returning, so memory freed
@@ -91,23 +71,16 @@ def run(segments: list[Segment], before: Callable[[int, int], None], walk: Calla
     ready: list[torch.cuda.Event] = []
     done: list[torch.cuda.Event] = []
     try:
-        if interleave:
-            for i, seg in enumerate(segments):  # no "before" waits for a walk: they are on main
-                before(*seg)
-                ready.append(main.record_event())
-                with torch.cuda.stream(side):
-                    side.wait_event(ready[-1])
-                    walk(*seg, i)
-                    done.append(side.record_event())
-        else:
-            for seg in segments:  # all the "before" kernels first: none waits for a walk
-                before(*seg)
-                ready.append(main.record_event())
-            with torch.cuda.stream(side):
-                for i, (seg, ev) in enumerate(zip(segments, ready)):
-                    side.wait_event(ev)
-                    walk(*seg, i)
-                    done.append(side.record_event())
+        # all the "before" kernels first: none waits for a walk (each walk launched right after its
+        # segment's "before" instead: no gain, H200 2026-12-03 13:23, train_ab_1203_segments.md)
+        for seg in segments:
+            before(*seg)
+            ready.append(main.record_event())
+        with torch.cuda.stream(side):
+            for i, (seg, ev) in enumerate(zip(segments, ready)):
+                side.wait_event(ev)
+                walk(*seg, i)
+                done.append(side.record_event())
         for seg, ev in zip(segments, done):
             main.wait_event(ev)
             after(*seg)

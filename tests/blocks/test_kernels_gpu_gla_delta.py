@@ -273,8 +273,9 @@ def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=
 def test_gpu_walk_segments_give_the_same_bits(family, monkeypatch):
     """The walks in segments on their own stream, beside the per-chunk kernels on the current one
     (``overlap``), must give exactly the unsegmented results: same kernels per chunk, the state
-    carried in float32 between segments. Uneven segments (31 chunks in 4 and 7), bf16, and fresh
-    memory filled with NaN right after the forward and the backward return (``junk``)."""
+    carried in float32 between segments (gla: its gate cumsum launched per segment too,
+    ``SEGMENTED_CUMSUM``). Uneven segments (31 chunks in 4 and 7), bf16, and fresh memory filled with
+    NaN right after the forward and the backward return (``junk``)."""
     shape = (2, 1984 - 10, 4, 128, 128)
     decay = "mixed" if family == "gla" else "random"  # gla: steep chunks too (kernels after the walks)
     ref = segmented_outputs(family, shape, torch.bfloat16, "cuda", 1, monkeypatch, decay=decay)
@@ -287,32 +288,6 @@ def test_gpu_walk_segments_give_the_same_bits(family, monkeypatch):
     got = segmented_outputs(family, shape, torch.bfloat16, "cuda", 4, monkeypatch, decay=decay, states=False)
     for i, (a, b) in enumerate(zip(got, ref)):
         assert torch.equal(a, b), f"{family} segments=4 without states: output {i} differs"
-
-
-@gpu
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule", "gla"])
-def test_gpu_walk_segments_with_short_ends_and_gla_segmented_cumsum_give_the_same_bits(family, monkeypatch):
-    """As above with the settings the 16k / 32k benchmarks time against the defaults: short first and
-    last segments (``WALK_SEGMENT_ENDS`` 0.5), each walk launched right after its segment's "before"
-    (``WALK_LAUNCH_INTERLEAVED``) and, for gla, the gate's cumsum launched per segment
-    (``SEGMENTED_CUMSUM``, its kernel ahead of each walk segment on the other stream) writing the
-    forward walk's decayed keys (``WALK_DECAYED_KEYS``)."""
-    from blocks.kernels import kernel_module
-
-    mod = kernel_module(family)
-    shape = (2, 1984 - 10, 4, 128, 128)
-    decay = "mixed" if family == "gla" else "random"
-    ref = segmented_outputs(family, shape, torch.bfloat16, "cuda", 1, monkeypatch, decay=decay)
-    monkeypatch.setattr(mod, "WALK_SEGMENT_ENDS", 0.5)
-    monkeypatch.setattr(mod, "WALK_LAUNCH_INTERLEAVED", True)
-    if family == "gla":
-        monkeypatch.setattr(mod, "SEGMENTED_CUMSUM", True)
-        monkeypatch.setattr(mod, "WALK_DECAYED_KEYS", True)
-    for segments in (4, 7):
-        got = segmented_outputs(family, shape, torch.bfloat16, "cuda", segments, monkeypatch, junk=True,
-                                decay=decay)
-        for i, (a, b) in enumerate(zip(got, ref)):
-            assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
 
 
 @gpu
@@ -508,21 +483,18 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 
 @interpreter
-@pytest.mark.parametrize("keep_h,segmented_cumsum,decayed_keys",
-                         [(True, False, False), (False, False, False), (True, True, False), (False, True, True)])
-def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, segmented_cumsum, decayed_keys, monkeypatch):
+@pytest.mark.parametrize("keep_h,segmented_cumsum", [(True, False), (False, False), (True, True)])
+def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, segmented_cumsum, monkeypatch):
     """gla's walks in segments (5 chunks: ranges 1, 2, 2 and five of 1), both chunk paths ("mixed":
     head 0's second chunk steep, its sub-chunk kernels after the last segment), the carried state
     through ``h0``/``ht`` and ``dht``/``dh0`` (and without either), the per-chunk kernels from their
-    segment's first chunk, with the forward's states kept or recomputed in one walk, the gate's
-    cumsum in one launch or one per segment (``SEGMENTED_CUMSUM``), and the forward walk reading the
-    keys that cumsum decayed (``WALK_DECAYED_KEYS``; not the recomputing walk): the unsegmented bits.
-    (Off the GPU the segments run one after another: the streams' ordering is the GPU test's.)"""
+    segment's first chunk, with the forward's states kept or recomputed in one walk, and the gate's
+    cumsum in one launch or one per segment (``SEGMENTED_CUMSUM``): the unsegmented bits. (Off the
+    GPU the segments run one after another: the streams' ordering is the GPU test's.)"""
     from blocks.kernels import gla
 
     monkeypatch.setattr(gla, "KEEP_H", keep_h)
     monkeypatch.setattr(gla, "SEGMENTED_CUMSUM", segmented_cumsum)
-    monkeypatch.setattr(gla, "WALK_DECAYED_KEYS", decayed_keys)
     shape = (1, 300, 2, 32, 16)
     ref = segmented_outputs("gla", shape, torch.float32, "cpu", 1, monkeypatch, decay="mixed")
     for segments in (3, 5):
@@ -539,9 +511,7 @@ def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, segmented_cums
         assert [args[8:10] for args, _ in fwd.calls] == cuts + recompute
         assert [args[9:11] for args, _ in bwd.calls] == cuts[::-1]
         assert [args[16] for args, _ in chunk.calls] == [c0 for c0, _ in cuts[::-1]]
-        assert [args[7] for args, _ in cumsum.calls] == ([c0 for c0, _ in cuts] if segmented_cumsum else [0])
-        assert [kw["KD"] for _, kw in cumsum.calls] == [decayed_keys] * len(cumsum.calls)
-        assert [kw["KD"] for _, kw in fwd.calls] == [decayed_keys] * len(cuts) + [False] * len(recompute)
+        assert [args[5] for args, _ in cumsum.calls] == ([c0 for c0, _ in cuts] if segmented_cumsum else [0])
         for i, (a, b) in enumerate(zip(got, ref)):
             assert torch.equal(a, b), f"segments={segments}: output {i} differs"
     # no initial state, no final state: the first and last segments' walks read / write no carry

@@ -1196,27 +1196,6 @@ def test_overlap_plan_cuts_walks_with_few_programs_per_sm(monkeypatch):
     assert overlap.plan(5, 10 ** 6, torch.empty(0), 2, 2.0) == [(0, 2), (2, 5)]
 
 
-def test_overlap_plan_shortens_the_end_segments_when_asked(monkeypatch):
-    """``overlap.plan``'s ``ends``: the first and last of three or more ranges that many times as
-    long as the others, every range at least one chunk, nothing changed at ``ends`` 1 or two ranges;
-    a non-positive share is a one-line error."""
-    from blocks.kernels import overlap
-
-    x = torch.empty(0)
-    assert overlap.plan(512, 64, x, 4, 2.0, 0.5) == [(0, 85), (85, 256), (256, 426), (426, 512)]
-    assert overlap.plan(512, 64, x, 4, 2.0, 1.0) == overlap.plan(512, 64, x, 4, 2.0)
-    assert overlap.plan(512, 64, x, 2, 2.0, 0.5) == [(0, 256), (256, 512)]
-    assert overlap.plan(5, 64, x, 5, 2.0, 0.01) == [(c, c + 1) for c in range(5)]
-    assert overlap.plan(6, 64, x, 4, 2.0, 0.1) == [(0, 1), (1, 3), (3, 5), (5, 6)]
-    assert overlap.plan(31, 64, x, 3, 2.0, 2.0) == [(0, 12), (12, 18), (18, 31)]
-    for n, ends in ((512, 0.5), (31, 0.3), (100, 1.7), (7, 0.5)):
-        cuts = overlap.plan(n, 64, x, 4, 2.0, ends)
-        assert cuts[0][0] == 0 and cuts[-1][1] == n and all(a < b for a, b in cuts)
-        assert all(cuts[i][1] == cuts[i + 1][0] for i in range(len(cuts) - 1))
-    with pytest.raises(ValueError, match="ends must be positive"):
-        overlap.plan(512, 64, x, 4, 2.0, 0.0)
-
-
 def test_overlap_run_orders_the_streams_by_events(monkeypatch):
     """``overlap.run`` on a stand-in CUDA device: the host launches every ``before`` first; each walk
     on the side stream waits for the event after its segment's ``before`` launches, each ``after``
@@ -1256,22 +1235,14 @@ def test_overlap_run_orders_the_streams_by_events(monkeypatch):
     monkeypatch.setattr(overlap.torch.cuda, "current_stream", lambda device=None: main)
     monkeypatch.setattr(overlap.torch.cuda, "stream", on)
     monkeypatch.setattr(overlap, "walk_stream", lambda device: side)
-
-    def run(interleave):
-        log.clear()
-        main.n = side.n = 0
-        overlap.run([(0, 2), (2, 4), (4, 5)], lambda c0, c1: log.append(f"{current[-1].name}:before{c0}"),
-                    lambda c0, c1, i: log.append(f"{current[-1].name}:walk{c0}#{i}"),
-                    lambda c0, c1: log.append(f"{current[-1].name}:after{c0}"), FakeCuda(), interleave=interleave)
-        return list(log)
-
-    befores = [[f"main:before{c0}", f"main:record{i + 1}"] for i, c0 in enumerate((0, 2, 4))]
-    walks = [[f"side:wait(main{i + 1})", f"side:walk{c0}#{i}", f"side:record{i + 1}"] for i, c0 in enumerate((0, 2, 4))]
+    overlap.run([(0, 2), (2, 4), (4, 5)], lambda c0, c1: log.append(f"{current[-1].name}:before{c0}"),
+                lambda c0, c1, i: log.append(f"{current[-1].name}:walk{c0}#{i}"),
+                lambda c0, c1: log.append(f"{current[-1].name}:after{c0}"), FakeCuda())
+    befores = [e for i, c0 in enumerate((0, 2, 4)) for e in (f"main:before{c0}", f"main:record{i + 1}")]
+    walks = [e for i, c0 in enumerate((0, 2, 4)) for e in (f"side:wait(main{i + 1})", f"side:walk{c0}#{i}",
+                                                         f"side:record{i + 1}")]
     afters = [e for i, c0 in enumerate((0, 2, 4)) for e in (f"main:wait(side{i + 1})", f"main:after{c0}")]
-    tail = afters + ["main:wait(side1)", "main:wait(side2)", "main:wait(side3)"]
-    assert run(False) == sum(befores, []) + sum(walks, []) + tail
-    # interleaved: each segment's walk launched right after its "before", the same events
-    assert run(True) == sum((b + w for b, w in zip(befores, walks)), []) + tail
+    assert log == befores + walks + afters + ["main:wait(side1)", "main:wait(side2)", "main:wait(side3)"]
 
 
 def test_gla_cuts_its_walks_into_about_two_over_programs_per_sm_segments(monkeypatch):
