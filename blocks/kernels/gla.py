@@ -42,7 +42,8 @@ kernel (``_fwd_h_kernel``), kept for the backward (``KEEP_H``; recomputed under
 range ``[C0, C1)`` with the state carried in and out in float32, and the per-chunk kernels a first
 chunk ``C0``: at long sequences (few walk programs) the walks run in segments on a side stream
 while the per-chunk kernels of the segments already walked run beside them (``WALK_SEGMENTS``,
-``overlap``), with the same results bit for bit.
+``overlap``), and the gate's cumsum runs per segment ahead of each (``SEGMENTED_CUMSUM``), with the
+same results bit for bit.
 
 Gate gradient: chunk-local, term by term (through ``exp(G) q`` for the state read, ``exp(G_C - G) k``
 and ``exp(G_C)`` for the state write, and the strictly lower pairs of the scores), then a reverse
