@@ -826,7 +826,7 @@ def _walk_blocks(x: torch.Tensor, B: int, H: int, K: int, V: int) -> tuple[int, 
     return BK, walk_bv(x, B * H * _cdiv(K, BK), V)
 
 
-def cumsum_buffers(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _cumsum_buffers(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(gc [B, T, H, K] float32, span [B*H, NT] float32)``, empty (``chunk_cumsum``'s outputs)."""
     B, T, H, K = gk.shape
     gc = torch.empty(B, T, H, K, dtype=torch.float32, device=gk.device)
@@ -843,7 +843,7 @@ def _cumsum_chunks(gk, gc, span, c0, c1):
 def chunk_cumsum(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(gc [B, T, H, K] float32, span [B*H, NT] float32)``: the chunk-local cumsum of ``gk`` and
     each chunk's largest range of it over one key channel (``_cumsum_kernel``)."""
-    gc, span = cumsum_buffers(gk)
+    gc, span = _cumsum_buffers(gk)
     _cumsum_chunks(gk, gc, span, 0, span.shape[1])
     return gc, span
 
@@ -945,18 +945,20 @@ def _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, store_a, c0, c1):
         **_launch(LAUNCH, "fwd_o", q))
 
 
-def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a, gk=None):
-    """``(o [B, T, H, V], h, ht | None, A)``: the state walk, the steep chunks' scores (``intra_a``;
-    ``A`` in v's dtype with ``keep_a``, where ``_fwd_o_kernel`` stores the other chunks' too) and the
-    output. The walk runs in segments beside the output kernel when it has few programs
-    (``overlap``). ``gk``: the gate, from which this fills the empty ``gc`` and ``span``
-    (``cumsum_buffers``), segment by segment ahead of the walk (``SEGMENTED_CUMSUM``); else they
-    are ``chunk_cumsum``'s, filled."""
+def forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a):
+    """``(o [B, T, H, V], h, ht | None, A, gc, span)``: the gate's chunk-local cumsum (``gc``, ``span``:
+    ``chunk_cumsum``'s), the state walk, the steep chunks' scores (``intra_a``; ``A`` in v's dtype with
+    ``keep_a``, where ``_fwd_o_kernel`` stores the other chunks' too) and the output. The walk runs
+    in segments beside the output kernel when it has few programs (``overlap``), and then, with
+    ``SEGMENTED_CUMSUM``, the cumsum of each segment's chunks as its "before"; else the cumsum is one
+    launch before the walk."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
     segments = _segments(NT, _walk_programs(k, B, H, K, V), k)
-    if gk is not None and len(segments) == 1:
+    per_segment = SEGMENTED_CUMSUM and len(segments) > 1
+    gc, span = _cumsum_buffers(gk)
+    if not per_segment:
         _cumsum_chunks(gk, gc, span, 0, NT)
     h, ht = _walk_buffers(k, V, output_final_state)
     carry = None if len(segments) == 1 else k.new_empty(B, H, K, V, dtype=torch.float32)
@@ -973,14 +975,13 @@ def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a, gk=
         nonlocal A
         A = intra_a(q, k, gc, span, scale, paths, v.dtype if keep_a else torch.float32)
 
-    def cumsum(c0, c1):  # the walk's "before": its chunks' gc; after the last, the scores (every gc)
-        _cumsum_chunks(gk, gc, span, c0, c1)
-        if c1 == NT:
-            scores()
+    def before(c0, c1):  # per segment: its chunks' gc; after the last, the scores (they read every gc)
+        if per_segment:
+            _cumsum_chunks(gk, gc, span, c0, c1)
+            if c1 == NT:
+                scores()
 
-    if gk is None or len(segments) == 1:
-        # (with segments launched before the walks, so the first segment also waits for it, though it
-        # needs gc only: ~0.02 ms while no chunk is steep)
+    if not per_segment:  # (with segments, before the walks: the first segment waits ~0.02 ms for it)
         scores()
 
     def output(c0, c1):
@@ -989,8 +990,8 @@ def forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a, gk=
     if len(segments) == 1:
         output(0, NT)
     else:  # every buffer the walks touch exists before the first one (``overlap.run``'s contract)
-        _overlap.run(segments, cumsum if gk is not None else (lambda c0, c1: None), walk, output, k)
-    return o, h, ht, A
+        _overlap.run(segments, before, walk, output, k)
+    return o, h, ht, A, gc, span
 
 
 def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, read_a=False):
@@ -1065,13 +1066,8 @@ class ChunkGLASubchunk(torch.autograd.Function):
     def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
         paths = chunk_paths()
         keep_a = KEEP_A and WHOLE_CHUNK  # without WHOLE_CHUNK every chunk's A comes from intra_a
-        if SEGMENTED_CUMSUM:  # filled by forward, ahead of each walk segment
-            gc, span = cumsum_buffers(gk)
-        else:
-            gc, span = chunk_cumsum(gk)
         # kept A in v's dtype: both readers cast it to that for their dots (same bits as float32)
-        o, h, ht, A = forward(q, k, v, gc, span, h0, scale, paths, output_final_state, keep_a,
-                              gk if SEGMENTED_CUMSUM else None)
+        o, h, ht, A, gc, span = forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a)
         # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per
         # layer); the steep chunks' scores are recomputed too (A is [B, T, H, 64] float32 whether
         # one chunk or all are steep), except with KEEP_A (every chunk's A, kept) or without
