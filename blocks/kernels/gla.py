@@ -957,9 +957,7 @@ def forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a):
     NT = _cdiv(T, BT)
     segments = _segments(NT, _walk_programs(k, B, H, K, V), k)
     per_segment = SEGMENTED_CUMSUM and len(segments) > 1
-    gc, span = _cumsum_buffers(gk)
-    if not per_segment:
-        _cumsum_chunks(gk, gc, span, 0, NT)
+    gc, span = _cumsum_buffers(gk) if per_segment else chunk_cumsum(gk)
     h, ht = _walk_buffers(k, V, output_final_state)
     carry = None if len(segments) == 1 else k.new_empty(B, H, K, V, dtype=torch.float32)
 
