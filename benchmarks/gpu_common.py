@@ -138,6 +138,15 @@ def cuda_time(fn: Callable[[], object], budget_s: float = 0.6, max_iters: int = 
     return statistics.median(start.elapsed_time(end) / 1e3 for start, end in pairs), iters
 
 
+def copy_bandwidth() -> float:
+    """Bytes per second of a device-to-device copy of 2 GiB each way (far beyond the 60 MB L2): the
+    benchmarks' memory ceiling (the decode roofline, the training kernels' DRAM floor)."""
+    x = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    t, _ = cuda_time(lambda: y.copy_(x))
+    return 2 * x.numel() * x.element_size() / t
+
+
 def train_times(fn: Callable[[], object]) -> dict:
     """One training step's throughput timed both ways (``cuda_time``), side by side: ``s`` /
     ``mtok_s`` from an idle GPU each step (how every table before 2026-12-01 was measured) and

@@ -34,8 +34,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for blocks/archsearch
 
 from gpu_common import (  # noqa: E402
-    HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, apply_sets, checked_families, cuda_time, fwd_bwd, graph_time,
-    kernel_settings, positional, step_inputs, switched, switches_line, train_inputs, train_times,
+    HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, apply_sets, checked_families, copy_bandwidth, cuda_time, fwd_bwd,
+    graph_time, kernel_settings, positional, step_inputs, switched, switches_line, train_inputs, train_times,
 )
 
 from triton_check import require_triton  # noqa: E402
@@ -92,12 +92,7 @@ def correctness() -> dict:
 
 # --- 1. ceilings ------------------------------------------------------------------------------
 def ceilings() -> dict:
-    n = 1 << 30  # 2 GiB of bf16 each way: far beyond the 60 MB L2
-    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    t, _ = cuda_time(lambda: y.copy_(x))
-    copy_bw = 2 * x.numel() * 2 / t
-    del x, y
+    copy_bw = copy_bandwidth()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     t, _ = cuda_time(lambda: a @ b)

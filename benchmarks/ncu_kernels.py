@@ -8,8 +8,11 @@ For every ``family:T`` case, runs one forward + backward of the op at the benchm
 device notes say to leave the clocks alone), profiling every launch of a matching kernel and
 reporting each kernel's last one, and prints a markdown table per case: duration, DRAM / L2 / L1
 throughput as % of peak, achieved occupancy, registers and the top warp-stall reasons (cycles per
-issued instruction). Writes
+issued instruction), and under it the kernels' summed time against their DRAM floor (the bytes
+they read and wrote at the copy bandwidth; ``--kernels ".*"`` for a whole step). Writes
 ``ncu_<family>_<T>.csv`` (ncu's raw rows) and ``ncu_kernels.json`` / ``ncu_kernels.md`` into DIR.
+
+    python benchmarks/ncu_kernels.py --out DIR --cases gated_delta_rule:2048 --kernels ".*"   # a whole step
 
 Why a script and not ``torch.profiler``: the profiler gives times only; which of memory, latency
 or issue bounds a kernel needs the counters (``kernel_breakdown`` in gpu_kernels.py has the times).
@@ -45,6 +48,7 @@ METRICS = {
     "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "l2_hit_pct": "lts__t_sector_hit_rate.pct",
     "dram_read_mb": "dram__bytes_read.sum",
+    "dram_write_mb": "dram__bytes_write.sum",
     "l2_read_mb": "lts__t_sectors_srcunit_tex_op_read.sum",
     "registers": "launch__registers_per_thread",
     "cycles_per_issue": "smsp__average_warp_latency_per_inst_issued.ratio",
@@ -91,25 +95,32 @@ def child(family: str, T: str) -> None:
 
         sets, gemm = read_ceiling.skinny_case(T, layers=2)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
+        torch.cuda.profiler.start()  # ncu runs with --profile-from-start off
         for s in sets:
             gemm(s)
             torch.cuda.synchronize()
         for s in sets:
             read_ceiling.read_sum(s["w"].view(-1), 8 * sms, 4096, 2, 4)  # 8/SM, block 4096, 2 stages, 4 warps
             torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
         return
     mod = importlib.import_module(f"blocks.ops.{family}")
     T = int(T)
     pos = positional(family, train_inputs(family, TOKENS // T, T))
     run = fwd_bwd(lambda: mod.chunk(*pos)[0], pos)
+    run()  # compiles; not profiled
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()  # ncu runs with --profile-from-start off: this one step only
     run()
     torch.cuda.synchronize()
-    run()
-    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 
 
 def parse(csv_text: str) -> dict:
-    """ncu ``--csv --page raw`` output -> ``{kernel: {metric: value}}`` (the last launch of each)."""
+    """ncu ``--csv --page raw`` output -> ``{kernel: {metric: value}}``: the last launch of each,
+    with ``launches`` and, summed over every launch in the CSV, ``step_us`` and ``step_dram_mb``
+    (read + written; the profiled range is one training step since ``--profile-from-start off``;
+    CSVs from before it hold the warm-up step too)."""
     lines = [ln for ln in csv_text.splitlines() if ln.startswith('"')]
     rows = list(csv.reader(io.StringIO("\n".join(lines))))
     if len(rows) < 3:
@@ -134,26 +145,74 @@ def parse(csv_text: str) -> dict:
                 scale = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3, "sector": 32e-6}.get(unit, 1.0)
                 val *= scale
             vals[key] = val
-        out[name] = vals  # the last launch: the child's second step
+        prev = out.get(name, {})
+        vals["launches"] = prev.get("launches", 0) + 1
+        vals["step_us"] = prev.get("step_us", 0.0) + vals.get("duration_us", 0.0)
+        vals["step_dram_mb"] = (prev.get("step_dram_mb", 0.0) + vals.get("dram_read_mb", 0.0)
+                                + vals.get("dram_write_mb", 0.0))
+        out[name] = vals  # the last launch's counters
     return out
 
 
-def table(case: str, kernels: dict) -> str:
+def dram_floor(kernels: dict, copy_bytes_per_s: float | None) -> dict:
+    """Every profiled launch's summed time and DRAM bytes (read + written; ``parse``'s ``step_``
+    sums, else each kernel's last launch), and with ``copy_bytes_per_s`` the time those bytes take
+    at that bandwidth: how far the step's kernels run from their memory floor. Kernels that overlap
+    (the walks in segments at 16k / 32k) add up to more than the step's wall time."""
+    us = sum(m.get("step_us", m.get("duration_us", 0.0)) for m in kernels.values())
+    mb = sum(m.get("step_dram_mb", m.get("dram_read_mb", 0.0) + m.get("dram_write_mb", 0.0))
+             for m in kernels.values())
+    out = {"kernels": len(kernels), "launches": sum(m.get("launches", 1) for m in kernels.values()),
+           "us": us, "dram_mb": mb}
+    if copy_bytes_per_s:
+        out["copy_tb_per_s"] = copy_bytes_per_s / 1e12
+        if mb > 0:  # (no DRAM counters in the CSV: no floor)
+            out["floor_us"] = mb * 1e6 / copy_bytes_per_s * 1e6  # MB -> bytes; s -> us
+            out["x_floor"] = us / out["floor_us"]
+    return out
+
+
+def floor_line(floor: dict) -> str:
+    line = (f"All {floor['launches']} launches of the {floor['kernels']} kernels above: {floor['us']:.1f} us, "
+            f"{floor['dram_mb']:.0f} MB of DRAM traffic (read + written)")
+    if "floor_us" in floor:
+        line += (f"; at the copy bandwidth ({floor['copy_tb_per_s']:.2f} TB/s) those bytes take "
+                 f"{floor['floor_us']:.1f} us: the kernels run at {floor['x_floor']:.2f}x their DRAM floor")
+    return line + "."
+
+
+def table(case: str, kernels: dict, floor: dict | None = None) -> str:
     head = ["kernel", "us", "DRAM %", "L2 %", "L1 %", "SM %", "mma %", "occ %", "L2 hit %",
-            "DRAM MB", "L2 rd MB", "regs", "cyc/issue", "top stalls (cycles per issue)"]
+            "DRAM MB", "DRAM wr MB", "L2 rd MB", "regs", "cyc/issue", "top stalls (cycles per issue)"]
     lines = [f"### {case}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in sorted(kernels.items(), key=lambda kv: -kv[1].get("duration_us", 0)):
         stalls = sorted(((s, m[s]) for s in STALLS if s in m), key=lambda kv: -kv[1])[:3]
         cells = [name] + [f"{m[k]:.1f}" if k in m else "-" for k in
                           ("duration_us", "dram_pct", "l2_pct", "l1_pct", "sm_pct", "tensor_pct",
-                           "occupancy_pct", "l2_hit_pct", "dram_read_mb", "l2_read_mb", "registers",
-                           "cycles_per_issue")]
+                           "occupancy_pct", "l2_hit_pct", "dram_read_mb", "dram_write_mb", "l2_read_mb",
+                           "registers", "cycles_per_issue")]
         cells.append(", ".join(f"{s} {v:.1f}" for s, v in stalls))
         lines.append("| " + " | ".join(cells) + " |")
+    if floor is not None:
+        lines += ["", floor_line(floor)]
     return "\n".join(lines)
 
 
-def rebuild(out: Path) -> int:
+def measured_copy_bandwidth() -> float | None:
+    """``gpu_common.copy_bandwidth()`` when a GPU is here (bytes / s), else None."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from gpu_common import copy_bandwidth
+
+    bw = copy_bandwidth()
+    torch.cuda.empty_cache()  # the profiled child gets the memory
+    return bw
+
+
+def rebuild(out: Path, copy_bytes_per_s: float | None = None) -> int:
     """``--from-csv``: the report from the CSVs an earlier run left in ``out`` (e.g. when only those
     came back from the GPU host)."""
     files = sorted(out.glob("ncu_*_*.csv"))
@@ -167,8 +226,10 @@ def rebuild(out: Path) -> int:
         # decode cases name a GEMM (o_proj: an underscore of its own); the others end in a length
         family, T = ("decode", stem[len("decode_"):]) if stem.startswith("decode_") else stem.rsplit("_", 1)
         case = f"{family}:{T}"
-        results["cases"][case] = {"kernels": parse(f.read_text())}
-        md.append(table(case, results["cases"][case]["kernels"]))
+        kernels = parse(f.read_text())
+        floor = dram_floor(kernels, copy_bytes_per_s)
+        results["cases"][case] = {"kernels": kernels, "dram_floor": floor}
+        md.append(table(case, kernels, floor))
         print(md[-1] + "\n")
     (out / "ncu_kernels.json").write_text(json.dumps(results, indent=1))
     (out / "ncu_kernels.md").write_text("\n\n".join(md) + "\n")
@@ -183,18 +244,24 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per case")
     ap.add_argument("--from-csv", action="store_true",
                     help="no profiling: rebuild the tables, ncu_kernels.json/.md from the ncu_*.csv in --out")
+    ap.add_argument("--copy-tbs", type=float, default=None,
+                    help="copy bandwidth in TB/s for each case's DRAM floor line; default: measured here "
+                         "(gpu_common.copy_bandwidth) when a GPU is present, else no floor")
     ap.add_argument("--child", nargs=2, metavar=("FAMILY", "T"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         child(args.child[0], args.child[1])
         return 0
+    copy_bw = args.copy_tbs * 1e12 if args.copy_tbs else None
     if args.from_csv:
-        return rebuild(args.out)
+        return rebuild(args.out, copy_bw)
     ncu = find_ncu()
     if ncu is None:
         print("ncu_kernels: Nsight Compute (ncu) not found on PATH, /opt/nvidia or /usr/local/cuda", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    if copy_bw is None:
+        copy_bw = measured_copy_bandwidth()
     results: dict = {"ncu": ncu, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      "command": "python benchmarks/ncu_kernels.py " + " ".join(argv or sys.argv[1:]), "cases": {}}
     md = []
@@ -203,8 +270,9 @@ def main(argv=None) -> int:
     metrics = ",".join(metrics_list)
     for case in [c for c in args.cases.split(",") if c]:
         family, _, T = case.partition(":")
-        # every launch of a matching kernel is profiled (both steps); parse() keeps the last
-        cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--csv", "--page", "raw",
+        # every launch of a matching kernel in the child's profiled range (its second step)
+        cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--profile-from-start", "off",
+               "--csv", "--page", "raw",
                "--kernel-name", f"regex:{args.kernels}", "--metrics", metrics,
                sys.executable, __file__, "--child", family, T]
         t0 = time.time()
@@ -216,11 +284,12 @@ def main(argv=None) -> int:
             err, rc = "timeout", 124
         (args.out / f"ncu_{family}_{T}.csv").write_text(text)
         parsed_all = parse(text)
-        results["cases"][case] = {"rc": rc, "seconds": round(time.time() - t0, 1), "kernels": parsed_all}
+        results["cases"][case] = {"rc": rc, "seconds": round(time.time() - t0, 1), "kernels": parsed_all,
+                                  "dram_floor": dram_floor(parsed_all, copy_bw)}
         if rc != 0 or not parsed_all:
             results["cases"][case]["stderr_tail"] = err[-1500:]
             print(f"{case}: ncu exit {rc}; stderr tail:\n{err[-1500:]}", flush=True)
-        md.append(table(case, parsed_all))
+        md.append(table(case, parsed_all, results["cases"][case]["dram_floor"]))
         print(md[-1] + "\n", flush=True)
     (args.out / "ncu_kernels.json").write_text(json.dumps(results, indent=1))
     (args.out / "ncu_kernels.md").write_text("\n\n".join(md) + "\n")

@@ -678,13 +678,30 @@ def test_ncu_report_parses_raw_csv_and_keeps_each_kernels_last_launch():
         '"2","_intra_a_kernel","1,020.0","250000000","n/a"',
     ])
     got = ncu.parse(text)
-    assert got["_bwd_sub_kernel"] == {"duration_us": 3250.0, "dram_read_mb": 500.0, "long_scoreboard": 2.5}
-    assert got["_intra_a_kernel"] == {"duration_us": 1020000.0, "dram_read_mb": 250.0}
+    assert got["_bwd_sub_kernel"] == {"duration_us": 3250.0, "dram_read_mb": 500.0, "long_scoreboard": 2.5,
+                                      "launches": 2, "step_us": 12750.0, "step_dram_mb": 2000.0}
+    assert got["_intra_a_kernel"] == {"duration_us": 1020000.0, "dram_read_mb": 250.0, "launches": 1,
+                                      "step_us": 1020000.0, "step_dram_mb": 250.0}
     table = ncu.table("gla:2048", got)
     assert table.index("_intra_a_kernel") < table.index("_bwd_sub_kernel")  # slowest first
     assert "long_scoreboard 2.5" in table and ncu.parse("no csv here") == {}
     ns = text.replace('"ms","byte"', '"ns","byte"')  # the unit ncu 2025 prints
     assert ncu.parse(ns)["_bwd_sub_kernel"]["duration_us"] == pytest.approx(3.25e-3)
+
+
+def test_ncu_dram_floor_sums_read_and_written_bytes_against_the_copy_bandwidth():
+    ncu = _benchmark("ncu_kernels")
+    # "a": two launches summed by parse (step_*); "b": counters of one launch only
+    kernels = {"a": {"duration_us": 150.0, "dram_read_mb": 300.0, "dram_write_mb": 100.0, "launches": 2,
+                     "step_us": 300.0, "step_dram_mb": 800.0},
+               "b": {"duration_us": 100.0, "dram_read_mb": 200.0}}
+    floor = ncu.dram_floor(kernels, 4e12)  # 1000 MB at 4 TB/s: 250 us
+    assert floor["us"] == 400.0 and floor["dram_mb"] == 1000.0 and floor["launches"] == 3
+    assert floor["floor_us"] == pytest.approx(250.0) and floor["x_floor"] == pytest.approx(1.6)
+    line = ncu.floor_line(floor)
+    assert "400.0 us, 1000 MB" in line and "250.0 us" in line and "1.60x" in line
+    assert "floor_us" not in ncu.dram_floor(kernels, None) and "TB/s" not in ncu.floor_line(ncu.dram_floor(kernels, None))
+    assert ncu.table("x:1", kernels, floor).endswith(line)
 
 
 def test_ncu_rebuild_reads_decode_cases_by_gemm_name(tmp_path, capsys):
@@ -695,9 +712,10 @@ def test_ncu_rebuild_reads_decode_cases_by_gemm_name(tmp_path, capsys):
     csv_text = '"ID","Kernel Name","gpu__time_duration.sum"\n"","","us"\n"0","_skinny_kernel","6.5"\n'
     (tmp_path / "ncu_decode_o_proj.csv").write_text(csv_text)
     (tmp_path / "ncu_delta_rule_2048.csv").write_text(csv_text)
-    assert ncu.main(["--out", str(tmp_path), "--from-csv"]) == 0
+    assert ncu.main(["--out", str(tmp_path), "--from-csv", "--copy-tbs", "4"]) == 0
     cases = json.loads((tmp_path / "ncu_kernels.json").read_text())["cases"]
     assert set(cases) == {"decode:o_proj", "delta_rule:2048"}
+    assert cases["delta_rule:2048"]["dram_floor"]["copy_tb_per_s"] == 4.0
     assert cases["decode:o_proj"]["kernels"]["_skinny_kernel"]["duration_us"] == 6.5
     with pytest.raises(SystemExit, match="no GEMM 'w4'; one of o_proj, w2, in_proj, w13"):
         ncu.child("decode", "w4")
