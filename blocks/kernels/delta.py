@@ -80,9 +80,13 @@ LAUNCH = {
     # the gated rule's own entries for its two largest kernels, whose gate terms change their
     # registers (sm_90 compiles, 4 warps: bwd_dqkwg 242 gated vs 164 ungated; swept 05:24, the
     # shared settings stay best; 8 warps capped to 128 registers lost, H200 2026-12-02 01:33; at 4 warps
-    # bwd_dqkwg capped to 168 / wy_bwd to 128 lost +22..+26% / +0.8..+1.6% queued, 21:28)
-    "bwd_dqkwg_gated": dict(num_warps=4, num_stages=3),
-    "wy_bwd_gated": dict(num_warps=4, num_stages=3),
+    # bwd_dqkwg capped to 168 / wy_bwd to 128 lost +22..+26% / +0.8..+1.6% queued, 21:28). 4 stages
+    # for both (more bytes in flight: Nsight Compute had them at 58 / 53% of DRAM bandwidth,
+    # docs/benchmarks/ncu/ncu_kernels_1203.md): -0.5 / -0.7 / -1.1 / -0.4% per step queued at 512 / 2k /
+    # 8k / 32k, every length in two calls (H200 2026-12-03 15:51 / 15:55, train_ab_1203_stages.md);
+    # 2 stages +4..+7%
+    "bwd_dqkwg_gated": dict(num_warps=4, num_stages=4),
+    "wy_bwd_gated": dict(num_warps=4, num_stages=4),
 }
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU and KEEP_H off: the backward
 # then recomputes what they keep (measured: +8% and +11% per fwd+bwd step; 16 KB less saved
