@@ -5,8 +5,8 @@
 
 For every ``family:T`` case, runs one forward + backward of the op at the benchmark's shape (bf16,
 16 heads of dim 128, 64k tokens) in a child process under ``ncu`` (``--clock-control none``: the
-device notes say to leave the clocks alone), profiling every launch of a matching kernel and
-reporting each kernel's last one, and prints a markdown table per case: duration, DRAM / L2 / L1
+device notes say to leave the clocks alone), profiling every launch of a matching kernel in its
+second step (the first compiles) and reporting each kernel's last one, and prints a markdown table per case: duration, DRAM / L2 / L1
 throughput as % of peak, achieved occupancy, registers and the top warp-stall reasons (cycles per
 issued instruction), and under it the kernels' summed time against their DRAM floor (the bytes
 they read and wrote at the copy bandwidth; ``--kernels ".*"`` for a whole step). Writes
