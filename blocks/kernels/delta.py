@@ -140,10 +140,6 @@ WALK_MIN_PER_SM = 0.5
 # larger transient peaks. ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment.
 # history: docs/benchmarks/kernel_decisions/delta.md#walk_segments
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
-# The walks' segments on SMs of their own (CUDA green contexts, ``overlap.run``'s ``walk_sms``): this many
-# walk programs per SM, the per-chunk kernels beside them on the other SMs; 0: the walks share every SM
-# with them. Off until timed.
-GREEN_WALK_PER_SM = 0
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
 
@@ -210,7 +206,7 @@ KKT_CUMSUM = True
 # 2026-12-02 08:25 and 08:46, ``train_ab.py``); gated within 0.6%.
 # history: docs/benchmarks/kernel_decisions/delta.md#wy_bwd_rowsums_combined
 WY_BWD_ROWSUMS_COMBINED = True
-SWITCHES = {"GREEN_WALK_PER_SM": (0, 1, 2, 3, 4), "KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
+SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
@@ -1012,8 +1008,7 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
         _fwd_h_walk(k, w, u, gc, h, vn, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry,
                     BV, c0, c1)
 
-    _overlap.run(segments, wy, walk, lambda c0, c1: _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1), k,
-                 walk_sms=_overlap.walk_sms(_cdiv(V, BV) * B * H, GREEN_WALK_PER_SM))
+    _overlap.run(segments, wy, walk, lambda c0, c1: _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1), k)
     return o, Ai, w, u, h, vn, ht
 
 
@@ -1103,8 +1098,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         wy_bwd(0, NT)
     else:
         # every buffer exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, dv_local, walk, lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q,
-                     walk_sms=_overlap.walk_sms(_cdiv(V, BV) * B * H, GREEN_WALK_PER_SM))
+        _overlap.run(segments, dv_local, walk, lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q)
     return dq, dk, dv, dbeta, dg, dh0
 
 

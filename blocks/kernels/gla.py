@@ -190,10 +190,6 @@ STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks ar
 # -4.1% per fwd+bwd step synced against 2 (H200 2026-12-02 04:02, docs/benchmarks/train_ab_1202_walks.md).
 # history: docs/benchmarks/kernel_decisions/gla.md#walk_segments
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
-# The walks' segments on SMs of their own (CUDA green contexts, ``overlap.run``'s ``walk_sms``): this many
-# walk programs per SM, the per-chunk kernels beside them on the other SMs; 0: the walks share every SM
-# with them. Off until timed.
-GREEN_WALK_PER_SM = 0
 WALK_OVERLAP_BELOW_PER_SM = 2.5
 WALK_SEGMENT_SPREAD = 2.0
 # The forward's gate cumsum (``_cumsum_kernel``, 0.26-0.27 ms per step at every length: it reads the
@@ -226,7 +222,7 @@ WALK_FULL_V = True
 # 2026-12-02 08:25, ``train_ab.py --families gla``, docs/benchmarks/train_ab_1202_switches.md).
 # history: docs/benchmarks/kernel_decisions/gla.md#bwd_chunk_one_total
 BWD_CHUNK_ONE_TOTAL = True
-SWITCHES = {"GREEN_WALK_PER_SM": (0, 1, 2, 3, 4), "KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
+SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
             "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "SEGMENTED_CUMSUM": (False, True)}
@@ -992,8 +988,7 @@ def forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a):
     if len(segments) == 1:
         output(0, NT)
     else:  # every buffer the walks touch exists before the first one (``overlap.run``'s contract)
-        _overlap.run(segments, before, walk, output, k,
-                     walk_sms=_overlap.walk_sms(_walk_programs(k, B, H, K, V), GREEN_WALK_PER_SM))
+        _overlap.run(segments, before, walk, output, k)
     return o, h, ht, A, gc, span
 
 
@@ -1046,8 +1041,7 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
     if len(segments) == 1:
         per_chunk(0, NT)
     else:  # every buffer exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, lambda c0, c1: None, walk, per_chunk, q,
-                     walk_sms=_overlap.walk_sms(_walk_programs(q, B, H, K, V), GREEN_WALK_PER_SM))
+        _overlap.run(segments, lambda c0, c1: None, walk, per_chunk, q)
     P = torch.empty(B, NT * NC, H, K, dtype=torch.float32, device=q.device)  # chunk-wide gate terms
     BKf = min(BWD_SUB_BK, _pow2(K))
     _bwd_sub_kernel[(_cdiv(K, BKf), _cdiv(NT * NC, units), B * H)](

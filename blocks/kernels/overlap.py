@@ -20,7 +20,6 @@ from typing import Callable
 
 import torch
 
-from . import green
 from .tiles import sm_count
 
 Segment = tuple[int, int]  # chunks [c0, c1)
@@ -49,21 +48,12 @@ def plan(nt: int, programs: int, x: torch.Tensor, segments: int, below_per_sm: f
     return list(zip(cuts[:-1], cuts[1:]))
 
 
-def walk_sms(programs: int, per_sm: int) -> int:
-    """SMs to give a walk of ``programs`` programs at ``per_sm`` of them per SM (``run``'s
-    ``walk_sms``); 0 (``per_sm`` 0): no SMs of its own."""
-    return 0 if per_sm <= 0 else -(-programs // per_sm)
-
-
 def run(segments: list[Segment], before: Callable[[int, int], None], walk: Callable[[int, int, int], None],
-        after: Callable[[int, int], None], x: torch.Tensor, walk_sms: int = 0) -> None:
+        after: Callable[[int, int], None], x: torch.Tensor) -> None:
     """For each segment ``(c0, c1)`` in walk order: ``before(c0, c1)`` (what the walk needs), then
     ``walk(c0, c1, i)`` (``i``: the segment's place in walk order, 0 first), then ``after(c0, c1)``
     (what needs the walk's results). With several segments on CUDA, the walks run in order on
     ``walk_stream`` and every ``before``/``after`` launch on the current stream, ordered by events.
-    ``walk_sms`` > 0 (where the driver has green contexts, ``green.pair``): the walks on that many
-    SMs of their own, the ``before``/``after`` launches that can run beside a walk (every one but the
-    first segment's ``before`` and the last one's ``after``) on the other SMs.
 
     Every tensor the walks touch must be allocated before this is called and stay referenced until
     it returns: the current stream waits for the last segment before returning, so memory freed
@@ -77,42 +67,25 @@ def run(segments: list[Segment], before: Callable[[int, int], None], walk: Calla
             after(*seg)
         return
     main = torch.cuda.current_stream(x.device)
-    split = green.pair(x.device, walk_sms) if walk_sms > 0 else None
-    side = split.walk if split else walk_stream(x.device)
-    # beside the walks: the rest of the SMs, or (no split) the current stream itself. A tensor
-    # freed in a callback on ``rest`` is safe: ``rest`` starts each call after the current stream's
-    # earlier work, and the current stream waits for ``rest`` before any launch of its own after it
-    rest = split.rest if split else main
+    side = walk_stream(x.device)
     ready: list[torch.cuda.Event] = []
     done: list[torch.cuda.Event] = []
     try:
         # all the "before" kernels first: none waits for a walk (each walk launched right after its
         # segment's "before" instead: no gain, H200 2026-12-03 13:23, train_ab_1203_segments.md)
-        before(*segments[0])
-        ready.append(main.record_event())
-        with torch.cuda.stream(rest):
-            if rest is not main:
-                rest.wait_event(ready[0])
-            for seg in segments[1:]:
-                before(*seg)
-                ready.append(rest.record_event())
+        for seg in segments:
+            before(*seg)
+            ready.append(main.record_event())
         with torch.cuda.stream(side):
             for i, (seg, ev) in enumerate(zip(segments, ready)):
                 side.wait_event(ev)
                 walk(*seg, i)
                 done.append(side.record_event())
-        with torch.cuda.stream(rest):
-            for seg, ev in zip(segments[:-1], done):
-                rest.wait_event(ev)
-                after(*seg)
-        if rest is not main:
-            main.wait_event(rest.record_event())
-        main.wait_event(done[-1])
-        after(*segments[-1])
+        for seg, ev in zip(segments, done):
+            main.wait_event(ev)
+            after(*seg)
     finally:
         # also when a launch raised (a compile error): the caller's tensors are freed on the
         # current stream, which must not hand them out while a queued walk still uses them
         for ev in done:
             main.wait_event(ev)
-        if rest is not main:
-            main.wait_event(rest.record_event())

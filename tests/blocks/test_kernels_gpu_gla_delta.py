@@ -291,27 +291,6 @@ def test_gpu_walk_segments_give_the_same_bits(family, monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule", "gla"])
-def test_gpu_walks_on_green_sms_give_the_same_bits(family, monkeypatch):
-    """The walks' segments on SMs of their own and the per-chunk kernels beside them on the others
-    (``GREEN_WALK_PER_SM``: CUDA green contexts, ``overlap.run``'s ``walk_sms``) give exactly the
-    results of one segment on shared SMs, with fresh memory filled with NaN right after the forward
-    and the backward return (a kernel on the green streams still reading freed memory would see it)."""
-    from blocks.kernels import green, kernel_module
-
-    if green.pair(torch.device("cuda"), 8) is None:
-        pytest.skip(f"no green contexts here: {green.last_error}")
-    shape = (2, 1984 - 10, 4, 128, 128)
-    decay = "mixed" if family == "gla" else "random"
-    ref = segmented_outputs(family, shape, torch.bfloat16, "cuda", 1, monkeypatch, decay=decay)
-    for per_sm in (1, 2):
-        monkeypatch.setattr(kernel_module(family), "GREEN_WALK_PER_SM", per_sm)
-        got = segmented_outputs(family, shape, torch.bfloat16, "cuda", 4, monkeypatch, junk=True, decay=decay)
-        for i, (a, b) in enumerate(zip(got, ref)):
-            assert torch.equal(a, b), f"{family} GREEN_WALK_PER_SM={per_sm}: output {i} differs"
-
-
-@gpu
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("block_v", [32, 64])
 def test_gpu_walks_at_both_value_blocks(family, block_v, monkeypatch):

@@ -1263,65 +1263,6 @@ def test_overlap_run_orders_the_streams_by_events(monkeypatch):
     assert log == befores + walks + afters + ["main:wait(side1)", "main:wait(side2)", "main:wait(side3)"]
 
 
-def test_overlap_run_on_green_sms_puts_what_runs_beside_a_walk_on_the_rest_stream(monkeypatch):
-    """``overlap.run`` with ``walk_sms`` (a stand-in ``green.pair``): the first segment's ``before``
-    on the current stream (the whole GPU, nothing to share it with), the other ``before``s and
-    every ``after`` but the last on the ``rest`` stream, which starts after the first ``before``; the
-    walks on the green ``walk`` stream; the current stream waits for ``rest`` and the last walk
-    before the last ``after``, and for every walk and ``rest`` again before returning."""
-    import contextlib
-
-    from blocks.kernels import green, overlap
-
-    log = []
-
-    class Stream:
-        def __init__(self, name):
-            self.name, self.n = name, 0
-
-        def record_event(self):
-            self.n += 1
-            log.append(f"{self.name}:record{self.n}")
-            return f"{self.name}{self.n}"
-
-        def wait_event(self, ev):
-            log.append(f"{self.name}:wait({ev})")
-
-    main, walk, rest = Stream("main"), Stream("walk"), Stream("rest")
-    current = [main]
-
-    @contextlib.contextmanager
-    def on(stream):
-        current.append(stream)
-        yield
-        current.pop()
-
-    class FakeCuda:
-        is_cuda = True
-        device = "cuda:0"
-
-    asked = []
-    monkeypatch.setattr(overlap.torch.cuda, "current_stream", lambda device=None: main)
-    monkeypatch.setattr(overlap.torch.cuda, "stream", on)
-    monkeypatch.setattr(overlap.green, "pair",
-                        lambda device, sms: asked.append(sms) or green.StreamPair(walk, rest, sms, 132 - sms))
-    overlap.run([(0, 2), (2, 4), (4, 5)], lambda c0, c1: log.append(f"{current[-1].name}:before{c0}"),
-                lambda c0, c1, i: log.append(f"{current[-1].name}:walk{c0}#{i}"),
-                lambda c0, c1: log.append(f"{current[-1].name}:after{c0}"), FakeCuda(),
-                walk_sms=overlap.walk_sms(128, 2))
-    assert asked == [64]
-    assert log == (["main:before0", "main:record1", "rest:wait(main1)", "rest:before2", "rest:record1",
-                    "rest:before4", "rest:record2"]
-                   + ["walk:wait(main1)", "walk:walk0#0", "walk:record1", "walk:wait(rest1)", "walk:walk2#1",
-                      "walk:record2", "walk:wait(rest2)", "walk:walk4#2", "walk:record3"]
-                   + ["rest:wait(walk1)", "rest:after0", "rest:wait(walk2)", "rest:after2", "rest:record3",
-                      "main:wait(rest3)", "main:wait(walk3)", "main:after4"]
-                   + ["main:wait(walk1)", "main:wait(walk2)", "main:wait(walk3)", "rest:record4", "main:wait(rest4)"])
-    assert overlap.walk_sms(128, 0) == 0 and overlap.walk_sms(129, 2) == 65
-    monkeypatch.undo()
-    assert green.pair(torch.device("cpu"), 64) is None  # no green contexts off CUDA: the shared SMs
-
-
 def test_gla_cuts_its_walks_into_about_two_over_programs_per_sm_segments(monkeypatch):
     """``gla._segments`` on a stand-in CUDA device of 132 SMs: the walks over all of V of the
     64k-token benchmark (64 chains per 32k sequence ... 1024 at 2k) get 4 / 2 / 1 / 1 segments at
