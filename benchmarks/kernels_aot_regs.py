@@ -106,13 +106,14 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     for use_g in (True, False):
         tag = "gated_delta" if use_g else "delta"
         yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
-                                                 CUMSUM=use_g and d.KKT_CUMSUM), *table(d.LAUNCH, "kkt", s))
+                                                 CUMSUM=use_g and d.KKT_CUMSUM, SKIP_UPPER=d.SKIP_UPPER_BLOCKS), *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
             yield ("delta.solve_tril", d._solve_tril_kernel,
                    dict(H=H, BT=64, BC=16, MERGE_PREC=d._solve_tril_prec(dtype), DIAG_SUBST=d.SOLVE_TRIL_DIAG_SUBST),
                    *table(d.LAUNCH, "solve_tril", s))
         lowp = d._lowp(torch.empty(0, dtype=dtype))
-        yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec),
+        yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec,
+                                                     SKIP_UPPER=d.SKIP_UPPER_BLOCKS),
                *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
                                                      DOT_PREC=prec), *table(d.LAUNCH, "fwd_h_bv32", s))
@@ -127,7 +128,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                *table(d.LAUNCH, "bwd_dqkwg_gated" if use_g else "bwd_dqkwg", s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
                                                        USE_G=use_g, LOWP=lowp, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
-                                                       ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED),
+                                                       ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS),
                *table(d.LAUNCH, "wy_bwd_gated" if use_g else "wy_bwd", s))
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"
@@ -155,17 +156,17 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                   UNITS=units),
            *table(g.LAUNCH, "intra_a", s))
     yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(g.FWD_O_BK, BK), BV=min(128, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
-                                              LOWP=wc_lowp, STORE_A=keep_a), *table(g.LAUNCH, "fwd_o", s))
+                                              LOWP=wc_lowp, STORE_A=keep_a, SKIP_UPPER=g.SKIP_UPPER_BLOCKS), *table(g.LAUNCH, "fwd_o", s))
     for bv, tag, entry in walks:
         yield (f"gla.bwd_dh{tag}", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(bv, BV), USE_DHT=True,
                                                          STORE_DH0=True, DOT_PREC=prec), *table(g.LAUNCH, entry, s))
     yield ("gla.bwd_chunk", g._bwd_chunk_kernel, dict(C, BK=min(g.BWD_CHUNK_BK, BK), BV=min(64, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
                                                       LOWP=wc_lowp, WITH_DV=not g.BWD_DV_SEPARATE,
-                                                      READ_A=keep_a, ONE_TOTAL=g.BWD_CHUNK_ONE_TOTAL),
+                                                      READ_A=keep_a, ONE_TOTAL=g.BWD_CHUNK_ONE_TOTAL, SKIP_UPPER=g.SKIP_UPPER_BLOCKS),
            *table(g.LAUNCH, "bwd_chunk", s))
     if g.BWD_DV_SEPARATE:
         yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec,
-                                                    SPAN_MAX_CHUNK=span_max, LOWP=wc_lowp, READ_A=keep_a),
+                                                    SPAN_MAX_CHUNK=span_max, LOWP=wc_lowp, READ_A=keep_a, SKIP_UPPER=g.SKIP_UPPER_BLOCKS),
                *table(g.LAUNCH, "bwd_dv", s))
     yield ("gla.bwd_sub", g._bwd_sub_kernel, dict(C, BC=16, NC=4, BK=min(g.BWD_SUB_BK, BK), BV=min(64, BV), DOT_PREC=prec,
                                                   SPAN_MAX=g.SPAN_MAX, SPAN_MAX_CHUNK=span_max, UNITS=units),

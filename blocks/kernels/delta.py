@@ -49,6 +49,8 @@ from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import seq as _seq, state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
 from .tiles import walk_bv as _tiles_walk_bv
+from .tiles import block_lower as _block_lower, load_rows_where as _load_rows_where
+from .tiles import store_rows_where as _store_rows_where
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
 BC = 16  # diagonal block of the triangular inverse
@@ -206,12 +208,17 @@ KKT_CUMSUM = True
 # 2026-12-02 08:25 and 08:46, ``train_ab.py``); gated within 0.6%.
 # history: docs/benchmarks/kernel_decisions/delta.md#wy_bwd_rowsums_combined
 WY_BWD_ROWSUMS_COMBINED = True
+# The chunks' [64, 64] matrices that are lower triangular, ``A`` (``_kkt_kernel`` writes it,
+# ``_solve_tril_kernel`` reads it) and its inverse ``Ai`` (read by ``_wu_kernel`` and ``_wy_bwd_kernel``),
+# moved without their strictly upper [16, 16] blocks (``tiles.block_lower``): 6 of 16 blocks of A are
+# not written, of Ai not read (Ai's zeros are still written: ``wy_fwd`` returns the whole inverse).
+SKIP_UPPER_BLOCKS = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8)}
+            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True)}
 
 
 @triton.jit
@@ -374,7 +381,8 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
 def _kkt_kernel(k, beta, g, gc, A, T, C0,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr):
+                USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr,
+                SKIP_UPPER: tl.constexpr):
     """Grid (NT, B*H): ``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)`` of chunk ``i_t`` into
     ``A: [B, T, H, BT]`` float32 (row ``i`` of its chunk's ``[BT, BT]`` matrix), one ``[BT, K]`` x
     ``[K, BT]`` product per chunk. ``CUMSUM`` (``KKT_CUMSUM``): the chunk's ``G`` formed here from the
@@ -410,7 +418,9 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
         b_A = b_A * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_A, False,
                                 gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
-    _store_rows(A, tl.where(m_A, b_A, 0.), i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    # the strictly upper [16, 16] blocks are never read (``_solve_tril_kernel`` reads the blocks on and
+    # below the diagonal, the diagonal ones' upper halves as the zeros written here): not written
+    _store_rows_where(A, tl.where(m_A, b_A, 0.), _block_lower(BT, 16, SKIP_UPPER), i_b, i_h, r0, T, H, BT, 0, BT, BT)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -467,7 +477,7 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
 def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
+               USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr, SKIP_UPPER: tl.constexpr):
     """Grid (NT, B*H): ``w = Ai (beta exp(G) k)`` and ``u = Ai (beta v)`` of chunk ``i_t``
     (``[BT, K]``, ``[BT, V]``), ``[BT, BT]`` x ``[BT, BK|BV]`` products (operands in ``k``'s dtype
     when ``LOWP``)."""
@@ -476,7 +486,7 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
     i_b = i_bh // H
     i_h = i_bh % H
     r0 = i_t * BT
-    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP)
+    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP, SKIP_UPPER)
     for i_k in range(tl.cdiv(K, BK)):
         b_x = _op(_load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32) * b_be[:, None], k, LOWP)
         _store_rows(w, tl.dot(b_T, b_x, input_precision=DOT_PREC), i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
@@ -727,12 +737,14 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
 
 @triton.jit
 def _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr,
-                 USE_G: tl.constexpr, LOWP: tl.constexpr):
+                 USE_G: tl.constexpr, LOWP: tl.constexpr, SKIP_UPPER: tl.constexpr):
     """Chunk ``i_t``'s ``(Ai [BT, BT] as a dot operand, beta [BT], beta exp(G) [BT], G [BT] (0
     without gates))``, the vectors float32; the loads of ``_wu_kernel`` and ``_wy_bwd_kernel``
     (without gates ``beta exp(0)`` is ``beta`` exactly, and the compiler folds the ``exp``)."""
     o_t = i_t * BT + tl.arange(0, BT)
-    b_T = _op(_load_rows(Ai, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT).to(tl.float32), k, LOWP)
+    # Ai is lower triangular: its strictly upper [16, 16] blocks (zeros) are not read
+    b_T = _op(_load_rows_where(Ai, _block_lower(BT, 16, SKIP_UPPER), i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT).to(tl.float32),
+              k, LOWP)
     b_b = tl.load(_seq(beta, i_b, i_h, T, H) + o_t * H, mask=o_t < T, other=0.).to(tl.float32)
     b_g = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
@@ -836,7 +848,7 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
                    USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-                   PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr):
+                   PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr):
     """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
     the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
     ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
@@ -847,7 +859,7 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     i_h = i_bh % H
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
-    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP)
+    b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP, SKIP_UPPER)
     b_dA, b_db = _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
                             H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC, PAIR_FACTORED)
     b_rdb, b_rdg = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, tl.exp(b_g), b_dA, i_b, i_h, r0, T,
@@ -897,7 +909,7 @@ def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
     B, T, H, K = k.shape
     _kkt_kernel[(c1 - c0, B * H)](k, beta, g, gc, A, T, c0, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
                                   USE_G=gc is not None, DOT_PREC=_prec(k), PAIR_FACTORED=PAIR_DECAY_FACTORED,
-                                  CUMSUM=g is not None, **_launch(LAUNCH, "kkt", k))
+                                  CUMSUM=g is not None, SKIP_UPPER=SKIP_UPPER_BLOCKS, **_launch(LAUNCH, "kkt", k))
     _solve_tril_kernel[(c1 - c0, B * H)](A, Ai, T, c0, H=H, BT=BT, BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype),
                                          DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST, **_launch(LAUNCH, "solve_tril", k))
     _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1)
@@ -909,7 +921,7 @@ def _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1):
     V = v.shape[-1]
     _wu_kernel[(c1 - c0, B * H)](
         k, v, beta, gc, Ai, w, u, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-        USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), **_launch(LAUNCH, "wu", k))
+        USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), SKIP_UPPER=SKIP_UPPER_BLOCKS, **_launch(LAUNCH, "wu", k))
 
 
 def _wy_buffers(k, v):
@@ -1064,7 +1076,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _wy_bwd_kernel[(c1 - c0, B * H)](
             k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, H=H, K=K, V=V, BT=BT,
             BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
-            PAIR_FACTORED=PAIR_DECAY_FACTORED, ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED,
+            PAIR_FACTORED=PAIR_DECAY_FACTORED, ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=SKIP_UPPER_BLOCKS,
             **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
 
     # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'

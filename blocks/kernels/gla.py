@@ -64,10 +64,12 @@ from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, fast_exp as _exp, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
+from .tiles import block_lower as _block_lower, load_rows_where as _rows_where, store_rows_where as _store_where
 
 BT = 64  # chunk length inside the kernels
 BC = 16  # sub-chunk (tl.dot's smallest block)
 NC = BT // BC
+_BC: tl.constexpr = tl.constexpr(BC)  # BC inside kernels (Triton reads only constexpr globals)
 BKD = 32  # key slice of the [BC, BC, BKD] diagonal-block tiles (8 KB of float32 per temporary)
 # Diagonal 16x16 blocks factor through their first row while the log decay inside them spans less
 # than this (per key channel): the factors reach exp(SPAN_MAX) ~ 2e17, far below float32's 3e38,
@@ -174,6 +176,11 @@ FWD_O_BK = 64
 # history: docs/benchmarks/kernel_decisions/gla.md#bwd_dv_separate-and-keep_a
 BWD_DV_SEPARATE = True
 KEEP_A = not LOW_MEMORY
+# The chunks' causal [64, 64] scores ``A`` moved without their strictly upper [BC, BC] blocks
+# (``tiles.block_lower``): the kept scores' zeros there are not written (``_fwd_o_kernel``) and no
+# kernel reads them (``_fwd_o_kernel``'s steep chunks, ``_dv_blocks``); ``intra_a`` still writes its
+# zeros (its scores are returned whole).
+SKIP_UPPER_BLOCKS = True
 STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks are steep (not swept)
 # The state walks (``_fwd_h_kernel``, ``_bwd_dh_kernel``) in segments of chunks on a high-priority
 # stream, the per-chunk kernels after them (``_fwd_o_kernel``; ``_bwd_dv_kernel``,
@@ -225,7 +232,7 @@ BWD_CHUNK_ONE_TOTAL = True
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "SEGMENTED_CUMSUM": (False, True)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "SEGMENTED_CUMSUM": (False, True), "SKIP_UPPER_BLOCKS": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -447,7 +454,8 @@ def _intra_a_kernel(q, k, gc, span, A, scale, T, NT,
 def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                  SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, STORE_A: tl.constexpr):
+                  SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, STORE_A: tl.constexpr,
+                  SKIP_UPPER: tl.constexpr):
     """Grid (V/BV, chunks, B*H), chunks from ``C0``: ``o = scale (q * exp(G)) h + A v``, the
     scores ``A`` of a chunk whose span is below ``SPAN_MAX_CHUNK`` formed here through its first
     row ``0``, ``A = scale mask((q exp(G - G_0)) (k exp(G_0 - G))^T)`` (factors within
@@ -485,13 +493,13 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
             b_kf = _op(b_k * _exp(b_g0[None, :] - b_g), q, LOWP)
             b_A += tl.dot(_op(b_qe, q, LOWP), tl.trans(b_kf), input_precision=DOT_PREC)
     if steep:  # float32 as the other branch's (a kept A is in v's dtype)
-        b_A = _rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT).to(tl.float32)
+        b_A = _rows_where(A, _block_lower(BT, _BC, SKIP_UPPER), i_b, i_h, r0, T, H, BT, 0, BT, BT).to(tl.float32)
     else:
         o_i = tl.arange(0, BT)
         b_A = tl.where(o_i[:, None] >= o_i[None, :], b_A * scale, 0.)
         if STORE_A:
-            if i_v == 0:
-                _store(A, b_A, i_b, i_h, r0, T, H, BT, 0, BT, BT)
+            if i_v == 0:  # causal scores: the strictly upper [BC, BC] blocks (zeros) are never read
+                _store_where(A, b_A, _block_lower(BT, _BC, SKIP_UPPER), i_b, i_h, r0, T, H, BT, 0, BT, BT)
     b_v = _rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
     b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=DOT_PREC)
     _store(o, b_o, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
@@ -555,13 +563,14 @@ def _factored_scores_t(q, k, gc, i_b, i_h, r0, last, scale, T,
 @triton.jit
 def _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, v0, v_step,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               BV: tl.constexpr, DOT_PREC: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr):
+               BV: tl.constexpr, DOT_PREC: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr,
+               SKIP_UPPER: tl.constexpr):
     """A chunk's ``dv = A^T do + (k exp(G_C - G)) dh^T`` for value blocks ``v0, v0 + v_step, ..``
     (``A`` through row 0, or read from ``A`` on a steep chunk or, with ``READ_A`` (``KEEP_A``),
     on every chunk)."""
     NK = tl.cdiv(K, BK)
     if READ_A or steep:  # float32 as the other branch's (a kept A is in v's dtype)
-        b_At = tl.trans(_rows(A, i_b, i_h, r0, T, H, BT, 0, BT, BT).to(tl.float32))  # [j, i]
+        b_At = tl.trans(_rows_where(A, _block_lower(BT, _BC, SKIP_UPPER), i_b, i_h, r0, T, H, BT, 0, BT, BT).to(tl.float32))
     else:
         b_At = _factored_scores_t(q, k, gc, i_b, i_h, r0, last, scale, T, H, K, BT, BK, DOT_PREC, LOWP)
     b_At = b_At.to(do.dtype.element_ty)
@@ -586,7 +595,8 @@ def _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T
 def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT, C0,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                   SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr):
+                   SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr,
+                   SKIP_UPPER: tl.constexpr):
     """Grid (V/BV, chunks, B*H), chunks from ``C0`` (``BWD_DV_SEPARATE``): chunk ``i_t``'s dv for
     value block ``i_v``, every chunk: the chunk's ``A^T`` read (``READ_A``, ``KEEP_A``) or formed
     once per value block instead of once per key slice of ``_bwd_chunk_kernel``, which then does
@@ -601,7 +611,7 @@ def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT, C0,
     steep = _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK)
     p_h = ((i_b * NT + i_t) * H + i_h) * K * V
     _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, i_v, tl.cdiv(V, BV),
-               H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A)
+               H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A, SKIP_UPPER)
 
 
 @_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
@@ -609,7 +619,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                       SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
-                      READ_A: tl.constexpr, ONE_TOTAL: tl.constexpr):
+                      READ_A: tl.constexpr, ONE_TOTAL: tl.constexpr, SKIP_UPPER: tl.constexpr):
     """Grid (K/BK, chunks, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
     G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in
     ``_fwd_o_kernel``: through row 0 below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
@@ -640,7 +650,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
     p_h = ((i_b * NT + i_t) * H + i_h) * K * V
     if WITH_DV:
         _dv_blocks(q, k, gc, A, do, dh, dv, steep, i_b, i_h, r0, last, p_h, scale, T, i_k, NK,
-                   H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A)
+                   H, K, V, BT, BK, BV, DOT_PREC, LOWP, READ_A, SKIP_UPPER)
     if not steep:
         c0 = i_k * BK
         o_k = c0 + tl.arange(0, BK)
@@ -942,7 +952,7 @@ def _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, store_a, c0, c1):
     _fwd_o_kernel[(_cdiv(V, BV), c1 - c0, B * H)](
         q, k, v, gc, span, h, A, o, scale, T, h.shape[1], c0, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         DOT_PREC=_prec(q), SPAN_MAX_CHUNK=paths[0], LOWP=_whole_chunk_lowp(q.dtype), STORE_A=store_a,
-        **_launch(LAUNCH, "fwd_o", q))
+        SKIP_UPPER=SKIP_UPPER_BLOCKS, **_launch(LAUNCH, "fwd_o", q))
 
 
 def forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a):
@@ -1028,11 +1038,12 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
             _bwd_dv_kernel[(_cdiv(V, BVd), c1 - c0, B * H)](
                 q, k, gc, span, A, do, dh, dv, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)),
                 BV=BVd, DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype), READ_A=read_a,
-                **_launch(LAUNCH, "bwd_dv", q))
+                SKIP_UPPER=SKIP_UPPER_BLOCKS, **_launch(LAUNCH, "bwd_dv", q))
         _bwd_chunk_kernel[(_cdiv(K, BKc), c1 - c0, B * H)](
             q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=BKc,
             BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
-            WITH_DV=not dv_separate, READ_A=read_a, ONE_TOTAL=BWD_CHUNK_ONE_TOTAL, **_launch(LAUNCH, "bwd_chunk", q))
+            WITH_DV=not dv_separate, READ_A=read_a, ONE_TOTAL=BWD_CHUNK_ONE_TOTAL, SKIP_UPPER=SKIP_UPPER_BLOCKS,
+            **_launch(LAUNCH, "bwd_chunk", q))
 
     if len(segments) == 1:  # the walk launched before the other buffers are allocated
         walk(0, NT, 0)

@@ -157,6 +157,42 @@ def load_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: 
 
 
 @triton.jit
+def block_lower(BT: tl.constexpr, BC: tl.constexpr, ON: tl.constexpr):
+    """``[BT, BT]`` mask of a chunk's block-lower part in ``[BC, BC]`` blocks (block row >= block
+    column): where a lower-triangular ``[BT, BT]`` matrix (a chunk's scores, ``I + A``'s inverse) can
+    be non-zero. Loads and stores masked by it skip the strictly upper blocks' bytes: at ``BC`` = 16,
+    6 of 16 blocks, whole 32-byte sectors of a bf16 row (64 bytes in float32), so no sector is
+    written in part. ``ON`` False: every element (the modules' ``SKIP_UPPER_BLOCKS`` off)."""
+    o = tl.arange(0, BT) // BC
+    if ON:
+        return o[:, None] >= o[None, :]
+    else:
+        return (o[:, None] >= 0) & (o[None, :] >= 0)
+
+
+@triton.jit
+def load_rows_where(x, keep, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr,
+                    BD: tl.constexpr):
+    """``load_rows`` reading only where ``keep`` (``[BR, BD]``) holds; zero elsewhere."""
+    o_r = row0 + tl.arange(0, BR)
+    o_d = col0 + tl.arange(0, BD)
+    base = x + (i_b * T * H + i_h) * D
+    return tl.load(base + o_r[:, None] * (H * D) + o_d[None, :],
+                   mask=(o_r < T)[:, None] & (o_d < D)[None, :] & keep, other=0.)
+
+
+@triton.jit
+def store_rows_where(x, val, keep, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr,
+                     BD: tl.constexpr):
+    """``store_rows`` writing only where ``keep`` (``[BR, BD]``) holds; the rest left alone."""
+    o_r = row0 + tl.arange(0, BR)
+    o_d = col0 + tl.arange(0, BD)
+    base = x + (i_b * T * H + i_h) * D
+    tl.store(base + o_r[:, None] * (H * D) + o_d[None, :], val.to(x.dtype.element_ty),
+             mask=(o_r < T)[:, None] & (o_d < D)[None, :] & keep)
+
+
+@triton.jit
 def fast_exp(x):
     """``exp(x)`` of a float32 tensor of any shape, subnormal results flushed to zero (``FAST_EXP``;
     else ``tl.exp``)."""

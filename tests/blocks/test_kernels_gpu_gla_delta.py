@@ -739,3 +739,26 @@ def test_interpreter_walk_forms_transition_walk_gives_the_walks_states():
     finally:
         sys.path.pop(0)
     assert forms.check() < 1e-5
+
+
+@interpreter
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule", "gla"])
+def test_interpreter_kernels_read_only_memory_they_wrote(family, monkeypatch):
+    """Every buffer the op allocates uninitialised (``torch.empty``, ``empty_like``, ``new_empty``)
+    filled with NaN first: the outputs and gradients still match the reference, so no kernel reads
+    an element no kernel wrote. With ``SKIP_UPPER_BLOCKS`` the strictly upper blocks of delta's ``A``
+    and of gla's kept scores are never written (and must never be read): NaN there would show."""
+    from blocks.kernels import kernel_module
+
+    assert kernel_module(family).SKIP_UPPER_BLOCKS
+    empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
+
+    def nan(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: nan(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: nan(empty_like(*a, **kw)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: nan(new_empty(self, *a, **kw)))
+    errs = run_case(chunk_kernel(family), family, (1, 100, 2, 32, 48), torch.float32, "random", True, "cpu")
+    bad = {n: e for n, e in errs.items() if not e <= TOL[torch.float32]}
+    assert not bad, f"{family}: {bad} (all: {errs})"
