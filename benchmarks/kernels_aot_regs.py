@@ -109,7 +109,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                  CUMSUM=use_g and d.KKT_CUMSUM, SKIP_UPPER=d.SKIP_UPPER_BLOCKS), *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
             yield ("delta.solve_tril", d._solve_tril_kernel,
-                   dict(H=H, BT=64, BC=16, MERGE_PREC=d._solve_tril_prec(dtype), DIAG_SUBST=d.SOLVE_TRIL_DIAG_SUBST),
+                   dict(H=H, BT=64, BC=16, MERGE_PREC=d._solve_tril_prec(dtype), DIAG_SUBST=d.SOLVE_TRIL_DIAG_SUBST,
+                        SKIP_UPPER=d.SKIP_UPPER_BLOCKS),
                    *table(d.LAUNCH, "solve_tril", s))
         lowp = d._lowp(torch.empty(0, dtype=dtype))
         yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec,

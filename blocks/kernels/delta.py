@@ -210,8 +210,10 @@ KKT_CUMSUM = True
 WY_BWD_ROWSUMS_COMBINED = True
 # The chunks' [64, 64] matrices that are lower triangular, ``A`` (``_kkt_kernel`` writes it,
 # ``_solve_tril_kernel`` reads it) and its inverse ``Ai`` (read by ``_wu_kernel`` and ``_wy_bwd_kernel``),
-# moved without their strictly upper [16, 16] blocks (``tiles.block_lower``): 6 of 16 blocks of A are
-# not written, of Ai not read (Ai's zeros are still written: ``wy_fwd`` returns the whole inverse).
+# moved without their strictly upper [16, 16] blocks (``tiles.block_lower``): 6 of 16 blocks of each
+# neither written nor read (so ``wy_fwd``'s ``Ai`` holds the inverse on and below the diagonal blocks
+# only). -0.5..-0.7% per gated step queued, H200 2026-12-03 17:36 (before the Ai zeros were skipped
+# too), docs/benchmarks/train_ab_1203_green_upper.md.
 SKIP_UPPER_BLOCKS = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
@@ -425,7 +427,7 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
 def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr,
-                       DIAG_SUBST: tl.constexpr):
+                       DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr):
     """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
     ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]``
     blocks by ``_inv_diag_blocks`` (``DIAG_SUBST``) or ``_inv_unit_lower``, the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
@@ -456,17 +458,23 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
                   + tl.dot(A32, T20, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
     Z = tl.zeros([BC, BC], dtype=tl.float32)
     _store_block(Ai, T00, i_b, i_h, i_t, T, 0, 0, H, BT, BC)
-    _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
-    _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 2, H, BT, BC)
-    _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 3, H, BT, BC)
+    if not SKIP_UPPER:  # the strictly upper blocks: zeros no kernel reads
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
+    if not SKIP_UPPER:
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 2, H, BT, BC)
+    if not SKIP_UPPER:
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 3, H, BT, BC)
     _store_block(Ai, T10, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
     _store_block(Ai, T11, i_b, i_h, i_t, T, 1, 1, H, BT, BC)
-    _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 2, H, BT, BC)
-    _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 3, H, BT, BC)
+    if not SKIP_UPPER:
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 2, H, BT, BC)
+    if not SKIP_UPPER:
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 3, H, BT, BC)
     _store_block(Ai, T20, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
     _store_block(Ai, T21, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
     _store_block(Ai, T22, i_b, i_h, i_t, T, 2, 2, H, BT, BC)
-    _store_block(Ai, Z, i_b, i_h, i_t, T, 2, 3, H, BT, BC)
+    if not SKIP_UPPER:
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 2, 3, H, BT, BC)
     _store_block(Ai, T30, i_b, i_h, i_t, T, 3, 0, H, BT, BC)
     _store_block(Ai, T31, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
     _store_block(Ai, T32, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
@@ -911,7 +919,8 @@ def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
                                   USE_G=gc is not None, DOT_PREC=_prec(k), PAIR_FACTORED=PAIR_DECAY_FACTORED,
                                   CUMSUM=g is not None, SKIP_UPPER=SKIP_UPPER_BLOCKS, **_launch(LAUNCH, "kkt", k))
     _solve_tril_kernel[(c1 - c0, B * H)](A, Ai, T, c0, H=H, BT=BT, BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype),
-                                         DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST, **_launch(LAUNCH, "solve_tril", k))
+                                         DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST, SKIP_UPPER=SKIP_UPPER_BLOCKS,
+                                         **_launch(LAUNCH, "solve_tril", k))
     _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1)
 
 
@@ -935,7 +944,8 @@ def _wy_buffers(k, v):
 
 def wy_fwd(k, v, beta, gc, g=None):
     """``(Ai [B, T, H, BT], w [B, T, H, K], u [B, T, H, V])``: the chunks' ``(I + A)^-1`` (float32, or
-    the activations' dtype with ``WY_INPUT_DTYPE_DOTS``) and the WY factors, in three kernels
+    the activations' dtype with ``WY_INPUT_DTYPE_DOTS``; with ``SKIP_UPPER_BLOCKS`` its strictly upper
+    ``[16, 16]`` blocks, zeros, are left unwritten) and the WY factors, in three kernels
     (``A``, its inverse, ``w, u``). ``g``: the gate, from which the first kernel fills ``gc``."""
     A, Ai, w, u = _wy_buffers(k, v)
     _wy_kernels(k, v, beta, gc, A, Ai, w, u, 0, _cdiv(k.shape[1], BT), g)
