@@ -54,6 +54,7 @@ from .tiles import store_rows_where as _store_rows_where
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
 BC = 16  # diagonal block of the triangular inverse
+_BC: tl.constexpr = tl.constexpr(BC)  # BC inside kernels (Triton reads only constexpr globals)
 MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K runs the PyTorch form
 # Warps and pipelining stages per kernel (``num_stages: None`` = ``tiles.stages``: 2 for bf16,
 # 1 for float32): the fastest of benchmarks/kernel_launch_sweep.py's one-at-a-time variants on the
@@ -420,9 +421,9 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
         b_A = b_A * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_A, False,
                                 gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
-    # the strictly upper [16, 16] blocks are never read (``_solve_tril_kernel`` reads the blocks on and
+    # the strictly upper [BC, BC] blocks are never read (``_solve_tril_kernel`` reads the blocks on and
     # below the diagonal, the diagonal ones' upper halves as the zeros written here): not written
-    _store_rows_where(A, tl.where(m_A, b_A, 0.), _block_lower(BT, 16, SKIP_UPPER), i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    _store_rows_where(A, tl.where(m_A, b_A, 0.), _block_lower(BT, _BC, SKIP_UPPER), i_b, i_h, r0, T, H, BT, 0, BT, BT)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -456,29 +457,24 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
     T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision=MERGE_PREC) + tl.dot(A32, T21, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
     T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision=MERGE_PREC) + tl.dot(A31, T10, input_precision=MERGE_PREC)
                   + tl.dot(A32, T20, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
-    Z = tl.zeros([BC, BC], dtype=tl.float32)
     _store_block(Ai, T00, i_b, i_h, i_t, T, 0, 0, H, BT, BC)
-    if not SKIP_UPPER:  # the strictly upper blocks: zeros no kernel reads
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
-    if not SKIP_UPPER:
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 2, H, BT, BC)
-    if not SKIP_UPPER:
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 3, H, BT, BC)
     _store_block(Ai, T10, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
     _store_block(Ai, T11, i_b, i_h, i_t, T, 1, 1, H, BT, BC)
-    if not SKIP_UPPER:
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 2, H, BT, BC)
-    if not SKIP_UPPER:
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 3, H, BT, BC)
     _store_block(Ai, T20, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
     _store_block(Ai, T21, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
     _store_block(Ai, T22, i_b, i_h, i_t, T, 2, 2, H, BT, BC)
-    if not SKIP_UPPER:
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 2, 3, H, BT, BC)
     _store_block(Ai, T30, i_b, i_h, i_t, T, 3, 0, H, BT, BC)
     _store_block(Ai, T31, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
     _store_block(Ai, T32, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
     _store_block(Ai, T33, i_b, i_h, i_t, T, 3, 3, H, BT, BC)
+    if not SKIP_UPPER:  # the strictly upper blocks: zeros that no kernel reads with SKIP_UPPER_BLOCKS
+        Z = tl.zeros([BC, BC], dtype=tl.float32)
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 2, H, BT, BC)
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 3, H, BT, BC)
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 2, H, BT, BC)
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 3, H, BT, BC)
+        _store_block(Ai, Z, i_b, i_h, i_t, T, 2, 3, H, BT, BC)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -750,8 +746,8 @@ def _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.cons
     without gates))``, the vectors float32; the loads of ``_wu_kernel`` and ``_wy_bwd_kernel``
     (without gates ``beta exp(0)`` is ``beta`` exactly, and the compiler folds the ``exp``)."""
     o_t = i_t * BT + tl.arange(0, BT)
-    # Ai is lower triangular: its strictly upper [16, 16] blocks (zeros) are not read
-    b_T = _op(_load_rows_where(Ai, _block_lower(BT, 16, SKIP_UPPER), i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT).to(tl.float32),
+    # Ai is lower triangular: its strictly upper [BC, BC] blocks (zeros) are not read
+    b_T = _op(_load_rows_where(Ai, _block_lower(BT, _BC, SKIP_UPPER), i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT).to(tl.float32),
               k, LOWP)
     b_b = tl.load(_seq(beta, i_b, i_h, T, H) + o_t * H, mask=o_t < T, other=0.).to(tl.float32)
     b_g = tl.zeros([BT], dtype=tl.float32)
