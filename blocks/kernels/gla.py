@@ -958,7 +958,8 @@ def _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, store_a, c0, c1):
 def forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a):
     """``(o [B, T, H, V], h, ht | None, A, gc, span)``: the gate's chunk-local cumsum (``gc``, ``span``:
     ``chunk_cumsum``'s), the state walk, the steep chunks' scores (``intra_a``; ``A`` in v's dtype with
-    ``keep_a``, where ``_fwd_o_kernel`` stores the other chunks' too) and the output. The walk runs
+    ``keep_a``, where ``_fwd_o_kernel`` stores the other chunks' too, without their strictly upper
+    ``[BC, BC]`` blocks under ``SKIP_UPPER_BLOCKS``) and the output. The walk runs
     in segments beside the output kernel when it has few programs (``overlap``), and then, with
     ``SEGMENTED_CUMSUM``, the cumsum of each segment's chunks as its "before"; else the cumsum is one
     launch before the walk."""
