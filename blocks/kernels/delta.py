@@ -71,7 +71,6 @@ LAUNCH = {
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
     "bwd_dh": dict(num_warps=4, num_stages=3),
-    "bwd_dh_two_per_sm": dict(num_warps=4, num_stages=2),  # DH_WALK_TWO_PER_SM
     # the forward state walk at V block 64 (many (batch, head) pairs) and 32 (long sequences): 4 warps
     # at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at block 32 -6.6 / -4.6% (32k),
     # sweep 2026-12-01 03:14; the walks at 8 warps lost (H200 2026-12-02 04:09)
@@ -217,24 +216,12 @@ WY_BWD_ROWSUMS_COMBINED = True
 # only). -0.5..-0.7% per gated step queued, H200 2026-12-03 17:36 (before the Ai zeros were skipped
 # too), docs/benchmarks/train_ab_1203_green_upper.md.
 SKIP_UPPER_BLOCKS = True
-# The reverse state walk (``_bwd_dh_kernel``) at V block 32 and 2 stages with its [BT, 32] ``do`` and
-# ``dv`` tiles loaded one chunk ahead into registers (``PREFETCH_DV``) instead of through the loop's
-# shared-memory pipeline: 111 KB of shared memory and 178 registers (sm_90 compile), so two programs
-# share an SM, where the walk at the forward's V block (64: 206 KB at 3 stages; 32: 177 KB) holds one
-# and each SM runs a single 4-warp chain of dependent steps.
-DH_WALK_TWO_PER_SM = False
-# The forward walk's [BT, BV] ``u`` tile loaded one chunk ahead into registers (``PREFETCH_U``)
-# instead of through the loop's shared-memory pipeline: at V block 32 and 3 stages (long
-# sequences) 111 instead of 119 KB of shared memory per program (sm_90 compile), more room for the
-# per-chunk kernels that run beside the walk's segments.
-H_WALK_PREFETCH_U = False
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True),
-            "DH_WALK_TWO_PER_SM": (False, True), "H_WALK_PREFETCH_U": (False, True)}
+            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True)}
 
 
 @triton.jit
@@ -516,13 +503,10 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
 def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  PREFETCH_U: tl.constexpr = False):
+                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (the state
     before chunk ``C0``); ``h[b, t, h]`` = state before chunk t, ``vn = u - w h`` (the values
-    written, U); ``ht``: the state after chunk ``C1 - 1`` (it may be ``h0``'s buffer).
-    ``PREFETCH_U``: the [BT, BV] ``u`` tile loaded one chunk ahead into registers instead of through
-    the loop's shared-memory pipeline."""
+    written, U); ``ht``: the state after chunk ``C1 - 1`` (it may be ``h0``'s buffer)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -536,17 +520,10 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    if PREFETCH_U:
-        b_u_next = _load_rows(u, i_b, i_h, C0 * BT, T, H, V, i_v * BV, BT, BV)
     for i_t in range(C0, C1):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
-        if PREFETCH_U:
-            b_u = b_u_next.to(tl.float32)
-            i_n = tl.minimum(i_t + 1, C1 - 1)  # the last step reloads its own chunk: in bounds, unused
-            b_u_next = _load_rows(u, i_b, i_h, i_n * BT, T, H, V, i_v * BV, BT, BV)
-        else:
-            b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
         _store_rows(vn, b_vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
@@ -630,14 +607,12 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr, PREFETCH_DV: tl.constexpr = False):
+                   DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (the
     gradient of the state after chunk ``C1 - 1``) to ``dh0`` (before chunk ``C0``; it may be
     ``dht``'s buffer). ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``PREFETCH_DV``: the [BT, BV] ``do`` and
-    ``dv`` tiles loaded one chunk ahead into registers instead of through the loop's shared-memory
-    pipeline (``DH_WALK_TWO_PER_SM``)."""
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -651,9 +626,6 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    if PREFETCH_DV:
-        b_do_next = _load_rows(do, i_b, i_h, (C1 - 1) * BT, T, H, V, i_v * BV, BT, BV)
-        b_dv_next = _load_rows(dv, i_b, i_h, (C1 - 1) * BT, T, H, V, i_v * BV, BT, BV)
     for i_r in range(C1 - C0):
         i_t = C1 - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
@@ -661,15 +633,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
         # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
-        if PREFETCH_DV:
-            b_do = b_do_next.to(tl.float32)
-            b_dv = b_dv_next.to(tl.float32)
-            i_n = tl.maximum(i_t - 1, C0)  # the last step reloads its own chunk: in bounds, unused
-            b_do_next = _load_rows(do, i_b, i_h, i_n * BT, T, H, V, i_v * BV, BT, BV)
-            b_dv_next = _load_rows(dv, i_b, i_h, i_n * BT, T, H, V, i_v * BV, BT, BV)
-        else:
-            b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
-            b_dv = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
             b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
@@ -677,7 +641,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
             b_dh *= tl.exp(g_last)
         else:
             b_do = b_do * scale
-        b_dv2 = b_dv + b_kdh
+        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
         _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
@@ -999,7 +963,7 @@ def _fwd_h_walk(k, w, u, gc, h, vn, h_in, h_out, BV, c0, c1):
     _fwd_h_kernel[(_cdiv(V, BV), B * H)](
         k, w, u, gc, h, vn, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
         USE_G=gc is not None, USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k),
-        PREFETCH_U=H_WALK_PREFETCH_U, **(_launch(LAUNCH, "fwd_h", k) if BV > 32 else _launch(LAUNCH, "fwd_h_bv32", k)))
+        **(_launch(LAUNCH, "fwd_h", k) if BV > 32 else _launch(LAUNCH, "fwd_h_bv32", k)))
 
 
 def _walk_buffers(k, u, output_final_state):
@@ -1090,7 +1054,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     h, vn = h_kept if h_kept is not None else fwd_h(k, w, u, gc, h0, False)[:2]
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
-    BV = min(32, _pow2(V)) if DH_WALK_TWO_PER_SM else walk_bv(q, B * H, V)
+    BV = walk_bv(q, B * H, V)
     segments = _segments(NT, _cdiv(V, BV) * B * H, q)[::-1]  # walk order: the last chunks first
     one = len(segments) == 1
 
@@ -1105,8 +1069,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
             q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
-            DOT_PREC=prec, PREFETCH_DV=DH_WALK_TWO_PER_SM,
-            **_launch(LAUNCH, "bwd_dh_two_per_sm" if DH_WALK_TWO_PER_SM else "bwd_dh", q))
+            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
