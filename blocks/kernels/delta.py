@@ -48,7 +48,7 @@ from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import seq as _seq, state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
-from .tiles import sm_count as _sm_count, walk_bv as _tiles_walk_bv
+from .tiles import walk_bv as _tiles_walk_bv
 from .tiles import block_lower as _block_lower, load_rows_where as _load_rows_where
 from .tiles import store_rows_where as _store_rows_where
 
@@ -89,9 +89,6 @@ LAUNCH = {
     # 8k / 32k, every length in two calls (H200 2026-12-03 15:51 / 15:55, train_ab_1203_stages.md);
     # 2 stages +4..+7%
     "bwd_dqkwg_gated": dict(num_warps=4, num_stages=4),
-    # DQKWG_PERSISTENT (sm_90 compiles, flattened, q / k loaded after the value loop: 8 warps, no
-    # spills, 244 / 152 registers gated / ungated and 106 KB at 4 stages; 4 warps spill 264-1976 B)
-    "bwd_dqkwg_persistent": dict(num_warps=8, num_stages=4),
     "wy_bwd_gated": dict(num_warps=4, num_stages=4),
 }
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU and KEEP_H off: the backward
@@ -219,23 +216,12 @@ WY_BWD_ROWSUMS_COMBINED = True
 # only). -0.5..-0.7% per gated step queued, H200 2026-12-03 17:36 (before the Ai zeros were skipped
 # too), docs/benchmarks/train_ab_1203_green_upper.md.
 SKIP_UPPER_BLOCKS = True
-# ``_bwd_dqkwg_kernel``'s tiles taken in turn by DQKWG_PERSISTENT_PER_SM programs per SM
-# (``_bwd_dqkwg_persistent_kernel``), the tile and value loops flattened into one software-pipelined
-# loop (DQKWG_FLATTEN) so that the next tile's value blocks load under the current tile's epilogue;
-# DQKWG_QK_LATE: the tile's q / k slices loaded after its value loop (fewer registers across it).
-# Asked by Nsight Compute: the gated kernel at 58% of DRAM bandwidth against the ungated one's 75%
-# (docs/benchmarks/ncu/ncu_kernels_1203.md), its 255-register epilogue leaving its SM's loads idle.
-DQKWG_PERSISTENT = False
-DQKWG_PERSISTENT_PER_SM = 1
-DQKWG_FLATTEN = True
-DQKWG_QK_LATE = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True),
-            "DQKWG_PERSISTENT": (False, True)}
+            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True)}
 
 
 @triton.jit
@@ -675,48 +661,17 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
     over key channels). Splitting K (``DQKWG_BK`` = 64) keeps the float32 accumulators at [BT, 64] each."""
-    _dqkwg_tile(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B,
-                tl.program_id(0), tl.program_id(1) + C0, tl.program_id(2).to(tl.int64), H, K, V, BT, BK, BV,
-                USE_G, DOT_PREC, PAIR_FACTORED, DG_FROM_ROWS, False)
-
-
-@_jit(do_not_specialize=["T", "NT", "B", "C0", "NC"])  # one compile for every length
-def _bwd_dqkwg_persistent_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, C0, NC,
-                                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                                 USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                                 DG_FROM_ROWS: tl.constexpr, QK_LATE: tl.constexpr, FLATTEN: tl.constexpr):
-    """``_bwd_dqkwg_kernel``'s tiles (key slice, chunk ``C0 .. C0 + NC - 1``, batch x head; the key
-    slice fastest, so the two slices of a chunk run side by side and share its value rows in L2)
-    taken in turn by a grid of fewer programs (``DQKWG_PERSISTENT``), its tile and value loops one
-    flattened loop: the pipeline loads the next tile's value blocks while the current tile's
-    epilogue runs, instead of each program's epilogue leaving its SM's loads idle."""
-    NK = (K + BK - 1) // BK
-    n_tiles = NK * NC * B * H
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=FLATTEN):
-        i_k = tile % NK
-        i_t = (tile // NK) % NC + C0
-        i_bh = (tile // (NK * NC)).to(tl.int64)
-        _dqkwg_tile(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, i_k, i_t, i_bh,
-                    H, K, V, BT, BK, BV, USE_G, DOT_PREC, PAIR_FACTORED, DG_FROM_ROWS, QK_LATE)
-
-
-@triton.jit
-def _dqkwg_tile(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, i_k, i_t, i_bh,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                DG_FROM_ROWS: tl.constexpr, QK_LATE: tl.constexpr):
-    """One tile of ``_bwd_dqkwg_kernel``: key slice ``i_k`` of chunk ``i_t`` of sequence-head ``i_bh``."""
+    i_k = tl.program_id(0)
+    i_t = tl.program_id(1) + C0
+    i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
-    if not QK_LATE:
-        b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
@@ -737,9 +692,6 @@ def _dqkwg_tile(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, i
         b_dP += tl.dot(b_do, tl.trans(b_vn.to(b_do.dtype)), input_precision=DOT_PREC)
         if USE_G:
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)
-    if QK_LATE:
-        b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     o_i = tl.arange(0, BT)
     m_ij = o_i[:, None] >= o_i[None, :]
     if USE_G:
@@ -1120,17 +1072,10 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
             DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
-        common = dict(H=H, K=K, V=V, BT=BT, BK=BKs, BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec,
-                      PAIR_FACTORED=PAIR_DECAY_FACTORED, DG_FROM_ROWS=DQKWG_DG_FROM_ROWS)
-        if DQKWG_PERSISTENT:
-            tiles = NK * (c1 - c0) * B * H
-            programs = min(tiles, DQKWG_PERSISTENT_PER_SM * _sm_count(q.device)) if q.is_cuda else min(tiles, 3)
-            _bwd_dqkwg_persistent_kernel[(programs,)](
-                q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, c1 - c0, **common,
-                QK_LATE=DQKWG_QK_LATE, FLATTEN=DQKWG_FLATTEN, **_launch(LAUNCH, "bwd_dqkwg_persistent", q))
-            return
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
-            q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, **common,
+            q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
+            BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
             **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
 
     def wy_bwd(c0, c1):
