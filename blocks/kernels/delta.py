@@ -78,7 +78,8 @@ LAUNCH = {
     "fwd_h_bv32": dict(num_warps=4, num_stages=3),
     # (the ungated bwd_dqkwg at 2 stages lost +1.7 / +2.5 / +4.3 / +3.6% per step at 1k / 2k / 8k /
     # 32k: H200 2026-12-02 05:36, docs/benchmarks/train_ab_1202_epilogue.md)
-    "bwd_dqkwg": dict(num_warps=4, num_stages=3),
+    # 2 stages with DQKWG_BV = 64 (its two value steps), 3 with 32
+    "bwd_dqkwg": dict(num_warps=4, num_stages=2),
     "wy_bwd": dict(num_warps=4, num_stages=3),
     # the gated rule's own entries for its two largest kernels, whose gate terms change their
     # registers (sm_90 compiles, 4 warps: bwd_dqkwg 242 gated vs 164 ungated; swept 05:24, the
@@ -87,8 +88,9 @@ LAUNCH = {
     # for both (more bytes in flight: Nsight Compute had them at 58 / 53% of DRAM bandwidth,
     # docs/benchmarks/ncu/ncu_kernels_1203.md): -0.5 / -0.7 / -1.1 / -0.4% per step queued at 512 / 2k /
     # 8k / 32k, every length in two calls (H200 2026-12-03 15:51 / 15:55, train_ab_1203_stages.md);
-    # 2 stages +4..+7%
-    "bwd_dqkwg_gated": dict(num_warps=4, num_stages=4),
+    # 2 stages +4..+7%. Those figures are of bwd_dqkwg at DQKWG_BV = 32; at 64 (since 20:50) its value
+    # loop has two steps and takes 2 stages (3: one program per SM, +7.0..+7.9%)
+    "bwd_dqkwg_gated": dict(num_warps=4, num_stages=2),
     "wy_bwd_gated": dict(num_warps=4, num_stages=4),
 }
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU and KEEP_H off: the backward
@@ -216,12 +218,22 @@ WY_BWD_ROWSUMS_COMBINED = True
 # only). -0.5..-0.7% per gated step queued, H200 2026-12-03 17:36 (before the Ai zeros were skipped
 # too), docs/benchmarks/train_ab_1203_green_upper.md.
 SKIP_UPPER_BLOCKS = True
+# Value block of ``_bwd_dqkwg_kernel``'s loop over V: 64 (two steps, both in flight at the
+# launch table's 2 stages: the gated kernel 255 registers, 80 KB of shared memory, 2376 SASS
+# instructions against 2664 at block 32 and 4 stages; the ungated one 222 registers, 96 KB; two
+# programs per SM either way, sm_90 compiles) or 32 (four steps, 4 / 3 stages as before).
+# H200 2026-12-03 20:45 (docs/benchmarks/train_ab_1203_dqkwg_bv.md): 64 at 2 stages against 32
+# queued -1.0 / -0.9 / -1.4 / -0.9% per step at 1k / 2k / 8k / 32k (gated), -0.5 / -0.3 / -0.5 /
+# -0.7% (delta_rule); 64 at 3 stages (one program per SM) +7.0..+7.9% / +2.7..+4.2%. Again at 20:50
+# (train_ab_1203_dqkwg_bv_confirm.md), 32 against 64: +0.9 / +1.3 / +1.4 / +1.1% (gated), +0.6 / +0.7 /
+# +0.7 / +0.8% (delta_rule), every length slower in both calls.
+DQKWG_BV = 64
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True)}
+            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64)}
 
 
 @triton.jit
@@ -1074,7 +1086,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
-            BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
+            BV=min(DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
             DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
             **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
 
