@@ -126,7 +126,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                        STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), USE_G=use_g,
                                                              DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS),
-               *table(d.LAUNCH, "bwd_dqkwg_gated" if use_g else "bwd_dqkwg", s))
+               *table(d.LAUNCH, ("bwd_dqkwg_gated" if use_g else "bwd_dqkwg") + ("_bv32" if d.DQKWG_BV == 32 else ""), s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
                                                        USE_G=use_g, LOWP=lowp, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
                                                        ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS),

@@ -78,8 +78,9 @@ LAUNCH = {
     "fwd_h_bv32": dict(num_warps=4, num_stages=3),
     # (the ungated bwd_dqkwg at 2 stages lost +1.7 / +2.5 / +4.3 / +3.6% per step at 1k / 2k / 8k /
     # 32k: H200 2026-12-02 05:36, docs/benchmarks/train_ab_1202_epilogue.md)
-    # 2 stages with DQKWG_BV = 64 (its two value steps), 3 with 32
+    # 2 stages at DQKWG_BV = 64 (its two value steps); the "_bv32" entries: at 32
     "bwd_dqkwg": dict(num_warps=4, num_stages=2),
+    "bwd_dqkwg_bv32": dict(num_warps=4, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
     # the gated rule's own entries for its two largest kernels, whose gate terms change their
     # registers (sm_90 compiles, 4 warps: bwd_dqkwg 242 gated vs 164 ungated; swept 05:24, the
@@ -91,6 +92,7 @@ LAUNCH = {
     # 2 stages +4..+7%. Those figures are of bwd_dqkwg at DQKWG_BV = 32; at 64 (since 20:50) its value
     # loop has two steps and takes 2 stages (3: one program per SM, +7.0..+7.9%)
     "bwd_dqkwg_gated": dict(num_warps=4, num_stages=2),
+    "bwd_dqkwg_gated_bv32": dict(num_warps=4, num_stages=4),
     "wy_bwd_gated": dict(num_warps=4, num_stages=4),
 }
 # ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU and KEEP_H off: the backward
@@ -146,6 +148,13 @@ WALK_MIN_PER_SM = 0.5
 # history: docs/benchmarks/kernel_decisions/delta.md#walk_segments
 WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 1.0
+
+
+def _dqkwg_launch(use_g: bool, x: torch.Tensor) -> dict:
+    """``_bwd_dqkwg_kernel``'s launch settings for the gated or ungated rule at ``DQKWG_BV``."""
+    if DQKWG_BV == 32:
+        return _launch(LAUNCH, "bwd_dqkwg_gated_bv32", x) if use_g else _launch(LAUNCH, "bwd_dqkwg_bv32", x)
+    return _launch(LAUNCH, "bwd_dqkwg_gated", x) if use_g else _launch(LAUNCH, "bwd_dqkwg", x)
 
 
 def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
@@ -221,7 +230,8 @@ SKIP_UPPER_BLOCKS = True
 # Value block of ``_bwd_dqkwg_kernel``'s loop over V: 64 (two steps, both in flight at the
 # launch table's 2 stages: the gated kernel 255 registers, 80 KB of shared memory, 2376 SASS
 # instructions against 2664 at block 32 and 4 stages; the ungated one 222 registers, 96 KB; two
-# programs per SM either way, sm_90 compiles) or 32 (four steps, 4 / 3 stages as before).
+# programs per SM either way, sm_90 compiles) or 32 (four steps, at the ``_bv32`` launch entries'
+# 4 / 3 stages, as before).
 # H200 2026-12-03 20:45 (docs/benchmarks/train_ab_1203_dqkwg_bv.md): 64 at 2 stages against 32
 # queued -1.0 / -0.9 / -1.4 / -0.9% per step at 1k / 2k / 8k / 32k (gated), -0.5 / -0.3 / -0.5 /
 # -0.7% (delta_rule); 64 at 3 stages (one program per SM) +7.0..+7.9% / +2.7..+4.2%. Again at 20:50
@@ -1087,8 +1097,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
             BV=min(DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
-            **(_launch(LAUNCH, "bwd_dqkwg_gated", q) if use_g else _launch(LAUNCH, "bwd_dqkwg", q)))
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, **_dqkwg_launch(use_g, q))
 
     def wy_bwd(c0, c1):
         _wy_bwd_kernel[(c1 - c0, B * H)](
