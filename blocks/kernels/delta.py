@@ -491,12 +491,9 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
     _store_block(Ai, T33, i_b, i_h, i_t, T, 3, 3, H, BT, BC)
     if not SKIP_UPPER:  # the strictly upper blocks: zeros that no kernel reads with SKIP_UPPER_BLOCKS
         Z = tl.zeros([BC, BC], dtype=tl.float32)
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 1, H, BT, BC)
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 2, H, BT, BC)
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 0, 3, H, BT, BC)
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 2, H, BT, BC)
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 1, 3, H, BT, BC)
-        _store_block(Ai, Z, i_b, i_h, i_t, T, 2, 3, H, BT, BC)
+        for ri in tl.static_range(BT // BC - 1):
+            for cj in tl.static_range(ri + 1, BT // BC):
+                _store_block(Ai, Z, i_b, i_h, i_t, T, ri, cj, H, BT, BC)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
