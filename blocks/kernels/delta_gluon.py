@@ -45,11 +45,9 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 
 BT = 64  # chunk rows (delta.BT)
 BLOCK = 64  # the key half and the value block: every tile is [64, 64]
-STAGES = 2  # tiles whose loads are in shared memory at once: this one and the next
 # the same as the kernels see them (a jitted function reads only constexpr globals)
 _BT = triton.language.constexpr(BT)
 _BLOCK = triton.language.constexpr(BLOCK)
-_STAGES = triton.language.constexpr(STAGES)
 
 
 def eligible(q: torch.Tensor, K: int, V: int) -> bool:
@@ -63,30 +61,40 @@ def eligible(q: torch.Tensor, K: int, V: int) -> bool:
 
 if HAVE_GLUON:
     @gluon.jit
-    def _issue_loads(tile, stage, bars, q_desc, k_desc, vn_desc, do_desc, dv2_desc, h_desc, dh_desc,
-                     q_s, k_s, vn_s, do_s, dv2_s, h_s, dh_s, T, NT, C0, NC,
-                     H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, NK: gl.constexpr, NV: gl.constexpr):
-        """Start the TMA loads of ``tile`` into ``stage``; ``bars[stage]`` completes when all have landed."""
+    def _tile_coords(tile, T, NT, C0, NC, H: gl.constexpr, K: gl.constexpr, NK: gl.constexpr):
+        """``(i_k, i_b, i_h, i_t, row, h_row)`` of ``tile`` = ``((bh * NC + c) * NK + i_k)``: its key half,
+        batch, head, chunk, first row in ``[B*T, .]`` and first row of its state slice in ``[B*NT*H*K, V]``."""
         i_k = tile % NK
         i_bh = tile // NK // NC
         i_t = C0 + (tile // NK) % NC
         i_b = i_bh // H
         i_h = i_bh % H
-        row = i_b * T + i_t * _BT
-        h_row = ((i_b * NT + i_t) * H + i_h) * K + i_k * _BLOCK
-        bar = bars.index(stage)
-        nbytes: gl.constexpr = (2 + 5 * NV) * _BT * _BLOCK * 2
-        mbarrier.expect(bar, nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, i_h * K + i_k * _BLOCK], bar, q_s.index(stage))
-        tma.async_copy_global_to_shared(k_desc, [row, i_h * K + i_k * _BLOCK], bar, k_s.index(stage))
+        return i_k, i_b, i_h, i_t, i_b * T + i_t * _BT, ((i_b * NT + i_t) * H + i_h) * K + i_k * _BLOCK
+
+    @gluon.jit
+    def _load_values(tile, bar, vn_desc, do_desc, dv2_desc, h_desc, dh_desc, vn_s, do_s, dv2_s, h_s, dh_s,
+                     T, NT, C0, NC, H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, NK: gl.constexpr,
+                     NV: gl.constexpr):
+        """Start the TMA loads of ``tile``'s value-side tiles (``vn``, ``do``, ``dv2``, ``h``, ``dh`` per
+        value block) into their buffers; ``bar`` completes when all have landed."""
+        i_k, i_b, i_h, i_t, row, h_row = _tile_coords(tile, T, NT, C0, NC, H, K, NK)
+        mbarrier.expect(bar, 5 * NV * _BT * _BLOCK * 2)
         for i_v in gl.static_range(NV):
-            slot = stage * NV + i_v
             col = i_h * V + i_v * _BLOCK
-            tma.async_copy_global_to_shared(vn_desc, [row, col], bar, vn_s.index(slot))
-            tma.async_copy_global_to_shared(do_desc, [row, col], bar, do_s.index(slot))
-            tma.async_copy_global_to_shared(dv2_desc, [row, col], bar, dv2_s.index(slot))
-            tma.async_copy_global_to_shared(h_desc, [h_row, i_v * _BLOCK], bar, h_s.index(slot))
-            tma.async_copy_global_to_shared(dh_desc, [h_row, i_v * _BLOCK], bar, dh_s.index(slot))
+            tma.async_copy_global_to_shared(vn_desc, [row, col], bar, vn_s.index(i_v))
+            tma.async_copy_global_to_shared(do_desc, [row, col], bar, do_s.index(i_v))
+            tma.async_copy_global_to_shared(dv2_desc, [row, col], bar, dv2_s.index(i_v))
+            tma.async_copy_global_to_shared(h_desc, [h_row, i_v * _BLOCK], bar, h_s.index(i_v))
+            tma.async_copy_global_to_shared(dh_desc, [h_row, i_v * _BLOCK], bar, dh_s.index(i_v))
+
+    @gluon.jit
+    def _load_qk(tile, bar, q_desc, k_desc, q_s, k_s, T, NT, C0, NC, H: gl.constexpr, K: gl.constexpr,
+                 NK: gl.constexpr):
+        """Start the TMA loads of ``tile``'s ``q`` and ``k`` key-half tiles; ``bar`` completes with them."""
+        i_k, i_b, i_h, i_t, row, h_row = _tile_coords(tile, T, NT, C0, NC, H, K, NK)
+        mbarrier.expect(bar, 2 * _BT * _BLOCK * 2)
+        tma.async_copy_global_to_shared(q_desc, [row, i_h * K + i_k * _BLOCK], bar, q_s)
+        tma.async_copy_global_to_shared(k_desc, [row, i_h * K + i_k * _BLOCK], bar, k_s)
 
     @gluon.jit(do_not_specialize=["T", "NT", "B", "C0", "NC", "n_tiles"])  # one compile for every length
     def _bwd_dqkwg_tma_kernel(q_desc, k_desc, vn_desc, do_desc, dv2_desc, h_desc, dh_desc,
@@ -96,7 +104,11 @@ if HAVE_GLUON:
         """Grid (cdiv(n_tiles, TILES),), ``n_tiles = NK * NC * B * H`` for chunks ``C0 .. C0 + NC - 1``;
         tile ``((bh * NC + c) * NK + i_k)``. Outputs as ``delta._bwd_dqkwg_kernel``'s: ``dq`` (final),
         ``dk`` / ``dw`` (their output-and-state parts) ``[B, T, H, K]`` in the inputs' dtype, and with
-        ``USE_G`` the key half's share of the chunk-local gate gradient ``dG: [NK, B, T, H]`` float32."""
+        ``USE_G`` the key half's share of the chunk-local gate gradient ``dG: [NK, B, T, H]`` float32.
+
+        One buffer per input (~104 KB: two programs per SM), two barriers: the value-side tiles of the
+        next tile are loaded as soon as this tile's four dots are done, under its epilogue; its ``q`` /
+        ``k`` once the epilogue has read them."""
         NK: gl.constexpr = K // _BLOCK
         NV: gl.constexpr = V // _BLOCK
         dtype: gl.constexpr = q_desc.dtype
@@ -107,66 +119,62 @@ if HAVE_GLUON:
         cols_l: gl.constexpr = gl.SliceLayout(0, mma)
         tile_l: gl.constexpr = q_desc.layout  # every [64, 64] 16-bit tile has this shared layout
 
-        q_s = gl.allocate_shared_memory(dtype, [_STAGES, _BT, _BLOCK], tile_l)
-        k_s = gl.allocate_shared_memory(dtype, [_STAGES, _BT, _BLOCK], tile_l)
-        vn_s = gl.allocate_shared_memory(dtype, [_STAGES * NV, _BT, _BLOCK], tile_l)
-        do_s = gl.allocate_shared_memory(dtype, [_STAGES * NV, _BT, _BLOCK], tile_l)
-        dv2_s = gl.allocate_shared_memory(dtype, [_STAGES * NV, _BT, _BLOCK], tile_l)
-        h_s = gl.allocate_shared_memory(dtype, [_STAGES * NV, _BLOCK, _BLOCK], tile_l)
-        dh_s = gl.allocate_shared_memory(dtype, [_STAGES * NV, _BLOCK, _BLOCK], tile_l)
+        q_s = gl.allocate_shared_memory(dtype, [_BT, _BLOCK], tile_l)
+        k_s = gl.allocate_shared_memory(dtype, [_BT, _BLOCK], tile_l)
+        vn_s = gl.allocate_shared_memory(dtype, [NV, _BT, _BLOCK], tile_l)
+        do_s = gl.allocate_shared_memory(dtype, [NV, _BT, _BLOCK], tile_l)
+        dv2_s = gl.allocate_shared_memory(dtype, [NV, _BT, _BLOCK], tile_l)
+        h_s = gl.allocate_shared_memory(dtype, [NV, _BLOCK, _BLOCK], tile_l)
+        dh_s = gl.allocate_shared_memory(dtype, [NV, _BLOCK, _BLOCK], tile_l)
         ds_s = gl.allocate_shared_memory(dtype, [_BT, _BT], tile_l)
-        bars = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(_STAGES):
-            mbarrier.init(bars.index(i), count=1)
+        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        bar_v = bars.index(0)
+        bar_qk = bars.index(1)
+        mbarrier.init(bar_v, count=1)
+        mbarrier.init(bar_qk, count=1)
 
         o_i = gl.arange(0, _BT, layout=rows_l)
         o_j = gl.arange(0, _BT, layout=cols_l)
         o_c = gl.arange(0, _BLOCK, layout=cols_l)
         t0 = gl.program_id(0) * TILES
         count = gl.minimum(n_tiles - t0, TILES)
-        _issue_loads(t0, 0, bars, q_desc, k_desc, vn_desc, do_desc, dv2_desc, h_desc, dh_desc,
-                     q_s, k_s, vn_s, do_s, dv2_s, h_s, dh_s, T, NT, C0, NC, H, K, V, NK, NV)
+        _load_values(t0, bar_v, vn_desc, do_desc, dv2_desc, h_desc, dh_desc, vn_s, do_s, dv2_s, h_s, dh_s,
+                     T, NT, C0, NC, H, K, V, NK, NV)
+        _load_qk(t0, bar_qk, q_desc, k_desc, q_s, k_s, T, NT, C0, NC, H, K, NK)
         for j in range(count):
             tile = t0 + j
-            stage = j % _STAGES
-            if j + 1 < count:
-                gl.thread_barrier()  # every warp has finished reading the other stage (the last tile's)
-                _issue_loads(tile + 1, 1 - stage, bars, q_desc, k_desc, vn_desc, do_desc, dv2_desc, h_desc,
-                             dh_desc, q_s, k_s, vn_s, do_s, dv2_s, h_s, dh_s, T, NT, C0, NC, H, K, V, NK, NV)
-            i_k = tile % NK
-            i_bh = tile // NK // NC
-            i_t = C0 + (tile // NK) % NC
-            i_b = i_bh // H
-            i_h = i_bh % H
-            mbarrier.wait(bars.index(stage), (j // _STAGES) & 1)
-
+            i_k, i_b, i_h, i_t, row, h_row = _tile_coords(tile, T, NT, C0, NC, H, K, NK)
+            mbarrier.wait(bar_v, j & 1)
+            mbarrier.wait(bar_qk, j & 1)
             b_dq = gl.zeros([_BT, _BLOCK], gl.float32, mma)
             b_dk = gl.zeros([_BT, _BLOCK], gl.float32, mma)
             b_dw = gl.zeros([_BT, _BLOCK], gl.float32, mma)
             b_dP = gl.zeros([_BT, _BT], gl.float32, mma)
             hdh = 0.0
             for i_v in gl.static_range(NV):
-                slot = stage * NV + i_v
-                h_t = h_s.index(slot).permute((1, 0))  # [BV, BK] view: h^T
-                b_dq = warpgroup_mma(do_s.index(slot), h_t, b_dq, is_async=True)
-                b_dk = warpgroup_mma(vn_s.index(slot), dh_s.index(slot).permute((1, 0)), b_dk, is_async=True)
-                b_dw = warpgroup_mma(dv2_s.index(slot), h_t, b_dw, is_async=True)
-                b_dP = warpgroup_mma(do_s.index(slot), vn_s.index(slot).permute((1, 0)), b_dP, is_async=True)
+                h_t = h_s.index(i_v).permute((1, 0))  # [BV, BK] view: h^T
+                b_dq = warpgroup_mma(do_s.index(i_v), h_t, b_dq, is_async=True)
+                b_dk = warpgroup_mma(vn_s.index(i_v), dh_s.index(i_v).permute((1, 0)), b_dk, is_async=True)
+                b_dw = warpgroup_mma(dv2_s.index(i_v), h_t, b_dw, is_async=True)
+                b_dP = warpgroup_mma(do_s.index(i_v), vn_s.index(i_v).permute((1, 0)), b_dP, is_async=True)
                 if USE_G:  # sum(h * dh), the chunk-total decay's gradient (read while the dots run)
-                    b_h = h_s.index(slot).load(mma).to(gl.float32)
-                    b_dh = dh_s.index(slot).load(mma).to(gl.float32)
+                    b_h = h_s.index(i_v).load(mma).to(gl.float32)
+                    b_dh = dh_s.index(i_v).load(mma).to(gl.float32)
                     hdh += gl.sum(gl.sum(b_h * b_dh, axis=1), axis=0)
             b_dq, b_dk, b_dw, b_dP = warpgroup_mma_wait(num_outstanding=0, deps=(b_dq, b_dk, b_dw, b_dP))
+            if j + 1 < count:  # the value-side buffers are read: the next tile's loads run under the epilogue
+                gl.thread_barrier()
+                _load_values(tile + 1, bar_v, vn_desc, do_desc, dv2_desc, h_desc, dh_desc, vn_s, do_s, dv2_s,
+                             h_s, dh_s, T, NT, C0, NC, H, K, V, NK, NV)
 
             o_t = i_t * _BT + o_i
-            p_out = (i_b * T + o_t)[:, None] * (H * K) + (i_h * K + i_k * _BLOCK + o_c)[None, :]
+            p_out = (row + o_i)[:, None] * (H * K) + (i_h * K + i_k * _BLOCK + o_c)[None, :]
             gl.store(dw + p_out, (-b_dw).to(dtype))
             if USE_G:
-                p_g = gc + (i_b * T + o_t) * H + i_h
-                b_g = gl.load(p_g)
-                b_gj = gl.load(gc + (i_b * T + i_t * _BT + o_j) * H + i_h)
-                g0 = gl.load(gc + (i_b * T + i_t * _BT) * H + i_h)
-                g_last = gl.load(gc + (i_b * T + i_t * _BT + _BT - 1) * H + i_h)
+                b_g = gl.load(gc + (row + o_i) * H + i_h)
+                b_gj = gl.load(gc + (row + o_j) * H + i_h)
+                g0 = gl.load(gc + row * H + i_h)
+                g_last = gl.load(gc + (row + _BT - 1) * H + i_h)
                 b_dq = b_dq * (scale * gl.exp(b_g))[:, None]
                 b_dk = b_dk * gl.exp(g_last - b_g)[:, None]
                 m_ij = o_i[:, None] >= o_j[None, :]
@@ -175,8 +183,8 @@ if HAVE_GLUON:
                 else:
                     b_e = gl.exp(gl.where(m_ij, b_g[:, None] - b_gj[None, :], float("-inf")))
                 b_ds = gl.where(m_ij, b_dP * scale * b_e, 0.)
-                b_kf = k_s.index(stage).load(mma).to(gl.float32)
-                b_qf = q_s.index(stage).load(mma).to(gl.float32)
+                b_kf = k_s.load(mma).to(gl.float32)
+                b_qf = q_s.load(mma).to(gl.float32)
                 # the last key's exp(G_C - G_C) carries no gradient (as in delta._bwd_dqkwg_kernel)
                 b_kdk = gl.where(o_i < _BT - 1, gl.sum(b_kf * b_dk, axis=1), 0.)
                 b_diag = gl.sum(gl.where(o_i[:, None] == o_j[None, :], b_ds, 0.), axis=1)
@@ -184,9 +192,9 @@ if HAVE_GLUON:
                 ds_s.store(b_ds)
                 fence_async_shared()
                 gl.thread_barrier()
-                b_dq = warpgroup_mma(gl.convert_layout(b_ds, dot_a), k_s.index(stage), b_dq, is_async=True)
-                b_dks = warpgroup_mma(ds_s.permute((1, 0)), q_s.index(stage),
-                                      gl.zeros([_BT, _BLOCK], gl.float32, mma), is_async=True)
+                b_dq = warpgroup_mma(gl.convert_layout(b_ds, dot_a), k_s, b_dq, is_async=True)
+                b_dks = warpgroup_mma(ds_s.permute((1, 0)), q_s, gl.zeros([_BT, _BLOCK], gl.float32, mma),
+                                      is_async=True)
                 b_dq, b_dks = warpgroup_mma_wait(num_outstanding=0, deps=(b_dq, b_dks))
                 b_dg = gl.sum(b_qf * b_dq, axis=1) - b_kdk - gl.sum(b_kf * b_dks, axis=1)
                 b_dq += b_diag[:, None] * b_kf
@@ -198,13 +206,16 @@ if HAVE_GLUON:
                 ds_s.store(b_ds)
                 fence_async_shared()
                 gl.thread_barrier()
-                b_dq = warpgroup_mma(gl.convert_layout(b_ds, dot_a), k_s.index(stage), b_dq * scale, is_async=True)
-                b_dk = warpgroup_mma(ds_s.permute((1, 0)), q_s.index(stage), b_dk, is_async=True)
+                b_dq = warpgroup_mma(gl.convert_layout(b_ds, dot_a), k_s, b_dq * scale, is_async=True)
+                b_dk = warpgroup_mma(ds_s.permute((1, 0)), q_s, b_dk, is_async=True)
                 b_dq, b_dk = warpgroup_mma_wait(num_outstanding=0, deps=(b_dq, b_dk))
+            if j + 1 < count:  # q and k are read: the next tile's come in while this one stores
+                gl.thread_barrier()
+                _load_qk(tile + 1, bar_qk, q_desc, k_desc, q_s, k_s, T, NT, C0, NC, H, K, NK)
             gl.store(dq + p_out, b_dq.to(dtype))
             gl.store(dk + p_out, b_dk.to(dtype))
-        for i in gl.static_range(_STAGES):
-            mbarrier.invalidate(bars.index(i))
+        mbarrier.invalidate(bar_v)
+        mbarrier.invalidate(bar_qk)
 
 
 def tile_layout(dtype: torch.dtype):
