@@ -43,7 +43,6 @@ from triton.compiler import ASTSource  # noqa: E402
 from blocks.kernels import decode_attention as da  # noqa: E402
 from blocks.kernels import decode_mixer as dm  # noqa: E402
 from blocks.kernels import delta as d  # noqa: E402
-from blocks.kernels import delta_gluon as dgl  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
 from blocks.kernels import skinny as sk  # noqa: E402
@@ -76,9 +75,6 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
     types.update(T="i32", NT="i32", B="i32", C0="i32", C1="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
                  **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "sg_h", "H", "C")},
                  **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
-    if act == "bf16" and dgl.HAVE_GLUON:  # the Gluon kernels' TMA descriptors: [64, 64] tiles
-        desc = f"tensordesc<bf16[{dgl.BT}, {dgl.BLOCK}],{dgl.tile_layout(torch.bfloat16)!r}>"
-        types.update({f"{n}_desc": desc for n in ("q", "k", "vn", "do", "dv2", "h", "dh")}, NC="i32", n_tiles="i32")
     if fn is sk._skinny_kernel:  # the decode GEMMs: rows of activations, the norm weight in their dtype
         types.update({n: f"*{act}" for n in ("x", "w", "out", "res", "xg", "gamma")},
                      ss_in="*fp32", ss_out="*fp32", tickets="*i32", eps_in="fp32",
@@ -135,11 +131,6 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                        USE_G=use_g, LOWP=lowp, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
                                                        ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS),
                *table(d.LAUNCH, "wy_bwd_gated" if use_g else "wy_bwd", s))
-        if act == "bf16" and dgl.HAVE_GLUON:  # its Hopper form (delta.DQKWG_TMA), 16-bit inputs only
-            yield (f"{tag}.bwd_dqkwg_tma", dgl._bwd_dqkwg_tma_kernel,
-                   dict(H=H, K=K, V=V, TILES=d.DQKWG_TMA_TILES, USE_G=use_g, SPAN_MAX=float(d.PAIR_SPAN_MAX.value),
-                        num_warps=4),
-                   4, 1, None)
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"
         yield (f"{tag}.fwd_h", sd._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g, USE_H0=True,

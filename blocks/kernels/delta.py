@@ -43,7 +43,6 @@ import triton.language as tl
 
 from blocks.ops.utils import check_gate, check_qkv
 
-from . import delta_gluon as _dqkwg_tma
 from . import low_memory_from_env, overlap as _overlap, register_kernel
 from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
@@ -239,19 +238,12 @@ SKIP_UPPER_BLOCKS = True
 # (train_ab_1203_dqkwg_bv_confirm.md), 32 against 64: +0.9 / +1.3 / +1.4 / +1.1% (gated), +0.6 / +0.7 /
 # +0.7 / +0.8% (delta_rule), every length slower in both calls.
 DQKWG_BV = 64
-# ``_bwd_dqkwg_kernel`` as the hand-scheduled Hopper kernel of ``delta_gluon`` (TMA loads of the next
-# tile under the current tile's dots and gate epilogue, ``DQKWG_TMA_TILES`` tiles per program) where
-# ``delta_gluon.eligible`` holds (an H100 / H200, 16-bit inputs, every chunk full) and the switches
-# it mirrors are at their defaults (``DQKWG_BK`` 64, ``DQKWG_DG_FROM_ROWS``, ``PAIR_DECAY_FACTORED``).
-DQKWG_TMA = False
-DQKWG_TMA_TILES = 8
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64),
-            "DQKWG_TMA": (False, True), "DQKWG_TMA_TILES": (4, 8, 16, 32)}
+            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64)}
 
 
 @triton.jit
@@ -1099,10 +1091,6 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
             DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
-        if tma_form:
-            _dqkwg_tma.bwd_dqkwg(q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, c0, c1, DQKWG_TMA_TILES,
-                                 float(PAIR_SPAN_MAX.value))
-            return
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
             BV=min(DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
@@ -1135,8 +1123,6 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     dk_p, dw = torch.empty_like(k), torch.empty_like(k)
     BKs = min(DQKWG_BK, BKf)  # the key split (DQKWG_BK); warps and stages from LAUNCH (swept)
     NK = _cdiv(K, BKs)
-    tma_form = (DQKWG_TMA and BKs == 64 and DQKWG_DG_FROM_ROWS and PAIR_DECAY_FACTORED
-                and h.dtype == q.dtype and _dqkwg_tma.eligible(q, K, V))
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     if one:
         dqkwg(0, NT)
