@@ -150,13 +150,6 @@ WALK_SEGMENTS = 1 if LOW_MEMORY else 4
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
 
-def _qk_load(x: torch.Tensor) -> int:
-    """``_bwd_dqkwg_kernel``'s ``QK_LOAD`` for ``DQKWG_QK_LOAD`` (the prefetch is inline PTX: off the
-    GPU, in Triton's interpreter, the loads stay after the loop without it)."""
-    mode = _QK_LOADS[DQKWG_QK_LOAD]
-    return 1 if mode == 3 and not x.is_cuda else mode
-
-
 def _dqkwg_launch(use_g: bool, x: torch.Tensor) -> dict:
     """``_bwd_dqkwg_kernel``'s launch settings for the gated or ungated rule at ``DQKWG_BV``."""
     if DQKWG_BV == 32:
@@ -245,21 +238,12 @@ SKIP_UPPER_BLOCKS = True
 # (train_ab_1203_dqkwg_bv_confirm.md), 32 against 64: +0.9 / +1.3 / +1.4 / +1.1% (gated), +0.6 / +0.7 /
 # +0.7 / +0.8% (delta_rule), every length slower in both calls.
 DQKWG_BV = 64
-# Where ``_bwd_dqkwg_kernel`` loads its ``q`` / ``k`` tiles: "before" the value loop (synchronous loads
-# whose shared-memory copy every warp waits on before the loop's pipelined loads are issued: Nsight
-# Compute's source counters put 15% (gated) / 36% (ungated) of the kernel's warp-stall samples on that
-# barrier, docs/benchmarks/ncu/ncu_source_1203.md), "after" it or "prefetch" (an L2 prefetch at the
-# start, the loads after the loop; GPU only: inline PTX, so Triton's interpreter takes "after"). Loads
-# written inside the loop compile as "before" (hoisted out of it: the same sm_90 SASS).
-DQKWG_QK_LOAD = "before"
-_QK_LOADS = {"before": 0, "after": 1, "prefetch": 3}
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64),
-            "DQKWG_QK_LOAD": ("before", "after", "prefetch")}
+            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64)}
 
 
 @triton.jit
@@ -686,26 +670,12 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@triton.jit
-def _prefetch_rows_l2(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr,
-                      BD: tl.constexpr):
-    """Pull ``load_rows``' tile into L2 (``prefetch.global.L2``, one per row: a row of ``BD`` 16-bit
-    values is one or two 128-byte lines) without waiting for it; inline PTX, so GPU only."""
-    o_r = row0 + tl.arange(0, BR)
-    p = x + (i_b * T * H + i_h) * D + o_r * (H * D) + col0
-    tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l,b", [p, o_r < T],
-                              dtype=tl.int32, is_pure=False, pack=1)
-    if BD * 2 > 128:
-        tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l,b", [p + 64, o_r < T],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
 @_jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
 def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, C0,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                      DG_FROM_ROWS: tl.constexpr, QK_LOAD: tl.constexpr):
+                      DG_FROM_ROWS: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
@@ -719,12 +689,8 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     m_t = o_t < T
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
-    if QK_LOAD == 0:  # (``DQKWG_QK_LOAD``) before the value loop, waited on before its first loads
-        b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-    if QK_LOAD == 3:
-        _prefetch_rows_l2(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        _prefetch_rows_l2(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+    b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
@@ -745,9 +711,6 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         b_dP += tl.dot(b_do, tl.trans(b_vn.to(b_do.dtype)), input_precision=DOT_PREC)
         if USE_G:
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)
-    if QK_LOAD == 1 or QK_LOAD == 3:  # after the value loop (3: from L2, prefetched at the start)
-        b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
     o_i = tl.arange(0, BT)
     m_ij = o_i[:, None] >= o_i[None, :]
     if USE_G:
@@ -1131,7 +1094,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
             BV=min(DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, QK_LOAD=_qk_load(q), **_dqkwg_launch(use_g, q))
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, **_dqkwg_launch(use_g, q))
 
     def wy_bwd(c0, c1):
         _wy_bwd_kernel[(c1 - c0, B * H)](

@@ -235,33 +235,6 @@ def test_gpu_kernels_with_switches_flipped_match_reference(family, shape, dtype,
         assert not bad, f"{flipped} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
-@gpu
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("shape", [(2, 1000, 2, 128, 128), (1, 4096, 2, 128, 128)], ids=lambda s: "x".join(map(str, s)))
-def test_gpu_dqkwg_qk_load_places_give_the_same_bits(family, shape, monkeypatch):
-    """``delta.DQKWG_QK_LOAD`` moves where ``_bwd_dqkwg_kernel`` loads its ``q`` / ``k`` tiles (and, for
-    "prefetch", which the interpreter cannot run, adds an L2 prefetch): the same values in the same
-    arithmetic, so ``o``, the final state and every gradient are the same bits for every place."""
-    from blocks.kernels import delta
-
-    B, T, H, K, V = shape
-    args, h0 = make_inputs(family, B, T, H, K, V, "random", True, seed=5)
-    ins = [a.cuda().to(torch.bfloat16 if i < 3 else torch.float32) for i, a in enumerate(args)]
-    do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(6)).cuda()
-    results = {}
-    for place in delta.SWITCHES["DQKWG_QK_LOAD"]:
-        monkeypatch.setattr(delta, "DQKWG_QK_LOAD", place)
-        leaves = [x.clone().requires_grad_(True) for x in ins]
-        s0 = h0.cuda().requires_grad_(True)
-        o, ht = chunk_kernel(family)(*leaves, initial_state=s0, output_final_state=True)
-        (o.float() * do).sum().add_(ht.sum()).backward()
-        results[place] = [o, ht] + [x.grad for x in leaves] + [s0.grad]
-    base = results.pop("before")
-    for place, outs in results.items():
-        same = [torch.equal(a, b) for a, b in zip(base, outs)]
-        assert all(same), f"{place}: outputs differ from 'before' at {[i for i, s in enumerate(same) if not s]}"
-
-
 def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=False, decay="random",
                       states=True):
     """The family's kernel's ``o``, final state and every input gradient (with ``h0`` and a
