@@ -721,6 +721,28 @@ def test_ncu_rebuild_reads_decode_cases_by_gemm_name(tmp_path, capsys):
         ncu.child("decode", "w4")
 
 
+def test_ncu_source_rebuilds_its_tables_from_the_kept_sass_csv(tmp_path):
+    """``ncu_source.py --from-csv``: ncu's SASS source page (notes and the kernel line before the
+    header, an extra unnamed column, thousands separators) back to the instructions with the most
+    warp-stall samples, in program order, and the opcode mix with predicates and suffixes dropped."""
+    src = _benchmark("ncu_source")
+    (tmp_path / "ncu_source_sass.csv").write_text("\n".join([
+        '"Kernel Name","_bwd_dqkwg_kernel",',
+        '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"',
+        '"0x0","      LDG.E.128 R4, desc[UR4][R2.64]","10","1,000","x"',
+        '"0x10","      BAR.SYNC.DEFER_BLOCKING 0x0","70","500"',
+        '"0x20","@P0   FFMA R1, R2, R3, R4","15","2,000"',
+        '"0x30","      FFMA.FTZ R5, R6, R7, R8","5","1,500"']) + "\n")
+    (tmp_path / "ncu_source.json").write_text(json.dumps({"kernel": "_bwd_dqkwg_kernel", "case": "delta_rule:2048",
+                                                          "when": "now", "command": "c"}))
+    assert src.main(["--out", str(tmp_path), "--from-csv", "--top", "2"]) == 0
+    res = json.loads((tmp_path / "ncu_source.json").read_text())
+    assert [r["index"] for r in res["top"]] == [1, 2]  # the two most sampled, in program order
+    assert res["top"][0]["samples_pct"] == pytest.approx(70.0) and "BAR.SYNC" in res["top"][0]["text"]
+    assert res["sass_mix"]["FFMA"] == {"executed": 3500.0, "samples": 20.0}
+    assert "| 1 | 70.00 |" in (tmp_path / "ncu_source.md").read_text()
+
+
 def test_solve_tril_merges_in_tf32_only_for_a_bfloat16_inverse(monkeypatch):
     # float32 inputs must match the PyTorch forms (no TF32 there); float16 stores the inverse with
     # TF32's own 10-bit mantissa; only a bf16-stored inverse is coarser than TF32 merges round
