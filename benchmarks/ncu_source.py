@@ -66,33 +66,36 @@ def source_page(ncu: str, report: Path, view: str, keep: Path | None = None) -> 
     return _rows(proc.stdout), (proc.stderr or proc.stdout)[-1500:]
 
 
-def top_instructions(rows: list[dict], n: int) -> list[dict]:
-    """The ``n`` SASS instructions with the most warp-stall samples, in program order: index (the
-    instruction's place in the listing), text, share of samples and of executed instructions."""
+def _counters(rows: list[dict]) -> tuple[list[str], list[float], list[float]]:
+    """Per SASS row: ``(instruction text, warp-stall samples, instructions executed)``."""
     src = _column(rows, "source")
     samples = _column(rows, "stall sampling", "all") or _column(rows, "sampling")
     executed = _column(rows, "instructions executed")
-    s = [_number(r.get(samples, "0")) if samples else 0.0 for r in rows]
-    e = [_number(r.get(executed, "0")) if executed else 0.0 for r in rows]
+    return ([(r.get(src) or "").strip() for r in rows],
+            [_number(r.get(samples, "0")) if samples else 0.0 for r in rows],
+            [_number(r.get(executed, "0")) if executed else 0.0 for r in rows])
+
+
+def top_instructions(rows: list[dict], n: int) -> list[dict]:
+    """The ``n`` SASS instructions with the most warp-stall samples, in program order: index (the
+    instruction's place in the listing), text, share of samples and of executed instructions."""
+    text, s, e = _counters(rows)
     tot_s, tot_e = (sum(s) or 1.0), (sum(e) or 1.0)
     top = sorted(sorted(range(len(rows)), key=lambda i: -s[i])[:n])
-    return [dict(index=i, text=(rows[i].get(src) or "").strip()[:100], samples_pct=100 * s[i] / tot_s,
+    return [dict(index=i, text=text[i][:100], samples_pct=100 * s[i] / tot_s,
                  executed_pct=100 * e[i] / tot_e) for i in top]
 
 
 def opcode_mix(rows: list[dict]) -> dict:
     """Executed instructions and stall samples per SASS opcode (its first word, predicates dropped)."""
-    src = _column(rows, "source")
-    samples = _column(rows, "stall sampling", "all") or _column(rows, "sampling")
-    executed = _column(rows, "instructions executed")
     mix: dict = defaultdict(lambda: [0.0, 0.0])
-    for r in rows:
-        words = [w for w in re.split(r"\s+", (r.get(src) or "").strip()) if w and not w.startswith("@")]
+    for line, s, e in zip(*_counters(rows)):
+        words = [w for w in re.split(r"\s+", line) if w and not w.startswith("@")]
         if not words:
             continue
         op = words[0].split(".")[0]
-        mix[op][0] += _number(r.get(executed, "0")) if executed else 0.0
-        mix[op][1] += _number(r.get(samples, "0")) if samples else 0.0
+        mix[op][0] += e
+        mix[op][1] += s
     return {op: {"executed": e, "samples": s} for op, (e, s) in mix.items()}
 
 
