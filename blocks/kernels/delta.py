@@ -238,12 +238,24 @@ SKIP_UPPER_BLOCKS = True
 # (train_ab_1203_dqkwg_bv_confirm.md), 32 against 64: +0.9 / +1.3 / +1.4 / +1.1% (gated), +0.6 / +0.7 /
 # +0.7 / +0.8% (delta_rule), every length slower in both calls.
 DQKWG_BV = 64
+# The gated ``_bwd_dqkwg_kernel``'s ``ds`` without the lower-triangle mask and with ``scale`` on the
+# pair decay's row factor (``_pair_decay_all``): with ``DQKWG_DG_FROM_ROWS`` only its diagonal and
+# strict lower part are read, so the mask and one [BT, BT] multiply were redundant. Nsight Compute's
+# source counters put ~40% of the gated kernel's warp-stall samples and ~47% of its executed
+# instructions between its value loop and its ``ds`` dots (docs/benchmarks/ncu/ncu_source_1203/).
+# sm_90 (host Triton): 2376 -> 2272 SASS instructions, 255 registers either way, no spills. H200
+# 2026-12-03 22:58 (``train_ab.py --families gated_delta_rule --rounds 5``,
+# docs/benchmarks/train_ab_1203_ds_unmasked.md): -0.3 / -0.3 / -0.3 / -0.3 / -0.2% per step queued at
+# 1k / 2k / 8k / 16k / 32k (synced -0.1..+1.5%): small, every queued length lower, one call.
+# history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_ds_unmasked
+DQKWG_DS_UNMASKED = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64)}
+            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64),
+            "DQKWG_DS_UNMASKED": (False, True)}
 
 
 @triton.jit
@@ -306,6 +318,25 @@ def _pair_decay_through(b_g, b_gj, g0, g_end, m, FLIP: tl.constexpr):
             b_e = tl.where(m, tl.exp(b_g - g0)[:, None] * tl.exp(g0 - b_gj)[None, :], 0.)
     else:
         b_e = _pair_decay_exact(b_g, b_gj, m, FLIP)
+    return b_e
+
+
+@triton.jit
+def _pair_decay_all(b_g, scale, gc, i_b, i_h, r0, T, H: tl.constexpr, BT: tl.constexpr, FACTORED: tl.constexpr):
+    """``scale exp(G_i - G_j)`` for every row i and column j of the chunk starting at row ``r0``
+    (``b_g``: ``_load_gc``'s), without ``_pair_decay``'s mask: for callers that keep only pairs
+    ``j <= i`` by a selection of their own (the pairs ``j > i`` may be large, even inf, and are
+    dropped by it). ``scale`` rides on the row factor: one [BT, BT] multiply less than
+    ``scale * _pair_decay(...)``."""
+    if FACTORED:
+        g0 = tl.load(gc + (i_b * T + r0) * H + i_h).to(tl.float32)
+        g_end = tl.load(gc + (i_b * T + tl.minimum(r0 + BT, T) - 1) * H + i_h).to(tl.float32)
+        if g0 - g_end < PAIR_SPAN_MAX:
+            b_e = (scale * tl.exp(b_g - g0))[:, None] * tl.exp(g0 - b_g)[None, :]
+        else:
+            b_e = scale * tl.exp(b_g[:, None] - b_g[None, :])
+    else:
+        b_e = scale * tl.exp(b_g[:, None] - b_g[None, :])
     return b_e
 
 
@@ -675,7 +706,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                      DG_FROM_ROWS: tl.constexpr):
+                      DG_FROM_ROWS: tl.constexpr, DS_UNMASKED: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
@@ -721,8 +752,11 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
         # second load (``_load_g_cols``), and the dw store moved ahead of this block in the same
         # commit, bwd_dqkwg took 1.36 ms per step against 1.29 (2k, full runs 05:27 / 04:03; both
         # undone, 1.29 again at 05:50); which of the two cost it is not known
-        b_ds = tl.where(m_ij, b_dP * scale * _pair_decay(b_g, b_g, m_ij, False, gc, i_b, i_h, i_t * BT, T, H, BT,
-                                                         PAIR_FACTORED), 0.)
+        if DG_FROM_ROWS and DS_UNMASKED:  # only its diagonal and strict lower part are read below
+            b_ds = b_dP * _pair_decay_all(b_g, scale, gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
+        else:
+            b_ds = tl.where(m_ij, b_dP * scale * _pair_decay(b_g, b_g, m_ij, False, gc, i_b, i_h, i_t * BT, T, H,
+                                                             BT, PAIR_FACTORED), 0.)
         # Terms whose exponent is G_x - G_x (the diagonal of the pairwise decay, the last key's
         # exp(G_C - G_C)) carry no gradient: they are left out rather than added and subtracted,
         # since that +x - x would swamp the tiny true gradient of a strong decay in rounding.
@@ -1094,7 +1128,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
             BV=min(DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, **_dqkwg_launch(use_g, q))
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED, **_dqkwg_launch(use_g, q))
 
     def wy_bwd(c0, c1):
         _wy_bwd_kernel[(c1 - c0, B * H)](
