@@ -542,14 +542,17 @@ print(cap, job_cap, fp32_cap, *regs)
 def test_aot_tool_attributes_sass_to_source_lines():
     """``kernels_aot_regs.py --lines``: every SASS instruction of the gated ``bwd_dqkwg`` falls on a
     source line (``nvdisasm`` line info), and the pair decay's exponential line carries its
-    ``MUFU`` (ex2) instructions: the figures ``delta.PAIR_DECAY_FACTORED`` cites."""
+    ``MUFU`` (ex2) instructions: the figures ``delta.PAIR_DECAY_FACTORED`` cites. (The kernel's exact
+    pair decay is ``_pair_decay_all``'s with ``DQKWG_DS_UNMASKED``, ``_pair_decay_exact``'s without.)"""
     code = """
 import inspect, kernels_aot_regs as aot
 from blocks.kernels import delta
 name, fn, cx, warps, stages, _ = next(j for j in aot.jobs("bf16") if j[0] == "gated_delta.bwd_dqkwg")
 k = aot.compile_one(fn, aot.arg_types("bf16"), cx, warps, stages, 90)
-src, first = inspect.getsourcelines(delta._pair_decay_exact.fn)
-line = first + next(i for i, t in enumerate(src) if "b_g[:, None] - b_gj[None, :]" in t)
+exact, text = ((delta._pair_decay_all, "tl.exp(b_g[:, None] - b_g[None, :])") if delta.DQKWG_DS_UNMASKED
+               else (delta._pair_decay_exact, "b_g[:, None] - b_gj[None, :]"))
+src, first = inspect.getsourcelines(exact.fn)
+line = first + next(i for i, t in enumerate(src) if text in t)
 by_line = aot.sass_by_line(k)
 print(sum(sum(c.values()) for c in by_line.values()), aot.sass_counts(k)[0], by_line[("delta.py", line)]["MUFU"])
 """
