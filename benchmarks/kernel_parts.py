@@ -111,7 +111,7 @@ EDITS = {
                          lambda s: _replace(s, "            b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)",
                                             "            b_hdh += 0."), module="delta"),
     "dqkwg_no_decay": Edit("_bwd_dqkwg_kernel's pair decay of ds (ds = dP scale)",
-                           lambda s: _cut(s, "        b_ds = tl.where(m_ij, b_dP * scale * _pair_decay(",
+                           lambda s: _cut(s, "        if DG_FROM_ROWS and DS_UNMASKED:",
                                           "        # Terms whose exponent is G_x - G_x",
                                           "        b_ds = tl.where(m_ij, b_dP * scale, 0.)\n"), module="delta"),
     "dqkwg_no_dg": Edit("_bwd_dqkwg_kernel's gate gradient (the row sums, the diagonal, the last row's terms); "
@@ -147,7 +147,7 @@ EDITS = {
                                              "    o = tl.arange(0, BC)\n    return (o[:, None] == o[None, :]).to(tl.float32) - b_A"),
                               "SOLVE_TRIL_DIAG_SUBST=False", module="delta"),
     "solve_no_merge": Edit("_solve_tril_kernel's off-diagonal blocks (their TF32 merge dots)",
-                           lambda s: _cut(s, "    T10 = -tl.dot(T11, tl.dot(A10, T00", "    Z = tl.zeros([BC, BC]",
+                           lambda s: _cut(s, "    T10 = -tl.dot(T11, tl.dot(A10, T00", "    _store_block(Ai, T00, i_b",
                                           "    T10 = A10 + A20 + A21 + A30 + A31 + A32\n    T21 = T10\n    T32 = T10\n"
                                           "    T20 = T10\n    T31 = T10\n    T30 = T10\n"),
                            module="delta"),

@@ -3,6 +3,7 @@ and the sweep that measures them (``benchmarks/kernel_launch_sweep.py``) leaving
 them. CPU only; needs triton importable (the modules compile nothing at import)."""
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import sys
@@ -1663,7 +1664,7 @@ def test_checked_families_and_lengths_are_the_scripts_one_line_errors(capsys):
 
 def test_kernel_parts_edits_follow_gla_and_bad_arguments_are_one_line_errors(capsys):
     """``benchmarks/kernel_parts.py`` (gla's and the delta rules' kernels timed with parts taken
-    out): every edit applies to today's ``gla.py`` / ``delta.py`` (``--check``), changes its module
+    out): every edit applies to today's ``gla.py`` / ``delta.py`` (``--check``) and parses, changes its module
     unless it is a base, leaves the module's registrations out, and builds as a module whose kernels
     are its own; an edit whose lines are gone says so; bad arguments are one-line errors; without
     CUDA the timing says so and returns 2."""
@@ -1675,6 +1676,7 @@ def test_kernel_parts_edits_follow_gla_and_bad_arguments_are_one_line_errors(cap
         spec = parts.MODULES[parts.module_of(name)]
         src = spec.path.read_text()
         edited = parts.edited_source(name)
+        ast.parse(edited)  # an edit that cuts mid-block leaves a module that does not even parse
         assert not any(d in edited for d in spec.decorators()), name
         unregistered = src
         for d in spec.decorators():
