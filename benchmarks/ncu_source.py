@@ -8,7 +8,8 @@ Profiles the kernel's first launch in the second fwd + bwd step of ``family:T`` 
 ``ncu_kernels.py``: bf16, 16 heads of 128, 64k tokens) with ncu's source counters and reads the
 report's SASS source page. Prints and writes ``ncu_source.md`` / ``.json`` (and ncu's CSV,
 ``ncu_source_sass.csv``): the instructions with the most warp-stall samples, in program order (where in
-the kernel its warps wait), and the opcode mix by executed instructions. (ncu 2025.3's per-line view of
+the kernel its warps wait), the kernel cut at its warpgroup MMA groups (each stretch's share of samples and
+of executed instructions), and the opcode mix by executed instructions. (ncu 2025.3's per-line view of
 the Python source gives the lines without counters, so the instructions are the unit here.) Why a
 script: ``ncu_kernels.py`` reports a kernel's totals (bandwidth, occupancy, stall reasons); deciding
 which part of a kernel to change needs where the stalls sit.
@@ -56,13 +57,11 @@ def _column(rows: list[dict], *needles: str) -> str | None:
     return None
 
 
-def source_page(ncu: str, report: Path, view: str, keep: Path | None = None) -> tuple[list[dict], str]:
-    """The report's source page in ``view`` (``cuda``: the compiled Python lines; ``sass``) as rows;
-    ``keep``: also write ncu's CSV there (its first 2 MB)."""
-    proc = subprocess.run([ncu, "--import", str(report), "--page", "source", "--csv", "--print-source", view],
+def source_page(ncu: str, report: Path, keep: Path) -> tuple[list[dict], str]:
+    """The report's SASS source page as rows, ncu's CSV also written to ``keep`` (its first 2 MB)."""
+    proc = subprocess.run([ncu, "--import", str(report), "--page", "source", "--csv", "--print-source", "sass"],
                           capture_output=True, text=True, timeout=300)
-    if keep is not None:
-        keep.write_text(proc.stdout[:2_000_000])
+    keep.write_text(proc.stdout[:2_000_000])
     return _rows(proc.stdout), (proc.stderr or proc.stdout)[-1500:]
 
 
@@ -84,6 +83,31 @@ def top_instructions(rows: list[dict], n: int) -> list[dict]:
     top = sorted(sorted(range(len(rows)), key=lambda i: -s[i])[:n])
     return [dict(index=i, text=text[i][:100], samples_pct=100 * s[i] / tot_s,
                  executed_pct=100 * e[i] / tot_e) for i in top]
+
+
+def stretches(rows: list[dict], gap: int = 64) -> list[dict]:
+    """The kernel cut at its warpgroup MMA groups (``HGMMA`` instructions less than ``gap`` apart form one
+    group): ``[first, last]`` instruction indices of each stretch before, at and between the groups, with
+    its share of warp-stall samples and of executed instructions."""
+    text, s, e = _counters(rows)
+    mma = [i for i, t in enumerate(text) if "HGMMA" in t]
+    groups: list[list[int]] = []
+    for i in mma:
+        if groups and i - groups[-1][1] < gap:
+            groups[-1][1] = i
+        else:
+            groups.append([i, i])
+    cuts, at = [], 0
+    for a, b in groups:
+        if a > at:
+            cuts.append((at, a - 1, "between"))
+        cuts.append((a, b, "mma"))
+        at = b + 1
+    if at < len(rows):
+        cuts.append((at, len(rows) - 1, "between"))
+    tot_s, tot_e = (sum(s) or 1.0), (sum(e) or 1.0)
+    return [dict(first=a, last=b, kind=k, samples_pct=100 * sum(s[a:b + 1]) / tot_s,
+                 executed_pct=100 * sum(e[a:b + 1]) / tot_e) for a, b, k in cuts]
 
 
 def opcode_mix(rows: list[dict]) -> dict:
@@ -142,7 +166,7 @@ def report_md(res: dict, out: Path, ncu: str | None, rep: Path | None, top: int)
     ``ncu_source_sass.csv`` kept in ``out`` when ``ncu`` is None (``--from-csv``)."""
     keep = out / "ncu_source_sass.csv"
     if ncu is not None:
-        sass_rows, sass_err = source_page(ncu, rep, "sass", keep)
+        sass_rows, sass_err = source_page(ncu, rep, keep)
     else:
         sass_rows, sass_err = _rows(keep.read_text()), "no rows in " + str(keep)
     md = [f"# Nsight Compute source counters: `{res['kernel']}`, {res['case']} ({res['when']})", "",
@@ -156,6 +180,11 @@ def report_md(res: dict, out: Path, ncu: str | None, rep: Path | None, top: int)
         md += [f"## The {top} SASS instructions with the most warp-stall samples ({len(sass_rows)} in the kernel), "
                "in program order", "", "| # | samples % | executed % | instruction |", "|---|---|---|---|"]
         md += [f"| {r['index']} | {r['samples_pct']:.2f} | {r['executed_pct']:.2f} | `{r['text']}` |" for r in res["top"]]
+        res["stretches"] = stretches(sass_rows)
+        md += ["", "## The kernel cut at its warpgroup MMA groups", "",
+               "| instructions | what | samples % | executed % |", "|---|---|---|---|"]
+        md += [f"| {r['first']}-{r['last']} | {'HGMMA group' if r['kind'] == 'mma' else 'between'} | "
+               f"{r['samples_pct']:.1f} | {r['executed_pct']:.1f} |" for r in res["stretches"]]
         tot_e = sum(v["executed"] for v in mix.values()) or 1.0
         tot_s = sum(v["samples"] for v in mix.values()) or 1.0
         md += ["", "## SASS opcodes by executed instructions", "", "| opcode | executed % | samples % |", "|---|---|---|"]

@@ -241,7 +241,7 @@ DQKWG_BV = 64
 # The gated ``_bwd_dqkwg_kernel``'s ``ds`` without the lower-triangle mask and with ``scale`` on the
 # pair decay's row factor (``_pair_decay_all``): with ``DQKWG_DG_FROM_ROWS`` only its diagonal and
 # strict lower part are read, so the mask and one [BT, BT] multiply were redundant. Nsight Compute's
-# source counters put ~40% of the gated kernel's warp-stall samples and ~47% of its executed
+# source counters put ~42% of the gated kernel's warp-stall samples and ~49% of its executed
 # instructions between its value loop and its ``ds`` dots (docs/benchmarks/ncu/ncu_source_1203/).
 # sm_90 (host Triton): 2376 -> 2272 SASS instructions, 255 registers either way, no spills. H200
 # 2026-12-03 22:58 (``train_ab.py --families gated_delta_rule --rounds 5``,

@@ -747,6 +747,23 @@ def test_ncu_source_rebuilds_its_tables_from_the_kept_sass_csv(tmp_path):
     assert "| 1 | 70.00 |" in (tmp_path / "ncu_source.md").read_text()
 
 
+def test_ncu_source_cuts_the_kernel_at_its_mma_groups():
+    """``ncu_source.stretches``: HGMMA instructions less than ``gap`` apart are one group; the stretches
+    before, at and between the groups cover every instruction once, with their shares of samples and
+    executed instructions (the "between the value loop and the ds dots" figures of the delta records)."""
+    src = _benchmark("ncu_source")
+    text = ["LDG"] * 3 + ["HGMMA"] * 2 + ["FMUL"] * 10 + ["HGMMA"] + ["STG"] * 4
+    rows = [{"Source": t, "Warp Stall Sampling (All Samples)": "1", "Instructions Executed": str(i + 1)}
+            for i, t in enumerate(text)]
+    cut = src.stretches(rows, gap=8)
+    assert [(r["first"], r["last"], r["kind"]) for r in cut] == [
+        (0, 2, "between"), (3, 4, "mma"), (5, 14, "between"), (15, 15, "mma"), (16, 19, "between")]
+    assert sum(r["samples_pct"] for r in cut) == pytest.approx(100.0)
+    assert cut[2]["samples_pct"] == pytest.approx(50.0)  # 10 of 20 samples
+    assert cut[2]["executed_pct"] == pytest.approx(100 * sum(range(6, 16)) / sum(range(1, 21)))
+    assert [(r["first"], r["last"]) for r in src.stretches(rows, gap=20)][1] == (3, 15)  # one group
+
+
 def test_solve_tril_merges_in_tf32_only_for_a_bfloat16_inverse(monkeypatch):
     # float32 inputs must match the PyTorch forms (no TF32 there); float16 stores the inverse with
     # TF32's own 10-bit mantissa; only a bf16-stored inverse is coarser than TF32 merges round
