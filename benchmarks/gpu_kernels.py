@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -111,39 +112,65 @@ def sdpa_call(backend: SDPBackend, B: int, T: int):
     return call, [q, k, v]
 
 
-def train_bench(lengths, families) -> dict:
+def train_bench(lengths, families, rounds: int = 3) -> dict:
+    """Training throughput per (method, length): ``rounds`` round-robin passes over every length
+    and method, each cell's figures the medians of its passes (``gpu_common.train_times`` per
+    pass; the passes in ``passes_s`` / ``queued_passes_s``). One pass per cell, as before
+    2026-12-04, moved the delta rules by 2-7% between full runs of the same code (delta_rule at
+    2k queued 15.4-17.0), more than the side-by-side calls of ``train_ab.py`` (medians of rounds)
+    ever did; the PyTorch forms (no kernel, seconds per step) are timed in the first pass only."""
     out: dict = {f: {} for f in families}
     out["sdpa_cudnn"], out["sdpa_flash"] = {}, {}
     slow: set = set()
-    for T in lengths:
-        B = TOKENS // T
-        for family in families:
-            if family in slow:
-                continue
-            try:
-                args = train_inputs(family, B, T)
-                mod = op_module(family)
-                pos = positional(family, args)
+    for i_pass in range(rounds):
+        for T in lengths:
+            B = TOKENS // T
+            for family in families:
+                if family in slow or "error" in out[family].get(str(T), {}):
+                    continue
                 impl = "triton" if kernels.has_kernel(family, "chunk") else "pytorch"
-                row = out[family][str(T)] = dict(train_times(fwd_bwd(lambda: mod.chunk(*pos)[0], pos)), impl=impl)
-                log(f"ours {family:17s} T={T:6d} {row['mtok_s']:8.2f} Mtok/s, queued {row['queued_mtok_s']:6.2f} ({impl})")
-                if row["s"] > 2.0:
-                    slow.add(family)  # the PyTorch form at longer T would take minutes
-            except Exception as exc:
-                out[family][str(T)] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-                log(f"ours {family} T={T} FAILED {exc!r}"[:300])
-            finally:
-                torch.cuda.empty_cache()
-        for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
-            try:
-                call, ins = sdpa_call(backend, B, T)
-                row = out[name][str(T)] = train_times(fwd_bwd(call, ins))
-                log(f"{name:22s} T={T:6d} {row['mtok_s']:8.2f} Mtok/s, queued {row['queued_mtok_s']:6.2f}")
-            except Exception as exc:
-                out[name][str(T)] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            finally:
-                torch.cuda.empty_cache()
+                if i_pass and impl == "pytorch":
+                    continue
+                try:
+                    args = train_inputs(family, B, T)
+                    mod = op_module(family)
+                    pos = positional(family, args)
+                    row = _add_pass(out[family], T, train_times(fwd_bwd(lambda: mod.chunk(*pos)[0], pos)), impl=impl)
+                    log(f"ours {family:17s} T={T:6d} {row['mtok_s']:8.2f} Mtok/s, queued {row['queued_mtok_s']:6.2f} "
+                        f"({impl}; pass {i_pass + 1}, medians)")
+                    if row["s"] > 2.0:
+                        slow.add(family)  # the PyTorch form at longer T would take minutes
+                except Exception as exc:
+                    out[family][str(T)] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                    log(f"ours {family} T={T} FAILED {exc!r}"[:300])
+                finally:
+                    torch.cuda.empty_cache()
+            for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+                if "error" in out[name].get(str(T), {}):
+                    continue
+                try:
+                    call, ins = sdpa_call(backend, B, T)
+                    row = _add_pass(out[name], T, train_times(fwd_bwd(call, ins)))
+                    log(f"{name:22s} T={T:6d} {row['mtok_s']:8.2f} Mtok/s, queued {row['queued_mtok_s']:6.2f} "
+                        f"(pass {i_pass + 1}, medians)")
+                except Exception as exc:
+                    out[name][str(T)] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                finally:
+                    torch.cuda.empty_cache()
     return out
+
+
+def _add_pass(table: dict, T: int, timed: dict, **extra) -> dict:
+    """Fold one pass's ``train_times`` into ``table[str(T)]`` (created on the first pass): the
+    pass lists grow and ``s`` / ``queued_s`` and their Mtok/s become the medians so far."""
+    row = table.setdefault(str(T), {"passes_s": [], "queued_passes_s": [], **extra})
+    row["passes_s"].append(timed["s"])
+    row["queued_passes_s"].append(timed["queued_s"])
+    row["iters"] = timed["iters"]
+    for key, passes in (("s", row["passes_s"]), ("queued_s", row["queued_passes_s"])):
+        row[key] = statistics.median(passes)
+    row["mtok_s"], row["queued_mtok_s"] = TOKENS / row["s"] / 1e6, TOKENS / row["queued_s"] / 1e6
+    return row
 
 
 def fla_bench(timeout: float, lengths, families: str) -> dict:
@@ -603,10 +630,28 @@ def _md_train(res: dict) -> list[str]:
     if any("queued_mtok_s" in r for t in res["train"].values() for r in t.values()):
         lines += [""] + _md_train_table(res, "queued_mtok_s", "## Training, steps launched back to back (Mtok/s; "
                                         "as above, but the host may run ahead of the GPU, as in a training loop)")
+    lines += _md_train_passes(res["train"])
     fla = _fla(res)
     if fla.get("errors"):
         lines += ["", "fla errors: " + "; ".join(f"{k}: {v[:140]}" for k, v in fla["errors"].items())]
     return lines
+
+
+def _md_train_passes(train: dict) -> list[str]:
+    """How the cells were timed, for runs with pass lists (``train_bench``'s rounds): the number of
+    passes and, per method, the widest spread of one cell's queued passes (max / min - 1)."""
+    spreads, counts = {}, set()
+    for method, table in train.items():
+        passes = [r["queued_passes_s"] for r in table.values() if len(r.get("queued_passes_s", ())) > 1]
+        if passes:
+            counts.update(len(p) for p in passes)
+            spreads[method] = max(max(p) / min(p) - 1 for p in passes)
+    if not spreads:
+        return []
+    n = "/".join(str(c) for c in sorted(counts))
+    return ["", f"Each cell: the median of {n} round-robin passes over every cell of both tables; the widest "
+            "spread of one cell's queued passes (max / min - 1): "
+            + ", ".join(f"{m} {100 * v:.1f}%" for m, v in spreads.items()) + "."]
 
 
 def _md_train_table(res: dict, key: str, title: str) -> list[str]:
@@ -870,6 +915,8 @@ def main(argv=None) -> int:
                     "(e.g. CHUNKS=4: the decode mixer's state in four slices; recorded in kernel_settings)")
     ap.add_argument("--rounds", type=int, default=3, help="round-robin timing passes over the whole-model decode "
                     "rows, plain and compiled (each row's time: the median of its passes)")
+    ap.add_argument("--train-rounds", type=int, default=3, help="round-robin timing passes over the training "
+                    "table's cells (each cell: the median of its passes)")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(checked_families(ap, a.families))
@@ -893,6 +940,8 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     if a.rounds < 1:
         ap.error(f"--rounds: must be >= 1, got {a.rounds}")
+    if a.train_rounds < 1:
+        ap.error(f"--train-rounds: must be >= 1, got {a.train_rounds}")
     if not all(c.strip().isdigit() and int(c) > 0 for c in a.compiled_contexts.split(",")):
         ap.error(f"--compiled-contexts: a comma list of positive integers, got {a.compiled_contexts!r}")
     for flag, value in (("--decode-mixers", a.decode_mixers), ("--decode-layers", a.decode_layers)):
@@ -922,7 +971,7 @@ def main(argv=None) -> int:
                  "kernel_settings": kernel_settings()}
 
     sections = {"ceilings": lambda: ceilings(),
-                "train": lambda: train_bench(lengths, families),
+                "train": lambda: train_bench(lengths, families, a.train_rounds),
                 "step": step_bench,
                 "softmax_decode": lambda: softmax_decode_bench(contexts),
                 "kernel_breakdown": lambda: kernel_breakdown(families),

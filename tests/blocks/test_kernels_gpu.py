@@ -454,6 +454,21 @@ def test_decode_mixer_kernel_in_interpreter(block_name, config, chunks, early, m
     _check_mixer_against_the_block(block_name, config)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize("chunks", [1, 2, 4])
+@pytest.mark.parametrize("block_name, config", MIXER_CONFIGS, ids=lambda c: str(c))
+def test_decode_mixer_output_from_the_old_state_in_interpreter(block_name, config, chunks, monkeypatch):
+    """``decode_mixer.OLD_STATE_OUTPUT`` flipped: the output as ``decay S^T q + (k.q) u`` from the
+    loaded state (one two-operand reduction with ``S^T k`` in the delta rules) matches the block's
+    own path as the default form does, in every slicing."""
+    from blocks.kernels import decode_mixer
+
+    monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
+    monkeypatch.setattr(decode_mixer, "PLAIN_CHUNKS", chunks)
+    monkeypatch.setattr(decode_mixer, "OLD_STATE_OUTPUT", not decode_mixer.OLD_STATE_OUTPUT)
+    _check_mixer_against_the_block(block_name, config)
+
+
 def _check_mixer_against_the_block(block_name: str, config: dict) -> None:
     from blocks.kernels import decode_mixer
     from blocks.registry import build
