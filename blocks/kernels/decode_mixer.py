@@ -88,13 +88,18 @@ PDL_WAIT_FIRST = True
 # while the input projection's rose 10.1 -> 12.4 (whole state); at 06:10 (5 round-robin passes, steady host) the x24 graphs with it and ``skinny.SWAP_AB``
 # gated_deltanet 1.327 -> 1.309 ms (alone 1.315), simple_gla 1.275 -> 1.273 (a tie).
 STATE_BEFORE_WAIT = True
-# The output from the state as loaded, not from the updated one: with ``S_d = exp(g) S`` and
-# ``u = beta (v - S_d^T k)`` (delta rules; ``u = v`` else), ``o = S_new^T q = exp(g) S^T q + (k.q) u``,
-# so ``S^T k`` and ``S^T q`` come out of one two-operand reduction over the loaded slice (one
-# shared-memory round trip across the warps) and the updated slice only goes to its store. In place
-# of two reductions one after the other (``S^T k``, then ``S_new^T q``) on the delta rules' chain
-# from the state load to the output. The same sums in another order: float32 rounding, ~1e-7.
-OLD_STATE_OUTPUT = False
+# The delta rules' output from the state as loaded, not from the updated one: with
+# ``S_d = exp(g) S`` and ``u = beta (v - S_d^T k)``, ``o = S_new^T q = exp(g) S^T q + (k.q) u``, so
+# ``S^T k`` and ``S^T q`` come out of one two-operand reduction over the loaded slice (one
+# shared-memory round trip across the warps; sm_90: 28 -> 25 barriers, 1024 -> 2048 B of shared
+# memory at CHUNKS 2) and the updated slice only goes to its store, in place of two reductions one
+# after the other (``S^T k``, then ``S_new^T q``). The same sums in another order (float32 rounding).
+# Timed (H200 2026-12-04 03:27, compiled x24 graphs, 5 round-robin passes,
+# docs/benchmarks/decode_sets_1204_old_state.md): gated_deltanet 1.294 -> 1.286 ms, the mixer on the
+# step's path 9.88 -> 9.11 us per layer; with CHUNKS 4 1.343. simple_gla's form (``o = exp(g) S^T q
+# + (k.q) v``) lost, 1.258 -> 1.279 ms (8.17 -> 9.31 us): it has one reduction either way, so it
+# keeps the updated state's.
+OLD_STATE_OUTPUT = True
 SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4), "LAUNCH_DEPENDENTS": tuple(_TRIGGERS),
             "PDL_WAIT_FIRST": (False, True), "STATE_BEFORE_WAIT": (False, True), "OLD_STATE_OUTPUT": (False, True)}
 
@@ -167,8 +172,8 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     ``TRIGGER`` (``LAUNCH_DEPENDENTS``): 0 none, else where ``gdc_launch_dependents`` goes (1 first,
     2 after the first state load and q, k, 3 after the last state store); ``PDL``
     (``PDL_WAIT_FIRST``): launched with PDL, ``gdc_wait`` before anything else but, with ``EARLY``
-    (``STATE_BEFORE_WAIT``), the state's first slice; ``OLD_O`` (``OLD_STATE_OUTPUT``): the output
-    from the loaded slice, ``decay S^T q + (k.q) u``."""
+    (``STATE_BEFORE_WAIT``), the state's first slice; ``OLD_O`` (``OLD_STATE_OUTPUT``, with
+    ``DELTA`` only): the output from the loaded slice, ``decay S^T q + (k.q) u``."""
     BC: tl.constexpr = BV // NC
     if TRIGGER == 1:
         tl.extra.cuda.gdc_launch_dependents()
@@ -214,12 +219,9 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
             b_next = tl.load(s_in + p_s + (j + 1) * BC, mask=m_k[:, None] & (o_v + BC < V)[None, :], other=0.)
         b_v = _conv_silu(proj, cache, new_cache, conv_w, i_b, 2 * H * K + i_h * V + j * BC, o_c, m_v, sp_b, C, W,
                          DTYPE, WRITE_CACHE)
-        if OLD_O:
-            if DELTA:
-                b_sk, b_sq = tl.reduce((b_s * b_k[:, None], b_s * b_q[:, None]), 0, _add_pair)
-                b_v = (b_v - b_sk * decay) * beta
-            else:
-                b_sq = tl.sum(b_s * b_q[:, None], axis=0)
+        if OLD_O:  # delta rules only
+            b_sk, b_sq = tl.reduce((b_s * b_k[:, None], b_s * b_q[:, None]), 0, _add_pair)
+            b_v = (b_v - b_sk * decay) * beta
             b_s = b_s * decay + b_k[:, None] * b_v[None, :]
             tl.store(s_out + p_s + j * BC, b_s, mask=m_kv)
             b_o = b_sq * decay + kq * b_v
@@ -326,7 +328,7 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         block.A_log if decay else s_in, block.dt_bias if decay else s_in, s_in, s_out, gate, gate.stride(0),
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
         K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), TRIGGER=_trigger(qkv.device),
-        EARLY=_state_before_wait(), W=W, DELTA=delta, OLD_O=OLD_STATE_OUTPUT,
+        EARLY=_state_before_wait(), W=W, DELTA=delta, OLD_O=OLD_STATE_OUTPUT and delta,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
         DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS, **pdl_launch(PDL_WAIT_FIRST, qkv.device))
     return o[:, None], new_state

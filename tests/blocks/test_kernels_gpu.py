@@ -458,9 +458,9 @@ def test_decode_mixer_kernel_in_interpreter(block_name, config, chunks, early, m
 @pytest.mark.parametrize("chunks", [1, 2, 4])
 @pytest.mark.parametrize("block_name, config", MIXER_CONFIGS, ids=lambda c: str(c))
 def test_decode_mixer_output_from_the_old_state_in_interpreter(block_name, config, chunks, monkeypatch):
-    """``decode_mixer.OLD_STATE_OUTPUT`` flipped: the output as ``decay S^T q + (k.q) u`` from the
-    loaded state (one two-operand reduction with ``S^T k`` in the delta rules) matches the block's
-    own path as the default form does, in every slicing."""
+    """``decode_mixer.OLD_STATE_OUTPUT`` flipped (on: the delta rules' output as ``decay S^T q +
+    (k.q) u`` from the loaded state, one two-operand reduction with ``S^T k``; off: from the updated
+    state; simple_gla keeps the latter either way) matches the block's own path in every slicing."""
     from blocks.kernels import decode_mixer
 
     monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
