@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -145,6 +146,25 @@ def copy_bandwidth() -> float:
     y = torch.empty_like(x)
     t, _ = cuda_time(lambda: y.copy_(x))
     return 2 * x.numel() * x.element_size() / t
+
+
+def gpu_state() -> dict:
+    """The current GPU's SM clock (MHz), temperature (C) and power draw (W) from NVML
+    (``nvidia-ml-py``, on the H200 host), ``{}`` where NVML or the package is missing: what a
+    throughput that drifts within one run went with (compute-bound steps slow down as the clock
+    falls under sustained load; memory-bound ones do not)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        index = int(visible.split(",")[torch.cuda.current_device()]) if visible[:1].isdigit() else torch.cuda.current_device()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return {"sm_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "temp_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000}
+    except Exception:  # noqa: BLE001 - no NVML (CPU machine, another vendor, no package): no readings
+        return {}
 
 
 def train_times(fn: Callable[[], object]) -> dict:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 from gpu_common import (  # noqa: E402
     HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, apply_sets, checked_families, copy_bandwidth, cuda_time, fwd_bwd,
-    graph_time, kernel_settings, positional, step_inputs, switched, switches_line, train_inputs, train_times,
+    gpu_state, graph_time, kernel_settings, positional, step_inputs, switched, switches_line, train_inputs, train_times,
 )
 
 from triton_check import require_triton  # noqa: E402
@@ -167,6 +167,8 @@ def _add_pass(table: dict, T: int, timed: dict, **extra) -> dict:
     row["passes_s"].append(timed["s"])
     row["queued_passes_s"].append(timed["queued_s"])
     row["iters"] = timed["iters"]
+    for key, value in gpu_state().items():  # right after the pass: the clock it ended on
+        row.setdefault(f"passes_{key}", []).append(value)
     for key, passes in (("s", row["passes_s"]), ("queued_s", row["queued_passes_s"])):
         row[key] = statistics.median(passes)
     row["mtok_s"], row["queued_mtok_s"] = TOKENS / row["s"] / 1e6, TOKENS / row["queued_s"] / 1e6
@@ -649,9 +651,21 @@ def _md_train_passes(train: dict) -> list[str]:
     if not spreads:
         return []
     n = "/".join(str(c) for c in sorted(counts))
-    return ["", f"Each cell: the median of {n} round-robin passes over every cell of both tables; the widest "
-            "spread of one cell's queued passes (max / min - 1): "
-            + ", ".join(f"{m} {100 * v:.1f}%" for m, v in spreads.items()) + "."]
+    lines = ["", f"Each cell: the median of {n} round-robin passes over every cell of both tables; the widest "
+             "spread of one cell's queued passes (max / min - 1): "
+             + ", ".join(f"{m} {100 * v:.1f}%" for m, v in spreads.items()) + "."]
+    by_pass: dict = {}  # pass index -> (SM MHz, C, W) readings after each cell of that pass
+    for table in train.values():
+        for r in table.values():
+            for i, reading in enumerate(zip(r.get("passes_sm_mhz", ()), r.get("passes_temp_c", ()),
+                                            r.get("passes_power_w", ()))):
+                by_pass.setdefault(i, []).append(reading)
+    if by_pass:
+        lines.append("GPU after each cell, median per pass (SM clock / temperature / power): " + "; ".join(
+            f"pass {i + 1} " + " / ".join(f"{statistics.median(x[j] for x in v):.0f} {u}"
+                                          for j, u in enumerate(("MHz", "C", "W")))
+            for i, v in sorted(by_pass.items())) + ".")
+    return lines
 
 
 def _md_train_table(res: dict, key: str, title: str) -> list[str]:
