@@ -15,7 +15,8 @@ kernel module: an upper-case setting, switch or not (a Python literal, e.g. ``WA
 ``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N`` / ``LAUNCH.entry.maxnreg=N`` (a cap on registers
 per thread, ptxas ``.maxnreg``; ``None`` removes an entry's cap or takes the stages from the dtype). ``--host-profile`` also writes a
 cProfile of the first variant's step launches per family and length. Prints a markdown table (ms per step
-synced and queued, Mtok/s, the host's time to launch one step, ratio to the first variant) and writes ``train_ab.{json,md}``.
+synced and queued, Mtok/s, the host's time to launch one step, the SM clock after the queued steps, ratios to the first
+variant synced and queued) and writes ``train_ab.{json,md}``.
 """
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 import torch  # noqa: E402
 
-from gpu_common import TOKENS, checked_families, checked_lengths, cuda_time, host_seconds, keep_gpu_busy, write_report  # noqa: E402
+from gpu_common import (  # noqa: E402
+    TOKENS, checked_families, checked_lengths, cuda_time, gpu_state, host_seconds, keep_gpu_busy, write_report,
+)
 
 
 def parsed(family: str, item: str) -> tuple:
@@ -118,7 +121,8 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
             torch.cuda.synchronize()
         profile_dir.mkdir(parents=True, exist_ok=True)
         (profile_dir / f"host_profile_{family}_{T}.txt").write_text(text)
-    times: dict[str, dict[str, list[float]]] = {v: {"synced": [], "queued": [], "host": []} for v in variants}
+    times: dict[str, dict[str, list[float]]] = {v: {"synced": [], "queued": [], "host": [], "sm_mhz": []}
+                                                for v in variants}
     errors: dict[str, str] = {}
     for _ in range(rounds):
         for v in variants:
@@ -128,6 +132,8 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
                 with applied(family, v):
                     times[v]["synced"].append(cuda_time(run, budget_s=0.3)[0] * 1e3)
                     times[v]["queued"].append(cuda_time(run, budget_s=0.3, queued=True)[0] * 1e3)
+                    state = gpu_state()  # right after the queued steps
+                    times[v]["sm_mhz"] += [state["sm_mhz"]] if state else []
                     times[v]["host"].append(host_seconds(run, reps=5) * 1e3)
             except Exception as exc:  # noqa: BLE001 - reported in the variant's row, the others go on
                 errors[v] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
@@ -140,22 +146,29 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
         rows.append({"family": family, "T": T, "variant": v, "ms": ms, "queued_ms": qms,
                      "host_ms": statistics.median(times[v]["host"]),
                      "mtok_s": TOKENS / ms / 1e3, "queued_mtok_s": TOKENS / qms / 1e3,
-                     "passes_ms": times[v]["synced"]})
+                     "passes_ms": times[v]["synced"],
+                     "sm_mhz": statistics.median(times[v]["sm_mhz"]) if times[v]["sm_mhz"] else None})
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| family | T | variant | ms synced | Mtok/s | ms queued | Mtok/s queued | host ms | vs first |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    base: dict[tuple, float] = {}
+    """The report's table; the last two columns are each variant's ms over the first variant's at
+    the same family and length, synced and queued (read queued ratios from the second), and ``SM
+    MHz`` the median SM clock right after its queued steps (NVML; ``-`` without it)."""
+    out = ["| family | T | variant | ms synced | Mtok/s | ms queued | Mtok/s queued | host ms | SM MHz | "
+           "vs first (synced) | vs first (queued) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    base: dict[tuple, tuple[float, float]] = {}
     for r in rows:
         key = (r["family"], r["T"])
         if "error" in r:
-            out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['error']} |||||||")
+            out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['error']} ||||||||")
             continue
-        base.setdefault(key, r["ms"])
+        ms0, qms0 = base.setdefault(key, (r["ms"], r["queued_ms"]))
+        clock = f"{r['sm_mhz']:.0f}" if r.get("sm_mhz") else "-"
         out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['ms']:.3f} | {r['mtok_s']:.2f} | "
-                   f"{r['queued_ms']:.3f} | {r['queued_mtok_s']:.2f} | {r['host_ms']:.3f} | {r['ms'] / base[key]:.3f} |")
+                   f"{r['queued_ms']:.3f} | {r['queued_mtok_s']:.2f} | {r['host_ms']:.3f} | {clock} | "
+                   f"{r['ms'] / ms0:.3f} | {r['queued_ms'] / qms0:.3f} |")
     return "\n".join(out)
 
 

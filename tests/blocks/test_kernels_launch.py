@@ -1419,6 +1419,21 @@ def test_host_orchestration_stubs_the_kernels_and_puts_them_back():
         ho.main(["--families", "nope"])
 
 
+def test_train_ab_table_gives_synced_and_queued_ratios_and_the_clock():
+    """``train_ab.table``: each variant against the first of its family and length, synced and
+    queued in their own columns (a queued ratio was once read off the synced column), the SM clock
+    where NVML gave one, and a failed variant's error in its row."""
+    ab = _benchmark("train_ab")
+    rows = [{"family": "gla", "T": 2048, "variant": v, "ms": ms, "queued_ms": q, "mtok_s": 1.0, "queued_mtok_s": 1.0,
+             "host_ms": 2.0, "sm_mhz": clock} for v, ms, q, clock in (("-", 4.0, 3.8, 1965.0), ("A=1", 4.2, 3.61, None))]
+    rows.append({"family": "gla", "T": 2048, "variant": "B=2", "error": "CompilationError: boom"})
+    lines = ab.table(rows).splitlines()
+    assert lines[0].endswith("| SM MHz | vs first (synced) | vs first (queued) |")
+    assert lines[2].endswith("| 1965 | 1.000 | 1.000 |")
+    assert lines[3].endswith("| - | 1.050 | 0.950 |")
+    assert "CompilationError: boom" in lines[4] and lines[4].count("|") == lines[0].count("|")
+
+
 def test_train_ab_host_profile_names_where_the_host_time_goes():
     """``train_ab.host_profile``: a cProfile of repeated launches, sorted by own time; here of a
     function that spends its time in a named helper. ``--host-profile`` needs ``--out``."""
