@@ -100,8 +100,18 @@ STATE_BEFORE_WAIT = True
 # + (k.q) v``) lost, 1.258 -> 1.279 ms (8.17 -> 9.31 us): it has one reduction either way, so it
 # keeps the updated state's.
 OLD_STATE_OUTPUT = True
+# The conv cache's shift (each channel's rows moved up one, the new input last) written after the
+# state's update and the output instead of inside each ``_conv_silu``: there, in place, every call
+# (q, k and each value slice: 2 + CHUNKS) needs a barrier between all threads' reads of the old rows
+# and the first overwrite, on the way from the loads to the state update. Last, the rows are read
+# again (a head's 2K+V channels, W-1 rows: ~2.3 KB at K = V = 128, W = 4, from L2) and stored after
+# one barrier, beside o_proj's start (``LAUNCH_DEPENDENTS`` "stores" comes before). sm_90, gated_deltanet at
+# CHUNKS 2: 236 -> 209 registers, 25 -> 24 barriers, 1736 -> 1784 SASS instructions. Not timed yet: the
+# next GPU call's A/B (``--compiled-sets="-;CACHE_SHIFT_LAST=True"``, decode graph tests with it on).
+CACHE_SHIFT_LAST = False
 SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4), "LAUNCH_DEPENDENTS": tuple(_TRIGGERS),
-            "PDL_WAIT_FIRST": (False, True), "STATE_BEFORE_WAIT": (False, True), "OLD_STATE_OUTPUT": (False, True)}
+            "PDL_WAIT_FIRST": (False, True), "STATE_BEFORE_WAIT": (False, True), "OLD_STATE_OUTPUT": (False, True),
+            "CACHE_SHIFT_LAST": (False, True)}
 
 
 @triton.jit
@@ -142,6 +152,36 @@ def _conv_silu(proj, cache, new_cache, conv_w, i_b, c0, o_c, m_c, sp_b, C, W: tl
 
 
 @triton.jit
+def _cache_rows(proj, cache, i_b, c0, o_c, m_c, sp_b, C, W: tl.constexpr):
+    """What ``_conv_silu``'s cache write stores for channels ``c0 + o_c``, read again: the old rows
+    1 and 2 (where W has them; else the new input in their place, never stored) and the new input."""
+    c = c0 + o_c
+    x_new = tl.load(proj + i_b * sp_b + c, mask=m_c, other=0.)
+    x_1 = x_new
+    x_2 = x_new
+    if W >= 3:
+        x_1 = tl.load(cache + i_b * (W - 1) * C + C + c, mask=m_c, other=0.)
+    if W >= 4:
+        x_2 = tl.load(cache + i_b * (W - 1) * C + 2 * C + c, mask=m_c, other=0.)
+    return x_1, x_2, x_new
+
+
+@triton.jit
+def _store_shifted(new_cache, i_b, c0, o_c, m_c, C, W: tl.constexpr, x_1, x_2, x_new):
+    """``_conv_silu``'s cache write of channels ``c0 + o_c`` from ``_cache_rows``' values."""
+    p_new = new_cache + i_b * (W - 1) * C + c0 + o_c
+    if W == 2:
+        tl.store(p_new, x_new, mask=m_c)
+    if W == 3:
+        tl.store(p_new, x_1, mask=m_c)
+        tl.store(p_new + C, x_new, mask=m_c)
+    if W == 4:
+        tl.store(p_new, x_1, mask=m_c)
+        tl.store(p_new + C, x_2, mask=m_c)
+        tl.store(p_new + 2 * C, x_new, mask=m_c)
+
+
+@triton.jit
 def _l2norm(x, DTYPE: tl.constexpr):
     """``blocks.ops.utils.l2norm`` of a ``[BK]`` float32 vector, rounded to ``DTYPE``."""
     return (x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)).to(DTYPE).to(tl.float32)
@@ -158,7 +198,7 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
                   s_in, s_out, gate, sg_b, norm_w, eps, o, scale, H, C,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NC: tl.constexpr,
                   TRIGGER: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, W: tl.constexpr,
-                  DELTA: tl.constexpr, OLD_O: tl.constexpr,
+                  DELTA: tl.constexpr, OLD_O: tl.constexpr, LATE_CACHE: tl.constexpr,
                   GATED: tl.constexpr, NORM: tl.constexpr,
                   OUT_GATE: tl.constexpr, WRITE_CACHE: tl.constexpr, DTYPE: tl.constexpr):
     """Grid (B*H,): one head. ``proj: [B, C]`` the q|k|v columns of the input projection (row
@@ -173,7 +213,9 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     2 after the first state load and q, k, 3 after the last state store); ``PDL``
     (``PDL_WAIT_FIRST``): launched with PDL, ``gdc_wait`` before anything else but, with ``EARLY``
     (``STATE_BEFORE_WAIT``), the state's first slice; ``OLD_O`` (``OLD_STATE_OUTPUT``, with
-    ``DELTA`` only): the output from the loaded slice, ``decay S^T q + (k.q) u``."""
+    ``DELTA`` only): the output from the loaded slice, ``decay S^T q + (k.q) u``; ``LATE_CACHE``
+    (``CACHE_SHIFT_LAST``): the conv cache written at the end, after one barrier."""
+    EARLY_CACHE: tl.constexpr = WRITE_CACHE and not LATE_CACHE
     BC: tl.constexpr = BV // NC
     if TRIGGER == 1:
         tl.extra.cuda.gdc_launch_dependents()
@@ -191,8 +233,8 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
         b_next = tl.load(s_in + p_s, mask=m_s0, other=0.)
     i_b = i_bh // H
     i_h = i_bh % H
-    b_q = _conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
-    b_k = _conv_silu(proj, cache, new_cache, conv_w, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W, DTYPE, WRITE_CACHE)
+    b_q = _conv_silu(proj, cache, new_cache, conv_w, i_b, i_h * K, o_k, m_k, sp_b, C, W, DTYPE, EARLY_CACHE)
+    b_k = _conv_silu(proj, cache, new_cache, conv_w, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W, DTYPE, EARLY_CACHE)
     if DELTA:
         b_q = _l2norm(b_q, DTYPE)
         b_k = _l2norm(b_k, DTYPE)
@@ -218,7 +260,7 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
         if j + 1 < NC:  # issued before this slice's store: the two overlap
             b_next = tl.load(s_in + p_s + (j + 1) * BC, mask=m_k[:, None] & (o_v + BC < V)[None, :], other=0.)
         b_v = _conv_silu(proj, cache, new_cache, conv_w, i_b, 2 * H * K + i_h * V + j * BC, o_c, m_v, sp_b, C, W,
-                         DTYPE, WRITE_CACHE)
+                         DTYPE, EARLY_CACHE)
         if OLD_O:  # delta rules only
             b_sk, b_sq = tl.reduce((b_s * b_k[:, None], b_s * b_q[:, None]), 0, _add_pair)
             b_v = (b_v - b_sk * decay) * beta
@@ -248,6 +290,16 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
         m_f = o_f < V
         b_f = tl.load(o + i_b * H * V + i_h * V + o_f, mask=m_f, other=0.).to(tl.float32)
         _finish_row(b_f, o_f, m_f, sum_sq, norm_w, gate, sg_b, o, eps, i_b, i_h, H, V, NORM, OUT_GATE, DTYPE)
+    if WRITE_CACHE and LATE_CACHE:
+        o_a = tl.arange(0, BV)
+        m_a = o_a < V
+        q_1, q_2, q_n = _cache_rows(proj, cache, i_b, i_h * K, o_k, m_k, sp_b, C, W)
+        k_1, k_2, k_n = _cache_rows(proj, cache, i_b, (H + i_h) * K, o_k, m_k, sp_b, C, W)
+        v_1, v_2, v_n = _cache_rows(proj, cache, i_b, 2 * H * K + i_h * V, o_a, m_a, sp_b, C, W)
+        tl.debug_barrier()  # every thread has read the old rows before any is overwritten (in place)
+        _store_shifted(new_cache, i_b, i_h * K, o_k, m_k, C, W, q_1, q_2, q_n)
+        _store_shifted(new_cache, i_b, (H + i_h) * K, o_k, m_k, C, W, k_1, k_2, k_n)
+        _store_shifted(new_cache, i_b, 2 * H * K + i_h * V, o_a, m_a, C, W, v_1, v_2, v_n)
 
 
 @triton.jit
@@ -329,6 +381,7 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
         K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), TRIGGER=_trigger(qkv.device),
         EARLY=_state_before_wait(), W=W, DELTA=delta, OLD_O=OLD_STATE_OUTPUT and delta,
+        LATE_CACHE=CACHE_SHIFT_LAST,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
         DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS, **pdl_launch(PDL_WAIT_FIRST, qkv.device))
     return o[:, None], new_state

@@ -469,6 +469,21 @@ def test_decode_mixer_output_from_the_old_state_in_interpreter(block_name, confi
     _check_mixer_against_the_block(block_name, config)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize("chunks", [1, 2])
+@pytest.mark.parametrize("block_name, config", MIXER_CONFIGS, ids=lambda c: str(c))
+def test_decode_mixer_cache_shift_last_in_interpreter(block_name, config, chunks, monkeypatch):
+    """``decode_mixer.CACHE_SHIFT_LAST`` flipped (on: the conv cache's rows read again and stored
+    after the output, one barrier; off: inside each channel group's conv): the same new cache and
+    output as the block's own path, functional and in place, every conv size of ``MIXER_CONFIGS``."""
+    from blocks.kernels import decode_mixer
+
+    monkeypatch.setattr(decode_mixer, "CHUNKS", chunks)
+    monkeypatch.setattr(decode_mixer, "PLAIN_CHUNKS", chunks)
+    monkeypatch.setattr(decode_mixer, "CACHE_SHIFT_LAST", not decode_mixer.CACHE_SHIFT_LAST)
+    _check_mixer_against_the_block(block_name, config)
+
+
 def _check_mixer_against_the_block(block_name: str, config: dict) -> None:
     from blocks.kernels import decode_mixer
     from blocks.registry import build
