@@ -115,10 +115,13 @@ def sdpa_call(backend: SDPBackend, B: int, T: int):
 def train_bench(lengths, families, rounds: int = 3) -> dict:
     """Training throughput per (method, length): ``rounds`` round-robin passes over every length
     and method, each cell's figures the medians of its passes (``gpu_common.train_times`` per
-    pass; the passes in ``passes_s`` / ``queued_passes_s``). One pass per cell, as before
-    2026-12-04, moved the delta rules by 2-7% between full runs of the same code (delta_rule at
-    2k queued 15.4-17.0), more than the side-by-side calls of ``train_ab.py`` (medians of rounds)
-    ever did; the PyTorch forms (no kernel, seconds per step) are timed in the first pass only."""
+    pass; the passes in ``passes_s`` / ``queued_passes_s``; the PyTorch forms, seconds per step,
+    in the first pass only). One pass per cell (before 2026-12-04) read the board wherever its
+    clock was: the compute-bound rows slow as it reaches its power limit (H200 03:33: cuDNN at 512
+    -4.4%, delta_rule at 32k -4.8% from the first pass to the later ones; memory-bound rows
+    within 0.5%). Passes do not remove the spread between hosts (delta_rule at 2k 15.8 / 16.8 /
+    17.1 on three H200s the same hour, docs/benchmarks/README.md). A pass that fails after
+    others succeeded keeps their figures and adds its error to the cell's ``errors``."""
     out: dict = {f: {} for f in families}
     out["sdpa_cudnn"], out["sdpa_flash"] = {}, {}
     slow: set = set()
@@ -141,7 +144,7 @@ def train_bench(lengths, families, rounds: int = 3) -> dict:
                     if row["s"] > 2.0:
                         slow.add(family)  # the PyTorch form at longer T would take minutes
                 except Exception as exc:
-                    out[family][str(T)] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                    _add_error(out[family], T, exc)
                     log(f"ours {family} T={T} FAILED {exc!r}"[:300])
                 finally:
                     torch.cuda.empty_cache()
@@ -154,10 +157,21 @@ def train_bench(lengths, families, rounds: int = 3) -> dict:
                     log(f"{name:22s} T={T:6d} {row['mtok_s']:8.2f} Mtok/s, queued {row['queued_mtok_s']:6.2f} "
                         f"(pass {i_pass + 1}, medians)")
                 except Exception as exc:
-                    out[name][str(T)] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                    _add_error(out[name], T, exc)
                 finally:
                     torch.cuda.empty_cache()
     return out
+
+
+def _add_error(table: dict, T: int, exc: Exception) -> None:
+    """A failed pass: the cell becomes ``{"error": ...}`` (skipped by later passes) unless earlier
+    passes timed it, whose figures stay, the error added to its ``errors``."""
+    message = f"{type(exc).__name__}: {str(exc)[:200]}"
+    row = table.get(str(T))
+    if row and row.get("passes_s"):
+        row.setdefault("errors", []).append(message)
+    else:
+        table[str(T)] = {"error": message}
 
 
 def _add_pass(table: dict, T: int, timed: dict, **extra) -> dict:

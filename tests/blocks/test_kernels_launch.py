@@ -397,6 +397,11 @@ def test_benchmark_training_cells_are_medians_of_round_robin_passes():
     assert row is table["2048"] and row["impl"] == "triton"
     assert row["passes_s"] == [4.0e-3, 4.4e-3, 4.2e-3] and row["s"] == 4.2e-3 and row["queued_s"] == 4.0e-3
     assert row["queued_mtok_s"] == pytest.approx(gpu_kernels.TOKENS / 4.0e-3 / 1e6)
+    gpu_kernels._add_error(table, 2048, RuntimeError("CUDA out of memory"))  # a later pass fails: nothing lost
+    assert table["2048"]["s"] == 4.2e-3 and table["2048"]["errors"] == ["RuntimeError: CUDA out of memory"]
+    gpu_kernels._add_error(table, 4096, RuntimeError("boom"))  # a cell's first pass fails
+    assert table["4096"] == {"error": "RuntimeError: boom"}
+    del table["2048"]["errors"], table["4096"]
     res = json.loads((ROOT / "docs/benchmarks/gpu_results.json").read_text())
     for t in res["train"].values():  # a run from before the passes
         for rec in t.values():
