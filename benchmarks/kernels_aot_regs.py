@@ -190,7 +190,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         for nc in (1, 2, 4):  # the whole state at once, in two or four slices of values (decode_mixer.CHUNKS)
             yield (f"decode_mixer{'' if nc == 1 else f'_chunks{nc}'}.{tag}", dm._mixer_kernel,
                    dict(K=K, V=V, BK=BK, BV=BV, NC=nc, TRIGGER=dm._TRIGGERS[dm.LAUNCH_DEPENDENTS], PDL=dm.PDL_WAIT_FIRST,
-                        EARLY=dm._state_before_wait(), OLD_O=dm.OLD_STATE_OUTPUT and delta,
+                        EARLY=dm._state_before_wait(), OLD_O=dm._old_state_output(delta),
                         LATE_CACHE=dm.CACHE_SHIFT_LAST,
                         W=conv, DELTA=delta, GATED=gated, NORM=True, OUT_GATE=True, WRITE_CACHE=conv > 0,
                         DTYPE=dm._DTYPES[dtype]), dm.NUM_WARPS, 1, None)

@@ -382,7 +382,7 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
         block.A_log if decay else s_in, block.dt_bias if decay else s_in, s_in, s_out, gate, gate.stride(0),
         norm_w, block.norm.eps if block.norm is not None else 0.0, o, K ** -0.5, H, C,
         K=K, V=V, BK=pow2(K), BV=pow2(V), NC=_slices(V, delta), TRIGGER=_trigger(qkv.device),
-        EARLY=_state_before_wait(), W=W, DELTA=delta, OLD_O=OLD_STATE_OUTPUT and delta,
+        EARLY=_state_before_wait(), W=W, DELTA=delta, OLD_O=_old_state_output(delta),
         LATE_CACHE=CACHE_SHIFT_LAST,
         GATED=decay is not None, NORM=block.norm is not None, OUT_GATE=block.gate is not None, WRITE_CACHE=W > 0,
         DTYPE=_DTYPES[dtype], num_warps=1 if _INTERPRET else NUM_WARPS, **pdl_launch(PDL_WAIT_FIRST, qkv.device))
@@ -392,6 +392,12 @@ def mixer_step(block, proj: dict[str, torch.Tensor], state: dict[str, torch.Tens
 def _state_before_wait() -> bool:
     """The kernel's ``EARLY``: ``STATE_BEFORE_WAIT``, which only means something with ``PDL_WAIT_FIRST``."""
     return STATE_BEFORE_WAIT and PDL_WAIT_FIRST
+
+
+def _old_state_output(delta: bool) -> bool:
+    """The kernel's ``OLD_O``: ``OLD_STATE_OUTPUT``, which the delta rules alone take (simple_gla's
+    form of it lost)."""
+    return OLD_STATE_OUTPUT and delta
 
 
 def _trigger(device: torch.device) -> int:
