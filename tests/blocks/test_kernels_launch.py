@@ -1858,3 +1858,34 @@ def test_tile_reads_sum_each_programs_rows_once(programs, bn, split):
         lo, hi = i * half // programs, (i + 1) * half // programs
         rows = torch.cat([w[lo:hi], w[half + lo:half + hi]]) if split else w[2 * lo:2 * hi]
         assert torch.allclose(out[i], rows.sum(), rtol=1e-5, atol=1e-3)
+
+
+def test_switch_plugin_runs_a_test_session_with_switches_set(tmp_path):
+    """``benchmarks/switch_plugin.py`` (``pytest -p switch_plugin``): every test of the session sees
+    ``ARCHSEARCH_TEST_SET``'s values; a bad value stops the session with a usage error naming it."""
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("from blocks.kernels import delta\n\n"
+                     "def test_probe():\n    assert delta.DS_IN_DV_LOCAL is (not DEFAULT)\n"
+                     f"\nDEFAULT = {delta.DS_IN_DV_LOCAL!r}\n")
+    code = f"""
+import pytest
+rc = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "switch_plugin", {str(probe)!r}])
+print("RC", int(rc))
+"""
+    out = run_python(code, {"ARCHSEARCH_TEST_SET": f"DS_IN_DV_LOCAL={not delta.DS_IN_DV_LOCAL}"})
+    assert "RC 0" in out and "1 passed" in out, out
+    out = run_python(code, {"ARCHSEARCH_TEST_SET": "DS_IN_DV_LOCAL=3"})
+    assert "RC 4" in out, out  # pytest's usage-error exit code
+
+
+def test_ds_in_dv_local_only_where_one_dv_local_program_covers_v(monkeypatch):
+    """``DS_IN_DV_LOCAL`` acts only where ``_bwd_dv_local_kernel`` has one program per chunk
+    (V <= 128) and, for the gated rule, in ``DQKWG_DG_FROM_ROWS``'s form; elsewhere ``bwd``
+    keeps forming ``ds`` in ``_bwd_dqkwg_kernel``."""
+    monkeypatch.setattr(delta, "DS_IN_DV_LOCAL", True)
+    assert delta._ds_in_dv_local(True, 128) and delta._ds_in_dv_local(False, 64)
+    assert not delta._ds_in_dv_local(False, 256) and not delta._ds_in_dv_local(True, 192)
+    monkeypatch.setattr(delta, "DQKWG_DG_FROM_ROWS", False)
+    assert not delta._ds_in_dv_local(True, 128) and delta._ds_in_dv_local(False, 128)
+    monkeypatch.setattr(delta, "DS_IN_DV_LOCAL", False)
+    assert not delta._ds_in_dv_local(False, 64)
