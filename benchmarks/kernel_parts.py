@@ -111,7 +111,7 @@ EDITS = {
                          lambda s: _replace(s, "            b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)",
                                             "            b_hdh += 0."), module="delta"),
     "dqkwg_no_decay": Edit("_bwd_dqkwg_kernel's pair decay of ds (ds = dP scale)",
-                           lambda s: _cut(s, "        if DS_IN:  # DG_FROM_ROWS (the host's condition)",
+                           lambda s: _cut(s, "        if DG_FROM_ROWS and DS_UNMASKED:",
                                           "        # Terms whose exponent is G_x - G_x",
                                           "        b_ds = tl.where(m_ij, b_dP * scale, 0.)\n"), module="delta"),
     "dqkwg_no_dg": Edit("_bwd_dqkwg_kernel's gate gradient (the row sums, the diagonal, the last row's terms); "

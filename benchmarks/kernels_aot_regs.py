@@ -51,7 +51,7 @@ from gpu_common import apply_sets, comma_ints  # noqa: E402 - benchmarks/ is thi
 
 # the delta backward's inter-kernel gradients (dv2, dw, dk_in, du) are in the activations' dtype,
 # and so is the WY inverse Ai with delta.WY_INPUT_DTYPE_DOTS
-ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv", "dv2", "dw", "dk_in", "du", "ds",
+ACTIVATIONS = ("q", "k", "v", "w", "u", "vn", "o", "do", "h", "dh", "dq", "dk", "dv", "dv2", "dw", "dk_in", "du",
                # the decode mixer's projection columns, conv cache and weights, block parameters
                "proj", "cache", "new_cache", "conv_w", "a", "bl", "gate", "norm_w", "A_log", "dt_bias",
                # the softmax layers' KV caches (decode_attention)
@@ -63,7 +63,7 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
     ``act``, everything else float32 (gla's scores ``A`` in ``act`` when kept, as the host
     allocates them), sizes int32."""
     types = {n: f"*{act}" for n in ACTIVATIONS}
-    for n in ("beta", "gc", "span", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x", "P", "ds_diag",
+    for n in ("beta", "gc", "span", "g", "gk", "Ai", "A", "dA", "h0", "ht", "dht", "dh0", "dG", "dG_in", "x", "P",
               "dbeta", "dg"):
         types[n] = "*fp32"
     if d.WY_INPUT_DTYPE_DOTS:
@@ -120,15 +120,13 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                      DOT_PREC=prec), *table(d.LAUNCH, "fwd_h_bv32", s))
         yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED), *table(d.LAUNCH, "fwd_o", s))
         yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
-                                                                   DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
-                                                                   DS_OUT=d._ds_in_dv_local(use_g, V)),
-               *table(d.LAUNCH, "bwd_dv_local_ds" if d._ds_in_dv_local(use_g, V) else "bwd_dv_local", s))
+                                                                   DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED), *table(d.LAUNCH, "bwd_dv_local", s))
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=dh_gated, USE_DHT=True,
                                                        STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), USE_G=use_g,
                                                              DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
-                                                             DS_UNMASKED=d.DQKWG_DS_UNMASKED, DS_IN=d._ds_in_dv_local(use_g, V)),
+                                                             DS_UNMASKED=d.DQKWG_DS_UNMASKED),
                *table(d.LAUNCH, ("bwd_dqkwg_gated" if use_g else "bwd_dqkwg") + ("_bv32" if d.DQKWG_BV == 32 else ""), s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
                                                        USE_G=use_g, LOWP=lowp, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,

@@ -1,7 +1,7 @@
 """A pytest plugin that runs the test suite with kernel switches set, so that a switch not yet on by
 default is checked by every GPU test (not only the tests that flip switches):
 
-    ARCHSEARCH_TEST_SET="DS_IN_DV_LOCAL=True" PYTHONPATH=benchmarks:. \
+    ARCHSEARCH_TEST_SET="CACHE_SHIFT_LAST=False" PYTHONPATH=benchmarks:. \
         python -m pytest -p switch_plugin tests/blocks/test_kernels_gpu_gla_delta.py
 
 ``ARCHSEARCH_TEST_SET`` takes ``gpu_kernels.py --set``'s syntax (``gpu_common.apply_sets``: names of

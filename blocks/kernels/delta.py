@@ -68,9 +68,6 @@ LAUNCH = {
     "wu": dict(num_warps=4, num_stages=None),
     "fwd_o": dict(num_warps=8, num_stages=None),
     "bwd_dv_local": dict(num_warps=8, num_stages=None),
-    # with DS_IN_DV_LOCAL's ds: sm_90 compiles (host Triton) at 8 warps 130 registers, one program per
-    # SM; capped to 128, two, no spills (4 warps: 214 gated, 128 capped spills 312 B)
-    "bwd_dv_local_ds": dict(num_warps=8, num_stages=None, maxnreg=128),
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
     "bwd_dh": dict(num_warps=4, num_stages=3),
@@ -252,21 +249,13 @@ DQKWG_BV = 64
 # 1k / 2k / 8k / 16k / 32k (synced -0.1..+1.5%): small, every queued length lower, one call.
 # history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_ds_unmasked
 DQKWG_DS_UNMASKED = True
-# The chunks' score gradient ``ds = scale mask(do vn^T) exp(G_i - G_j)`` formed once per chunk by
-# ``_bwd_dv_local_kernel`` (its pair decay is the one it forms for ``P``) and read by
-# ``_bwd_dqkwg_kernel`` ([B, T, H, 64] in the inputs' dtype, its diagonal in float32 apart for the
-# gated rule) instead of formed by each of that kernel's key slices: one [BT, BV] x [BV, BT] dot less
-# per value step there, its [BT, BT] float32 accumulator and the gated pair decay once per chunk instead
-# of twice. Costs the ``ds`` bytes (written once, read twice: ~0.4 GB per 64k-token step of 16 heads in
-# bf16) and ``vn`` read by dv_local. Not timed yet.
-DS_IN_DV_LOCAL = False
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64),
-            "DQKWG_DS_UNMASKED": (False, True), "DS_IN_DV_LOCAL": (False, True)}
+            "DQKWG_DS_UNMASKED": (False, True)}
 
 
 @triton.jit
@@ -635,19 +624,12 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT, C0,
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
-def _bwd_dv_local_kernel(q, k, vn, gc, do, dv, ds, ds_diag, scale, T, C0,
+def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T, C0,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                         USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                         DS_OUT: tl.constexpr):
+                         USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``dU`` through the intra-chunk output, ``P^T do`` with
-    ``P = scale mask(q k^T) * exp(G_i - G_j)`` (stored in ``dv``'s dtype).
-
-    ``DS_OUT`` (``DS_IN_DV_LOCAL``; needs ``BV >= V``, one program per chunk): also the chunk's
-    score gradient ``ds = scale mask(do vn^T) * exp(G_i - G_j)`` into ``ds`` ([B, T, H, BT], row i
-    of the chunk at token i, in ``ds``'s dtype), for ``_bwd_dqkwg_kernel`` to read instead of
-    forming it once per key slice; with the gate (``USE_G``) its diagonal goes to ``ds_diag``
-    ([B, T, H] float32) and ``ds`` keeps the strict lower part, as the gated kernel uses them."""
+    ``P = scale mask(q k^T) * exp(G_i - G_j)`` (stored in ``dv``'s dtype)."""
     i_v = tl.program_id(0)
     i_t = tl.program_id(1) + C0
     i_bh = tl.program_id(2).to(tl.int64)
@@ -660,28 +642,14 @@ def _bwd_dv_local_kernel(q, k, vn, gc, do, dv, ds, ds_diag, scale, T, C0,
         b_At += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
     o_i = tl.arange(0, BT)
     m_ji = o_i[None, :] >= o_i[:, None]
-    b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-    if DS_OUT:
-        b_vn = _load_rows(vn, i_b, i_h, i_t * BT, T, H, V, 0, BT, BV)
-        b_dsT = tl.dot(b_vn, tl.trans(b_do.to(b_vn.dtype)), input_precision=DOT_PREC)  # [j, i]: vn_j . do_i
     if USE_G:
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        b_e = _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_ji, True,
-                          gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
-        b_At = b_At * b_e
-        if DS_OUT:
-            b_dsT = b_dsT * b_e
+        b_At = b_At * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_ji, True,
+                                  gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
     b_At = tl.where(m_ji, b_At * scale, 0.)
+    b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
     b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
     _store_rows(dv, b_dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-    if DS_OUT:
-        b_dsT = tl.where(m_ji, b_dsT * scale, 0.)
-        if USE_G:  # the diagonal in float32 apart, as the gated bwd_dqkwg adds it (DQKWG_DG_FROM_ROWS)
-            m_diag = o_i[None, :] == o_i[:, None]
-            o_t = i_t * BT + o_i
-            tl.store(_seq(ds_diag, i_b, i_h, T, H) + o_t * H, tl.sum(tl.where(m_diag, b_dsT, 0.), 0), mask=o_t < T)
-            b_dsT = tl.where(m_diag, 0., b_dsT)
-        _store_rows(ds, tl.trans(b_dsT), i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
 
 
 @_jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
@@ -734,17 +702,15 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
 
 
 @_jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
-def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, ds, ds_diag, dq, dk, dw, dG, scale, T, NT, B, C0,
+def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, C0,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                      DG_FROM_ROWS: tl.constexpr, DS_UNMASKED: tl.constexpr, DS_IN: tl.constexpr):
+                      DG_FROM_ROWS: tl.constexpr, DS_UNMASKED: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
-    over key channels). Splitting K (``DQKWG_BK`` = 64) keeps the float32 accumulators at [BT, 64] each.
-    ``DS_IN`` (``DS_IN_DV_LOCAL``): the chunk's score gradient read from ``ds`` / ``ds_diag``
-    (``_bwd_dv_local_kernel``'s ``DS_OUT``) instead of formed here from ``do vn^T``."""
+    over key channels). Splitting K (``DQKWG_BK`` = 64) keeps the float32 accumulators at [BT, 64] each."""
     i_k = tl.program_id(0)
     i_t = tl.program_id(1) + C0
     i_bh = tl.program_id(2).to(tl.int64)
@@ -773,8 +739,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, ds, ds_diag, dq, dk, dw, dG,
         b_dq += tl.dot(b_do, b_hT.to(b_do.dtype), input_precision=DOT_PREC)
         b_dk += tl.dot(b_vn, b_dhT.to(b_vn.dtype), input_precision=DOT_PREC)
         b_dw += tl.dot(b_dv2.to(b_hT.dtype), b_hT, input_precision=DOT_PREC)
-        if not DS_IN:
-            b_dP += tl.dot(b_do, tl.trans(b_vn.to(b_do.dtype)), input_precision=DOT_PREC)
+        b_dP += tl.dot(b_do, tl.trans(b_vn.to(b_do.dtype)), input_precision=DOT_PREC)
         if USE_G:
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), 0)
     o_i = tl.arange(0, BT)
@@ -787,9 +752,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, ds, ds_diag, dq, dk, dw, dG,
         # second load (``_load_g_cols``), and the dw store moved ahead of this block in the same
         # commit, bwd_dqkwg took 1.36 ms per step against 1.29 (2k, full runs 05:27 / 04:03; both
         # undone, 1.29 again at 05:50); which of the two cost it is not known
-        if DS_IN:  # DG_FROM_ROWS (the host's condition): the strict lower part and the diagonal apart
-            b_ds = _load_rows(ds, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
-        elif DG_FROM_ROWS and DS_UNMASKED:  # only its diagonal and strict lower part are read below
+        if DG_FROM_ROWS and DS_UNMASKED:  # only its diagonal and strict lower part are read below
             b_ds = b_dP * _pair_decay_all(b_g, scale, gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
         else:
             b_ds = tl.where(m_ij, b_dP * scale * _pair_decay(b_g, b_g, m_ij, False, gc, i_b, i_h, i_t * BT, T, H,
@@ -800,11 +763,8 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, ds, ds_diag, dq, dk, dw, dG,
         last = tl.minimum(i_t * BT + BT, T) - 1
         b_kdk = tl.where(o_t < last, tl.sum(b_k.to(tl.float32) * b_dk, 1), 0.)
         if DG_FROM_ROWS:
-            if DS_IN:
-                b_diag = tl.load(_seq(ds_diag, i_b, i_h, T, H) + o_t * H, mask=m_t, other=0.)
-            else:
-                b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_ds, 0.), 1)
-                b_ds = tl.where(o_i[:, None] > o_i[None, :], b_ds, 0.)
+            b_diag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_ds, 0.), 1)
+            b_ds = tl.where(o_i[:, None] > o_i[None, :], b_ds, 0.)
             b_dqs = tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
             b_dks = tl.dot(tl.trans(b_ds).to(b_q.dtype), b_q, input_precision=DOT_PREC)
             b_qf = b_q.to(tl.float32)
@@ -823,10 +783,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, ds, ds_diag, dq, dk, dw, dG,
         tl.store(_seq(dG, i_k * B + i_b, i_h, T, H) + o_t * H, b_dg, mask=m_t)
     else:
         b_dq = b_dq * scale
-        if DS_IN:
-            b_ds = _load_rows(ds, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
-        else:
-            b_ds = tl.where(m_ij, b_dP * scale, 0.)
+        b_ds = tl.where(m_ij, b_dP * scale, 0.)
     if not (USE_G and DG_FROM_ROWS):
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
         b_dk += tl.dot(tl.trans(b_ds).to(b_q.dtype), b_q, input_precision=DOT_PREC)
@@ -997,13 +954,6 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
     return "tf32" if SOLVE_TRIL_TF32_MERGES and dtype == torch.bfloat16 and WY_INPUT_DTYPE_DOTS else "ieee"
 
 
-def _ds_in_dv_local(use_g: bool, V: int) -> bool:
-    """Whether ``bwd`` forms the chunks' score gradient in ``_bwd_dv_local_kernel``
-    (``DS_IN_DV_LOCAL``): only where one of its programs covers all of V, and for the gated rule
-    only in ``DQKWG_DG_FROM_ROWS``'s form (the diagonal kept apart)."""
-    return DS_IN_DV_LOCAL and V <= 128 and (not use_g or DQKWG_DG_FROM_ROWS)
-
-
 def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``,
     ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
@@ -1161,16 +1111,10 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     segments = _segments(NT, _cdiv(V, BV) * B * H, q)[::-1]  # walk order: the last chunks first
     one = len(segments) == 1
 
-    # the chunks' score gradient formed once in dv_local rather than once per key slice in bwd_dqkwg
-    ds_in = _ds_in_dv_local(use_g, V)
-    ds = q.new_empty(B, T, H, BT) if ds_in else None
-    ds_diag = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if ds_in and use_g else None
-
     def dv_local(c0, c1):
         _bwd_dv_local_kernel[(_cdiv(V, BVo), c1 - c0, B * H)](
-            q, k, vn, gc, do, dv_loc, ds, ds_diag, scale, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
-            USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, DS_OUT=ds_in,
-            **(_launch(LAUNCH, "bwd_dv_local_ds", q) if ds_in else _launch(LAUNCH, "bwd_dv_local", q)))
+            q, k, gc, do, dv_loc, scale, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
+            USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, **_launch(LAUNCH, "bwd_dv_local", q))
 
     def walk(c0, c1, i):
         d_in = dht if i == 0 else carry
@@ -1182,9 +1126,9 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
-            q, k, vn, gc, h, do, dh, dv2, ds, ds_diag, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V,
-            BT=BT, BK=BKs, BV=min(DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED, DS_IN=ds_in, **_dqkwg_launch(use_g, q))
+            q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
+            BV=min(DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED, **_dqkwg_launch(use_g, q))
 
     def wy_bwd(c0, c1):
         _wy_bwd_kernel[(c1 - c0, B * H)](
@@ -1216,7 +1160,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     if one:
         dqkwg(0, NT)
-        h = dh = vn = ds = ds_diag = None
+        h = dh = vn = None
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None

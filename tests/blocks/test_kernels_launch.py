@@ -1865,27 +1865,15 @@ def test_switch_plugin_runs_a_test_session_with_switches_set(tmp_path):
     ``ARCHSEARCH_TEST_SET``'s values; a bad value stops the session with a usage error naming it."""
     probe = tmp_path / "test_probe.py"
     probe.write_text("from blocks.kernels import delta\n\n"
-                     "def test_probe():\n    assert delta.DS_IN_DV_LOCAL is (not DEFAULT)\n"
-                     f"\nDEFAULT = {delta.DS_IN_DV_LOCAL!r}\n")
+                     "def test_probe():\n    assert delta.DQKWG_DS_UNMASKED is (not DEFAULT)\n"
+                     f"\nDEFAULT = {delta.DQKWG_DS_UNMASKED!r}\n")
     code = f"""
 import pytest
 rc = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "switch_plugin", {str(probe)!r}])
 print("RC", int(rc))
 """
-    out = run_python(code, {"ARCHSEARCH_TEST_SET": f"DS_IN_DV_LOCAL={not delta.DS_IN_DV_LOCAL}"})
+    out = run_python(code, {"ARCHSEARCH_TEST_SET": f"DQKWG_DS_UNMASKED={not delta.DQKWG_DS_UNMASKED}"})
     assert "RC 0" in out and "1 passed" in out, out
-    out = run_python(code, {"ARCHSEARCH_TEST_SET": "DS_IN_DV_LOCAL=3"})
+    out = run_python(code, {"ARCHSEARCH_TEST_SET": "DQKWG_DS_UNMASKED=3"})
     assert "RC 4" in out, out  # pytest's usage-error exit code
 
-
-def test_ds_in_dv_local_only_where_one_dv_local_program_covers_v(monkeypatch):
-    """``DS_IN_DV_LOCAL`` acts only where ``_bwd_dv_local_kernel`` has one program per chunk
-    (V <= 128) and, for the gated rule, in ``DQKWG_DG_FROM_ROWS``'s form; elsewhere ``bwd``
-    keeps forming ``ds`` in ``_bwd_dqkwg_kernel``."""
-    monkeypatch.setattr(delta, "DS_IN_DV_LOCAL", True)
-    assert delta._ds_in_dv_local(True, 128) and delta._ds_in_dv_local(False, 64)
-    assert not delta._ds_in_dv_local(False, 256) and not delta._ds_in_dv_local(True, 192)
-    monkeypatch.setattr(delta, "DQKWG_DG_FROM_ROWS", False)
-    assert not delta._ds_in_dv_local(True, 128) and delta._ds_in_dv_local(False, 128)
-    monkeypatch.setattr(delta, "DS_IN_DV_LOCAL", False)
-    assert not delta._ds_in_dv_local(False, 64)
