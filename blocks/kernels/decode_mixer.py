@@ -106,9 +106,11 @@ OLD_STATE_OUTPUT = True
 # and the first overwrite, on the way from the loads to the state update. Last, the rows are read
 # again (a head's 2K+V channels, W-1 rows: ~2.3 KB at K = V = 128, W = 4, from L2) and stored after
 # one barrier, beside o_proj's start (``LAUNCH_DEPENDENTS`` "stores" comes before). sm_90, gated_deltanet at
-# CHUNKS 2: 236 -> 209 registers, 25 -> 24 barriers, 1736 -> 1784 SASS instructions. Not timed yet: the
-# next GPU call's A/B (``--compiled-sets="-;CACHE_SHIFT_LAST=True"``, decode graph tests with it on).
-CACHE_SHIFT_LAST = False
+# CHUNKS 2: 236 -> 209 registers, 25 -> 24 barriers, 1736 -> 1784 SASS instructions. H200 2026-12-04
+# 05:55 (compiled x24 graphs, 5 round-robin passes, docs/benchmarks/decode_sets_1204_cache_shift.md):
+# gated_deltanet 1.278 -> 1.274 ms, simple_gla 1.250 -> 1.247 (a tie within the passes' spread; kept for
+# the registers and the barrier off the state's path); the decode GPU tests with it on: 64 passed.
+CACHE_SHIFT_LAST = True
 SWITCHES = {"CHUNKS": (1, 2, 4), "PLAIN_CHUNKS": (1, 2, 4), "LAUNCH_DEPENDENTS": tuple(_TRIGGERS),
             "PDL_WAIT_FIRST": (False, True), "STATE_BEFORE_WAIT": (False, True), "OLD_STATE_OUTPUT": (False, True),
             "CACHE_SHIFT_LAST": (False, True)}
