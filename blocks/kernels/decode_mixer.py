@@ -128,10 +128,11 @@ def _conv_silu(proj, cache, new_cache, conv_w, i_b, c0, o_c, m_c, sp_b, C, W: tl
     if W == 0:
         return x_new.to(tl.float32)
     p_row = cache + i_b * (W - 1) * C + c
-    p_new = new_cache + i_b * (W - 1) * C + c
     y = x_new.to(tl.float32) * tl.load(conv_w + c * W + W - 1, mask=m_c, other=0.).to(DTYPE).to(tl.float32)
     x_0 = tl.load(p_row, mask=m_c, other=0.)
     y += x_0.to(tl.float32) * tl.load(conv_w + c * W, mask=m_c, other=0.).to(DTYPE).to(tl.float32)
+    x_1 = x_new  # (rows W does not have: never stored, as in ``_cache_rows``)
+    x_2 = x_new
     if W >= 3:
         x_1 = tl.load(p_row + C, mask=m_c, other=0.)
         y += x_1.to(tl.float32) * tl.load(conv_w + c * W + 1, mask=m_c, other=0.).to(DTYPE).to(tl.float32)
@@ -140,15 +141,7 @@ def _conv_silu(proj, cache, new_cache, conv_w, i_b, c0, o_c, m_c, sp_b, C, W: tl
         y += x_2.to(tl.float32) * tl.load(conv_w + c * W + 2, mask=m_c, other=0.).to(DTYPE).to(tl.float32)
     if WRITE_CACHE:
         tl.debug_barrier()  # every thread has read the old rows before any is overwritten (in place)
-        if W == 2:
-            tl.store(p_new, x_new, mask=m_c)
-        if W == 3:
-            tl.store(p_new, x_1, mask=m_c)
-            tl.store(p_new + C, x_new, mask=m_c)
-        if W == 4:
-            tl.store(p_new, x_1, mask=m_c)
-            tl.store(p_new + C, x_2, mask=m_c)
-            tl.store(p_new + 2 * C, x_new, mask=m_c)
+        _store_shifted(new_cache, i_b, c0, o_c, m_c, C, W, x_1, x_2, x_new)
     y = y.to(DTYPE).to(tl.float32)  # the conv's output in the activation dtype, then SiLU
     return (y * tl.sigmoid(y)).to(DTYPE).to(tl.float32)
 
@@ -170,9 +163,9 @@ def _cache_rows(proj, cache, i_b, c0, o_c, m_c, sp_b, C, W: tl.constexpr):
 
 @triton.jit
 def _store_shifted(new_cache, i_b, c0, o_c, m_c, C, W: tl.constexpr, x_1, x_2, x_new):
-    """``_conv_silu``'s cache write of channels ``c0 + o_c`` from ``_cache_rows``' values (the same
-    stores as there: ``_conv_silu`` calling this changed its sm_90 code, 236 -> 212 registers and
-    1736 -> 1792 instructions for gated_deltanet at CHUNKS 2, untimed, so the two stay apart)."""
+    """The conv cache's shift for channels ``c0 + o_c``: rows 1 .. W-2 of the old cache (``x_1``,
+    ``x_2``) and the new input into ``new_cache``'s rows 0 .. W-2; from ``_conv_silu``'s loads
+    (``CACHE_SHIFT_LAST`` off) or ``_cache_rows``' (on)."""
     p_new = new_cache + i_b * (W - 1) * C + c0 + o_c
     if W == 2:
         tl.store(p_new, x_new, mask=m_c)
