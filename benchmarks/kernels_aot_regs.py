@@ -5,7 +5,7 @@ kernel's registers, spill stack, shared memory, how many of its programs an sm_9
 what limits them, whether its loops were software-pipelined and its static SASS instruction,
 shuffle and barrier counts.
 
-    python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8]
+    python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8] [--stages 1,2,3]
                                           [--set NAME=VALUE,...] [--lines N] [--loops] [--fit-shared KB]
 
 Triton lowers to PTX and Triton's bundled ptxas assembles it for ``sm_<arch>``; ``cuobjdump
@@ -402,6 +402,8 @@ def main() -> int:
     ap.add_argument("--kernels", default="", help="comma-separated name fragments to keep (default all)")
     ap.add_argument("--warps", default="", help="comma list of warp counts to compile each kernel at "
                     "instead of the host code's (e.g. 4,8,16: where do the spills go?)")
+    ap.add_argument("--stages", default="", help="comma list of pipelining stage counts to compile each kernel "
+                    "at instead of the host code's (e.g. 1,2,3: its shared memory per stage, what fits beside it)")
     ap.add_argument("--set", default="", help="module switches to give other values first, as the launch "
                     "sweep's --set (e.g. UNGATED_DH_ZERO_GATE=False: compile the kernels that path runs)")
     ap.add_argument("--maxnreg", default="", help="comma list of register caps per thread to compile each "
@@ -426,19 +428,22 @@ def main() -> int:
     warp_counts = comma_ints(opts.warps)
     if warp_counts is None:
         ap.error(f"--warps: a comma list of integers, got {opts.warps!r}")
+    stage_counts = comma_ints(opts.stages)
+    if stage_counts is None or any(n < 1 for n in stage_counts):
+        ap.error(f"--stages: a comma list of positive integers, got {opts.stages!r}")
     reg_caps = comma_ints(opts.maxnreg)
     if reg_caps is None:
         ap.error(f"--maxnreg: a comma list of integers, got {opts.maxnreg!r}")
     keep = [k for k in opts.kernels.split(",") if k]
     dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
-    runs = ((a, (name, fn, cx, w, st, cap or None)) for a in dtypes for (name, fn, cx, host_w, st, host_cap) in jobs(a)
-            for w in (warp_counts or [host_w]) for cap in (reg_caps or [host_cap]))
+    runs = ((a, (name, fn, cx, w, st, cap or None)) for a in dtypes for (name, fn, cx, host_w, host_st, host_cap) in jobs(a)
+            for w in (warp_counts or [host_w]) for st in (stage_counts or [host_st]) for cap in (reg_caps or [host_cap]))
     runs = ((act, job) for act, job in runs if not keep or any(k in job[0] for k in keep))
     if opts.fit_shared:
         return 1 if print_fit(runs, opts.fit_shared, opts.arch) else 0
     failures = 0
-    print("| kernel | dtype | warps | regs (cap) | stack (B/thread) | shared (B) | programs / SM (limit) | async copies | "
-          "loop-carried | SASS instr / SHFL / BAR | compile s |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | dtype | warps | stages | regs (cap) | stack (B/thread) | shared (B) | programs / SM (limit) | "
+          "async copies | loop-carried | SASS instr / SHFL / BAR | compile s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     for act, (name, fn, cx, warps, stages, cap) in runs:
         t0 = time.time()
         try:
@@ -449,7 +454,7 @@ def main() -> int:
             occupancy = "-"  # the per-SM limits below are sm_90's
             if opts.arch == 90:
                 occupancy = "{} ({})".format(*programs_per_sm(int(res.get("REG", 255)), warps, kernel.metadata.shared))
-            print(f"| {name} | {act} | {warps} | {res.get('REG')}{f' ({cap})' if cap else ''} | {res.get('STACK')} | "
+            print(f"| {name} | {act} | {warps} | {stages} | {res.get('REG')}{f' ({cap})' if cap else ''} | {res.get('STACK')} | "
                   f"{kernel.metadata.shared} | {occupancy} | {copies} | {carried} | {sass} | "
                   f"{time.time() - t0:.0f} |", flush=True)
             if opts.lines:
@@ -458,7 +463,7 @@ def main() -> int:
                 print_loops(kernel)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failures += 1
-            print(f"| {name} | {act} | {warps} | FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:150]} |||||||",
+            print(f"| {name} | {act} | {warps} | {stages} | FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:150]} |||||||",
                   flush=True)
     return 1 if failures else 0
 

@@ -634,6 +634,25 @@ except SystemExit as exc:
     assert "| delta.bwd_dh | bf16 |" in out and "RC 0 False" in out and "EXIT 2" in out, out
 
 
+def test_aot_tool_stages_compiles_each_kernel_at_each_stage_count():
+    """``kernels_aot_regs.py --stages``: one row per stage count (its own column), the shared memory
+    growing with the stages (the pipeline's buffers); a count below 1 is a usage error."""
+    code = """
+import sys, kernels_aot_regs as aot
+sys.argv = ["kernels_aot_regs.py", "--kernels", "gated_delta.bwd_dh_segments", "--stages", "1,2"]
+print("RC", aot.main())
+sys.argv = ["kernels_aot_regs.py", "--stages", "0"]
+try:
+    aot.main()
+except SystemExit as exc:
+    print("EXIT", exc.code)
+"""
+    out = run_python(code, {"TRITON_INTERPRET": None})
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| gated_delta.bwd_dh_segments |")]
+    assert "RC 0" in out and "EXIT 2" in out and [r[4].strip() for r in rows] == ["1", "2"], out
+    assert int(rows[0][7]) < int(rows[1][7]), out
+
+
 def test_sweep_warps_option_adds_warp_counts_and_rejects_bad_ones(sweep, monkeypatch, capsys):
     from blocks.kernels import delta
 
