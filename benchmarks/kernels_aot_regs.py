@@ -125,9 +125,9 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=dh_gated, USE_DHT=True,
                                                        STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         # in segments at 16k (V block 64): the largest shared memory of the reverse walk's launches
-        yield (f"{tag}.bwd_dh_segments", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(64, BV), USE_G=dh_gated, USE_DHT=True,
-                                                                STORE_DH0=True, DOT_PREC=prec),
-               *table(d.LAUNCH, "bwd_dh_segments", s))
+        yield (f"{tag}.bwd_dh_bv64", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(64, BV), USE_G=dh_gated, USE_DHT=True,
+                                                            STORE_DH0=True, DOT_PREC=prec),
+               *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), USE_G=use_g,
                                                              DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
                                                              DS_UNMASKED=d.DQKWG_DS_UNMASKED),

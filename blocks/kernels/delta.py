@@ -71,14 +71,6 @@ LAUNCH = {
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
     "bwd_dh": dict(num_warps=4, num_stages=3),
-    # the reverse walk when it runs in segments beside the per-chunk kernels (16k, 32k in a 64k-token
-    # batch): its shared memory decides what runs beside it on its SM. sm_90 (host Triton): V block 64
-    # (16k) 206 KB at 3 stages, 140 KB at 2; block 32 (32k) 177 / 119 KB. At 3 stages no backward
-    # per-chunk kernel fits beside it at 16k (bwd_dqkwg 80 KB, wy_bwd 48, bwd_dv_local 32; 228 KB per
-    # SM) and bwd_dqkwg does not at 32k, so while a segment walks (128 programs, one per SM but 4) the
-    # kernels of the segment before wait for SMs; at 2 stages one bwd_dqkwg fits beside it (registers:
-    # 255 x 128 twice, exactly 64K). Not timed yet: kernel_decisions/delta.md ("Ready to time")
-    "bwd_dh_segments": dict(num_warps=4, num_stages=3),
     # the forward state walk at V block 64 (many (batch, head) pairs) and 32 (long sequences): 4 warps
     # at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at block 32 -6.6 / -4.6% (32k),
     # sweep 2026-12-01 03:14; the walks at 8 warps lost (H200 2026-12-02 04:09)
@@ -1124,15 +1116,13 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
             q, k, gc, do, dv_loc, scale, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
             USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, **_launch(LAUNCH, "bwd_dv_local", q))
 
-    walk_launch = _launch(LAUNCH, "bwd_dh", q) if one else _launch(LAUNCH, "bwd_dh_segments", q)
-
     def walk(c0, c1, i):
         d_in = dht if i == 0 else carry
         d_out = dh0 if i == len(segments) - 1 else carry
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
             q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
-            DOT_PREC=prec, **walk_launch)
+            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](

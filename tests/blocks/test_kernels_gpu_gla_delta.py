@@ -483,32 +483,6 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 
 @interpreter
-def test_interpreter_delta_reverse_walk_in_segments_takes_its_own_launch_entry(monkeypatch):
-    """The reverse walk launches with ``LAUNCH["bwd_dh_segments"]`` when it runs in segments (its
-    shared memory decides which per-chunk kernels fit beside it) and ``LAUNCH["bwd_dh"]`` in one
-    piece; the other kernels' entries are the same either way."""
-    from blocks.kernels import delta
-
-    def asked(segments: int) -> list[str]:
-        names: list[str] = []
-        real = delta._launch
-
-        def spy(table, name, x):
-            names.append(name)
-            return real(table, name, x)
-
-        monkeypatch.setattr(delta, "_launch", spy)
-        segmented_outputs("gated_delta_rule", (1, 300, 2, 32, 16), torch.float32, "cpu", segments, monkeypatch)
-        monkeypatch.setattr(delta, "_launch", real)
-        return names
-
-    one, three = asked(1), asked(3)
-    assert "bwd_dh" in one and "bwd_dh_segments" not in one
-    assert "bwd_dh_segments" in three and "bwd_dh" not in three
-    assert set(one) - {"bwd_dh"} == set(three) - {"bwd_dh_segments"}
-
-
-@interpreter
 @pytest.mark.parametrize("keep_h,segmented_cumsum", [(True, False), (False, False), (True, True)])
 def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, segmented_cumsum, monkeypatch):
     """gla's walks in segments (5 chunks: ranges 1, 2, 2 and five of 1), both chunk paths ("mixed":

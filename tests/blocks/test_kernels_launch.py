@@ -639,7 +639,7 @@ def test_aot_tool_stages_compiles_each_kernel_at_each_stage_count():
     growing with the stages (the pipeline's buffers); a count below 1 is a usage error."""
     code = """
 import sys, kernels_aot_regs as aot
-sys.argv = ["kernels_aot_regs.py", "--kernels", "gated_delta.bwd_dh_segments", "--stages", "1,2"]
+sys.argv = ["kernels_aot_regs.py", "--kernels", "gated_delta.bwd_dh_bv64", "--stages", "1,2"]
 print("RC", aot.main())
 sys.argv = ["kernels_aot_regs.py", "--stages", "0"]
 try:
@@ -648,7 +648,7 @@ except SystemExit as exc:
     print("EXIT", exc.code)
 """
     out = run_python(code, {"TRITON_INTERPRET": None})
-    rows = [line.split("|") for line in out.splitlines() if line.startswith("| gated_delta.bwd_dh_segments |")]
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| gated_delta.bwd_dh_bv64 |")]
     assert "RC 0" in out and "EXIT 2" in out and [r[4].strip() for r in rows] == ["1", "2"], out
     assert int(rows[0][7]) < int(rows[1][7]), out
 
