@@ -159,7 +159,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     yield ("gla.intra_a", g._intra_a_kernel, dict(H=H, K=K, BT=64, BC=16, NC=4, BK=BK, BKD=min(g.BKD, BK),
                                                   DOT_PREC=prec, SPAN_MAX=g.SPAN_MAX,
                                                   LOWP=ia_lowp, LOWP_DIAG=ia_lowp_diag, SPAN_MAX_CHUNK=span_max,
-                                                  UNITS=units),
+                                                  UNITS=units, CHECK_FIRST=g.STEEP_CHECK_FIRST),
            *table(g.LAUNCH, "intra_a", s))
     yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(g.FWD_O_BK, BK), BV=min(128, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
                                               LOWP=wc_lowp, STORE_A=keep_a, SKIP_UPPER=g.SKIP_UPPER_BLOCKS), *table(g.LAUNCH, "fwd_o", s))
@@ -175,10 +175,11 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                     SPAN_MAX_CHUNK=span_max, LOWP=wc_lowp, READ_A=keep_a, SKIP_UPPER=g.SKIP_UPPER_BLOCKS),
                *table(g.LAUNCH, "bwd_dv", s))
     yield ("gla.bwd_sub", g._bwd_sub_kernel, dict(C, BC=16, NC=4, BK=min(g.BWD_SUB_BK, BK), BV=min(64, BV), DOT_PREC=prec,
-                                                  SPAN_MAX=g.SPAN_MAX, SPAN_MAX_CHUNK=span_max, UNITS=units),
+                                                  SPAN_MAX=g.SPAN_MAX, SPAN_MAX_CHUNK=span_max, UNITS=units,
+                                                  CHECK_FIRST=g.STEEP_CHECK_FIRST),
            *table(g.LAUNCH, "bwd_sub", s))
     yield ("gla.rev_cumsum", g._rev_cumsum_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), NP=4, SPAN_MAX_CHUNK=span_max,
-                                                        UNITS=units),
+                                                        UNITS=units, CHECK_FIRST=g.STEEP_CHECK_FIRST),
            *table(g.LAUNCH, "rev_cumsum", s))
     # the decode step (blocks.kernels.step) of each family: gate none / scalar / per key, delta or not
     for tag, gate, delta in (("linear_attn", st.NO_GATE, False), ("simple_gla", st.SCALAR_GATE, False),

@@ -181,7 +181,16 @@ KEEP_A = not LOW_MEMORY
 # kernel reads them (``_fwd_o_kernel``'s steep chunks, ``_dv_blocks``); ``intra_a`` still writes its
 # zeros (its scores are returned whole).
 SKIP_UPPER_BLOCKS = True
-STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks are steep (not swept)
+STEEP_UNITS = 16  # sub-chunk kernels' work units per program when few chunks are steep (not swept; a power of 2)
+# The sub-chunk kernels (``intra_a``, ``bwd_sub``, ``rev_cumsum``) launch over every chunk, since
+# which chunks are steep is known on the GPU only (``span``); a program first reads the spans of all
+# its ``STEEP_UNITS`` units in one vector load and returns when none is steep, instead of one
+# dependent load per unit in its loop (16 round trips to L2 for each of 8192 ``bwd_sub`` programs
+# at 64k tokens). Off: the per-unit checks alone. H200 2026-12-04 10:35 (``train_ab.py``,
+# docs/benchmarks/train_ab_1204_steep_check.md): the three kernels 0.063 -> 0.021 ms per step at 2k with no
+# steep chunk; off +0.8 / +0.7 / +0.8% per step queued at 2k / 16k / 32k (+1.4 / +1.4 / +2.1% synced).
+# history: docs/benchmarks/kernel_decisions/gla.md#steep_check_first
+STEEP_CHECK_FIRST = True
 # The state walks (``_fwd_h_kernel``, ``_bwd_dh_kernel``) in segments of chunks on a high-priority
 # stream, the per-chunk kernels after them (``_fwd_o_kernel``; ``_bwd_dv_kernel``,
 # ``_bwd_chunk_kernel``) running on the current stream as each segment's chunks are ready
@@ -232,7 +241,8 @@ BWD_CHUNK_ONE_TOTAL = True
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
-            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "SEGMENTED_CUMSUM": (False, True), "SKIP_UPPER_BLOCKS": (False, True)}
+            "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "SEGMENTED_CUMSUM": (False, True), "SKIP_UPPER_BLOCKS": (False, True),
+            "STEEP_CHECK_FIRST": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -423,12 +433,22 @@ def _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK: tl.constexpr):
     return ~(tl.load(span + i_bh * NT + i_t) < SPAN_MAX_CHUNK)
 
 
+@triton.jit
+def _any_steep(span, i_bh, u0, n_units, NT, PER: tl.constexpr, SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr):
+    """Whether any of units ``u0 .. u0 + UNITS - 1`` (below ``n_units``; unit ``u`` lies in chunk
+    ``u // PER``) is in a steep chunk (``_is_steep``), from one vector load of their spans."""
+    o_u = u0 + tl.arange(0, UNITS)
+    m_u = o_u < n_units
+    b_s = tl.load(span + i_bh * NT + o_u // PER, mask=m_u, other=0.)
+    return tl.sum((m_u & ~(b_s < SPAN_MAX_CHUNK)).to(tl.int32), axis=0) > 0
+
+
 @_jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _intra_a_kernel(q, k, gc, span, A, scale, T, NT,
                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, DOT_PREC: tl.constexpr,
                     SPAN_MAX: tl.constexpr, LOWP: tl.constexpr, LOWP_DIAG: tl.constexpr,
-                    SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr):
+                    SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr, CHECK_FIRST: tl.constexpr):
     """Grid (cdiv(NT*NC, UNITS), B*H), BK >= K: row blocks ``u % NC`` of chunks ``u // NC`` (``UNITS``
     consecutive ``u`` per program) of the steep chunks' scores ``A: [B, T, H, BT]`` float32 (scale
     included, zero above the diagonal; other chunks' rows are not written); ``LOWP``: dots on
@@ -441,6 +461,9 @@ def _intra_a_kernel(q, k, gc, span, A, scale, T, NT,
     i_b = i_bh // H
     i_h = i_bh % H
     u0 = tl.program_id(0) * UNITS
+    if CHECK_FIRST:  # STEEP_CHECK_FIRST
+        if not _any_steep(span, i_bh, u0, NT * NC, NT, NC, SPAN_MAX_CHUNK, UNITS):
+            return
     for u in range(u0, tl.minimum(u0 + UNITS, NT * NC)):
         i_t = u // NC
         if _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK):
@@ -714,12 +737,16 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
 def _bwd_sub_kernel(q, k, v, gc, span, h, do, dh, dq, dk, dG, P, scale, T, NT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                    SPAN_MAX: tl.constexpr, SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr):
+                    SPAN_MAX: tl.constexpr, SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr,
+                    CHECK_FIRST: tl.constexpr):
     """Grid (K/BK, cdiv(NT*NC, UNITS), B*H): ``_bwd_sub`` of sub-chunks ``u`` (``UNITS`` consecutive
     per program) of the steep chunks (span at or above ``SPAN_MAX_CHUNK``)."""
     i_k = tl.program_id(0)
     i_bh = tl.program_id(2).to(tl.int64)
     u0 = tl.program_id(1) * UNITS
+    if CHECK_FIRST:  # STEEP_CHECK_FIRST
+        if not _any_steep(span, i_bh, u0, NT * NC, NT, NC, SPAN_MAX_CHUNK, UNITS):
+            return
     for i_tc in range(u0, tl.minimum(u0 + UNITS, NT * NC)):
         if _is_steep(span, i_bh, i_tc // NC, NT, SPAN_MAX_CHUNK):
             _bwd_sub(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT, i_k, i_tc, i_bh,
@@ -806,7 +833,7 @@ def _bwd_sub(q, k, v, gc, h, do, dh, dq, dk, dG, P, scale, T, NT, i_k, i_tc, i_b
 
 @_jit(do_not_specialize=["T", "NT"])  # one compile for every length
 def _rev_cumsum_kernel(x, P, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                       NP: tl.constexpr, SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr):
+                       NP: tl.constexpr, SPAN_MAX_CHUNK: tl.constexpr, UNITS: tl.constexpr, CHECK_FIRST: tl.constexpr):
     """Grid (K/BK, cdiv(NT, UNITS), B*H): on the steep chunks (``UNITS`` consecutive per program), in
     place, ``x[t] <- sum_{s >= t in t's chunk} x[s]`` (float32 ``[B, T, H, K]``; rows past ``T``
     count as zero) plus the sum of the chunk's ``NP`` rows of ``P: [B, NT*NP, H, K]`` on every row."""
@@ -815,6 +842,9 @@ def _rev_cumsum_kernel(x, P, span, T, NT, H: tl.constexpr, K: tl.constexpr, BT: 
     i_b = i_bh // H
     i_h = i_bh % H
     u0 = tl.program_id(1) * UNITS
+    if CHECK_FIRST:  # STEEP_CHECK_FIRST
+        if not _any_steep(span, i_bh, u0, NT, NT, 1, SPAN_MAX_CHUNK, UNITS):
+            return
     for i_t in range(u0, tl.minimum(u0 + UNITS, NT)):
         if _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK):
             b_x = _rows(x, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
@@ -933,7 +963,7 @@ def intra_a(q, k, gc, span, scale, paths, dtype=torch.float32):
     _intra_a_kernel[(_cdiv(NT * NC, units), B * H)](
         q, k, gc, span, A, scale, T, NT, H=H, K=K, BT=BT, BC=BC, NC=NC, BK=_pow2(K), BKD=min(_pow2(K), BKD),
         DOT_PREC=_prec(q), SPAN_MAX=SPAN_MAX, LOWP=lowp, LOWP_DIAG=lowp_diag, SPAN_MAX_CHUNK=span_max,
-        UNITS=units, **_launch(LAUNCH, "intra_a", q))
+        UNITS=units, CHECK_FIRST=STEEP_CHECK_FIRST, **_launch(LAUNCH, "intra_a", q))
     return A
 
 
@@ -1059,12 +1089,12 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
     _bwd_sub_kernel[(_cdiv(K, BKf), _cdiv(NT * NC, units), B * H)](
         q, k, v, gc, span, h, do, dh, dq, dk, dg, P, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, NC=NC,
         BK=BKf, BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX=SPAN_MAX, SPAN_MAX_CHUNK=span_max, UNITS=units,
-        **_launch(LAUNCH, "bwd_sub", q))
+        CHECK_FIRST=STEEP_CHECK_FIRST, **_launch(LAUNCH, "bwd_sub", q))
     del h, dh
     BKr = min(64, _pow2(K))
     _rev_cumsum_kernel[(_cdiv(K, BKr), _cdiv(NT, units), B * H)](
         dg, P, span, T, NT, H=H, K=K, BT=BT, BK=BKr, NP=NC, SPAN_MAX_CHUNK=span_max, UNITS=units,
-        **_launch(LAUNCH, "rev_cumsum", q))
+        CHECK_FIRST=STEEP_CHECK_FIRST, **_launch(LAUNCH, "rev_cumsum", q))
     return dq, dk, dv, dg, dh0
 
 

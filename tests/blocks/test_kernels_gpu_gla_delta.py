@@ -659,6 +659,29 @@ def test_interpreter_gla_chunk_spans_pick_each_chunks_path(monkeypatch):
 
 
 @interpreter
+@pytest.mark.parametrize("units", [4, 8])
+def test_interpreter_gla_steep_check_first_gives_the_same_bits(units, monkeypatch):
+    """``STEEP_CHECK_FIRST``: a sub-chunk kernel's program reads its units' spans at once and returns
+    when none is steep. With ``units`` per program (``STEEP_UNITS``; 4: a chunk's sub-chunks per
+    program, 8: two chunks, the steep one second) over 6 chunks, the last partial (its program's
+    units past the sequence masked), only head 0's second chunk steep ("mixed"): the outputs and
+    every gradient are the same bits as with the per-unit checks alone, and match the reference."""
+    from blocks.kernels import gla
+
+    monkeypatch.setattr(gla, "STEEP_UNITS", units)
+    shape = (1, 330, 2, 32, 48)
+    got = {}
+    for first in (False, True):
+        monkeypatch.setattr(gla, "STEEP_CHECK_FIRST", first)
+        got[first] = segmented_outputs("gla", shape, torch.float32, "cpu", 1, monkeypatch, decay="mixed")
+    for i, (a, b) in enumerate(zip(got[False], got[True])):
+        assert torch.equal(a, b), f"units={units}: output {i} differs"
+    with checked_memory():
+        errs = run_case(chunk_kernel("gla"), "gla", shape, torch.float32, "mixed", True, "cpu")
+    assert max(errs.values()) < 2e-5, errs
+
+
+@interpreter
 @pytest.mark.parametrize("dv_separate", [False, True])
 @pytest.mark.parametrize("keep_a", [False, True], ids=["recompute_a", "keep_a"])
 def test_interpreter_gla_whole_chunk_over_key_slices(dv_separate, keep_a, monkeypatch):
