@@ -134,33 +134,36 @@ def train_bench(lengths, families, rounds: int = 3) -> dict:
                 impl = "triton" if kernels.has_kernel(family, "chunk") else "pytorch"
                 if i_pass and impl == "pytorch":
                     continue
-                try:
-                    args = train_inputs(family, B, T)
-                    mod = op_module(family)
-                    pos = positional(family, args)
-                    row = _add_pass(out[family], T, train_times(fwd_bwd(lambda: mod.chunk(*pos)[0], pos)), impl=impl)
-                    log(f"ours {family:17s} T={T:6d} {row['mtok_s']:8.2f} Mtok/s, queued {row['queued_mtok_s']:6.2f} "
-                        f"({impl}; pass {i_pass + 1}, medians)")
-                    if row["s"] > 2.0:
-                        slow.add(family)  # the PyTorch form at longer T would take minutes
-                except Exception as exc:
-                    _add_error(out[family], T, exc)
-                    log(f"ours {family} T={T} FAILED {exc!r}"[:300])
-                finally:
-                    torch.cuda.empty_cache()
+
+                def ours(family=family, B=B, T=T):
+                    mod, pos = op_module(family), positional(family, train_inputs(family, B, T))
+                    return train_times(fwd_bwd(lambda: mod.chunk(*pos)[0], pos))
+
+                row = _timed_cell(out[family], T, f"ours {family}", ours, f"{impl}; pass {i_pass + 1}", impl=impl)
+                if row and row["s"] > 2.0:
+                    slow.add(family)  # the PyTorch form at longer T would take minutes
             for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
                 if "error" in out[name].get(str(T), {}):
                     continue
-                try:
-                    call, ins = sdpa_call(backend, B, T)
-                    row = _add_pass(out[name], T, train_times(fwd_bwd(call, ins)))
-                    log(f"{name:22s} T={T:6d} {row['mtok_s']:8.2f} Mtok/s, queued {row['queued_mtok_s']:6.2f} "
-                        f"(pass {i_pass + 1}, medians)")
-                except Exception as exc:
-                    _add_error(out[name], T, exc)
-                finally:
-                    torch.cuda.empty_cache()
+                _timed_cell(out[name], T, name, lambda backend=backend, B=B, T=T: train_times(fwd_bwd(*sdpa_call(backend, B, T))),
+                            f"pass {i_pass + 1}")
     return out
+
+
+def _timed_cell(table: dict, T: int, label: str, measure, note: str, **extra) -> dict | None:
+    """One pass of one training cell: ``measure()`` (``train_times``' dict) folded into ``table``
+    (``_add_pass``) and logged; a failure (out of memory, a compile error) recorded in the cell
+    (``_add_error``) and logged, the run going on. The cell's row, or None when the pass failed."""
+    try:
+        row = _add_pass(table, T, measure(), **extra)
+        log(f"{label:22s} T={T:6d} {row['mtok_s']:8.2f} Mtok/s, queued {row['queued_mtok_s']:6.2f} ({note}, medians)")
+        return row
+    except Exception as exc:
+        _add_error(table, T, exc)
+        log(f"{label} T={T} FAILED {exc!r}"[:300])
+        return None
+    finally:
+        torch.cuda.empty_cache()
 
 
 def _add_error(table: dict, T: int, exc: Exception) -> None:

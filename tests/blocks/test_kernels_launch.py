@@ -417,6 +417,52 @@ def test_benchmark_training_cells_are_medians_of_round_robin_passes():
     assert "pass 1 1980 MHz / 41 C / 420 W; pass 2 1830 MHz / 55 C / 610 W; pass 3 1755 MHz" in text
 
 
+def test_benchmark_training_passes_keep_what_a_failed_pass_timed(monkeypatch):
+    """``gpu_kernels.train_bench`` with its GPU parts stood in for: every cell timed once per pass,
+    round robin; a pass that fails after one succeeded keeps the cell's figures (its error listed); a
+    cell whose first pass fails is skipped by the later passes; a PyTorch form is timed in the first
+    pass only, and one slower than 2 s a step is not timed at longer lengths."""
+    gpu_kernels = _benchmark("gpu_kernels")
+    calls: list = []
+    times = iter(range(1, 1000))
+
+    def timed(label):
+        def run():
+            calls.append(label)
+            if label == ("delta_rule", 2048) and calls.count(label) == 2:
+                raise RuntimeError("CUDA out of memory")
+            if label[0] == "sdpa_flash" and label[1] == 4096:
+                raise RuntimeError("no kernel")
+            s = 3.0 if label[0] == "simple_gla" else next(times) * 1e-3
+            return {"s": s, "queued_s": s, "iters": 5}
+        return run
+
+    monkeypatch.setattr(gpu_kernels, "train_inputs", lambda family, B, T: (family, T))
+    monkeypatch.setattr(gpu_kernels, "positional", lambda family, args: args)
+    monkeypatch.setattr(gpu_kernels, "op_module", lambda family: None)
+    monkeypatch.setattr(gpu_kernels, "sdpa_call", lambda backend, B, T: (backend, T))
+    names = {gpu_kernels.SDPBackend.CUDNN_ATTENTION: "sdpa_cudnn", gpu_kernels.SDPBackend.FLASH_ATTENTION: "sdpa_flash"}
+
+    def fwd_bwd(call, inputs):
+        if callable(call):  # ours: the closure over mod.chunk; its label is in the inputs
+            return timed(tuple(inputs))
+        return timed((names[call], inputs))
+
+    monkeypatch.setattr(gpu_kernels, "fwd_bwd", fwd_bwd)
+    monkeypatch.setattr(gpu_kernels, "train_times", lambda run: run())
+    monkeypatch.setattr(gpu_kernels, "gpu_state", lambda: {})
+    monkeypatch.setattr(gpu_kernels.kernels, "has_kernel", lambda family, op: family != "simple_gla")
+    monkeypatch.setattr(gpu_kernels.torch.cuda, "empty_cache", lambda: None)
+    out = gpu_kernels.train_bench([2048, 4096], ["delta_rule", "simple_gla"], rounds=3)
+    assert out["delta_rule"]["2048"]["errors"] == ["RuntimeError: CUDA out of memory"]
+    assert len(out["delta_rule"]["2048"]["passes_s"]) == 2 and len(out["delta_rule"]["4096"]["passes_s"]) == 3
+    assert out["simple_gla"]["2048"]["impl"] == "pytorch" and "4096" not in out["simple_gla"]
+    assert calls.count(("simple_gla", 2048)) == 1
+    assert out["sdpa_flash"]["4096"] == {"error": "RuntimeError: no kernel"}
+    assert calls.count(("sdpa_flash", 4096)) == 1 and len(out["sdpa_cudnn"]["4096"]["passes_s"]) == 3
+    assert calls[:4] == [("delta_rule", 2048), ("simple_gla", 2048), ("sdpa_cudnn", 2048), ("sdpa_flash", 2048)]
+
+
 def test_benchmark_reports_the_decode_attention_kernel_beside_sdpa():
     """The per-layer decode table has a column for the decode graph's own attention kernel, which
     counts for the best softmax figure; a run without it (before 2026-12-01 15:50, or one whose
