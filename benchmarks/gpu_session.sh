@@ -82,7 +82,8 @@ if [[ ,$STEPS, == *,tests,* ]]; then
   $PY -c "import xdist" >/dev/null 2>&1 && workers=(-n 14)
   select=()
   [ -n "$TESTS_K" ] && select=(-k "$TESTS_K")
-  step tests "$TESTS_S" $PY -m pytest -p no:cacheprovider -q "${workers[@]}" "${select[@]}" tests/blocks/test_kernels_gpu.py \
+  # --durations: the slowest tests in the log, for keeping the step under its cap
+  step tests "$TESTS_S" $PY -m pytest -p no:cacheprovider -q --durations=25 "${workers[@]}" "${select[@]}" tests/blocks/test_kernels_gpu.py \
     tests/blocks/test_kernels_gpu_gla_delta.py tests/blocks/test_kernels_skinny.py tests/blocks/test_kernels_decode_attention.py \
     tests/archsearch/test_measure.py || failed=1
 fi
