@@ -661,39 +661,37 @@ for sets in ("KEEP_A=True,BWD_DV_SEPARATE=False", "KEEP_A=True,BWD_DV_SEPARATE=T
     assert len(rows) == 2 * 2 + 2 * 3, out  # fwd_o, bwd_chunk (+ bwd_dv when separate) x bf16, fp32
 
 
-def test_aot_tool_set_gives_switches_other_values_first():
-    """``kernels_aot_regs.py --set``: compile the kernels a switch's other value runs (the launch
-    sweep's ``apply_sets``); an unknown switch is a usage error."""
-    code = """
+def _aot_run_then_usage_error(argv: list[str], report: str, bad_argv: list[str]) -> str:
+    """The output of ``kernels_aot_regs.main()`` run with ``argv`` (its return code as ``rc``, then the
+    Python line ``report``), then with ``bad_argv``, which must end in a usage error (``EXIT <code>``)."""
+    code = f"""
 import sys, kernels_aot_regs as aot
-from blocks.kernels import delta
-sys.argv = ["kernels_aot_regs.py", "--kernels", "delta.bwd_dh", "--set", "UNGATED_DH_ZERO_GATE=False"]
+sys.argv = ["kernels_aot_regs.py", *{argv!r}]
 rc = aot.main()
-print("RC", rc, delta.UNGATED_DH_ZERO_GATE)
-sys.argv = ["kernels_aot_regs.py", "--set", "NO_SUCH_SWITCH=1"]
+{report}
+sys.argv = ["kernels_aot_regs.py", *{bad_argv!r}]
 try:
     aot.main()
 except SystemExit as exc:
     print("EXIT", exc.code)
 """
-    out = run_python(code, {"TRITON_INTERPRET": None})
+    return run_python(code, {"TRITON_INTERPRET": None})
+
+
+def test_aot_tool_set_gives_switches_other_values_first():
+    """``kernels_aot_regs.py --set``: compile the kernels a switch's other value runs (the launch
+    sweep's ``apply_sets``); an unknown switch is a usage error."""
+    out = _aot_run_then_usage_error(["--kernels", "delta.bwd_dh", "--set", "UNGATED_DH_ZERO_GATE=False"],
+                                    'from blocks.kernels import delta; print("RC", rc, delta.UNGATED_DH_ZERO_GATE)',
+                                    ["--set", "NO_SUCH_SWITCH=1"])
     assert "| delta.bwd_dh | bf16 |" in out and "RC 0 False" in out and "EXIT 2" in out, out
 
 
 def test_aot_tool_stages_compiles_each_kernel_at_each_stage_count():
     """``kernels_aot_regs.py --stages``: one row per stage count (its own column), the shared memory
     growing with the stages (the pipeline's buffers); a count below 1 is a usage error."""
-    code = """
-import sys, kernels_aot_regs as aot
-sys.argv = ["kernels_aot_regs.py", "--kernels", "gated_delta.bwd_dh_bv64", "--stages", "1,2"]
-print("RC", aot.main())
-sys.argv = ["kernels_aot_regs.py", "--stages", "0"]
-try:
-    aot.main()
-except SystemExit as exc:
-    print("EXIT", exc.code)
-"""
-    out = run_python(code, {"TRITON_INTERPRET": None})
+    out = _aot_run_then_usage_error(["--kernels", "gated_delta.bwd_dh_bv64", "--stages", "1,2"], 'print("RC", rc)',
+                                    ["--stages", "0"])
     rows = [line.split("|") for line in out.splitlines() if line.startswith("| gated_delta.bwd_dh_bv64 |")]
     assert "RC 0" in out and "EXIT 2" in out and [r[4].strip() for r in rows] == ["1", "2"], out
     assert int(rows[0][7]) < int(rows[1][7]), out
