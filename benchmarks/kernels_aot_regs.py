@@ -117,18 +117,16 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                      SKIP_UPPER=d.SKIP_UPPER_BLOCKS),
                *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
-                                                     DOT_PREC=prec, TRANSPOSED=d.WALK_TRANSPOSED), *table(d.LAUNCH, "fwd_h_bv32", s))
+                                                     DOT_PREC=prec), *table(d.LAUNCH, "fwd_h_bv32", s))
         yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED), *table(d.LAUNCH, "fwd_o", s))
         yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
                                                                    DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED), *table(d.LAUNCH, "bwd_dv_local", s))
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=dh_gated, USE_DHT=True,
-                                                       STORE_DH0=True, DOT_PREC=prec, TRANSPOSED=d.DH_WALK_TRANSPOSED),
-               *table(d.LAUNCH, "bwd_dh", s))
+                                                       STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         # in segments at 16k (V block 64): the largest shared memory of the reverse walk's launches
         yield (f"{tag}.bwd_dh_bv64", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(64, BV), USE_G=dh_gated, USE_DHT=True,
-                                                            STORE_DH0=True, DOT_PREC=prec,
-                                                            TRANSPOSED=False),  # DH_WALK_TRANSPOSED: block 32 and below
+                                                            STORE_DH0=True, DOT_PREC=prec),
                *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), USE_G=use_g,
                                                              DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,

@@ -227,16 +227,6 @@ WY_BWD_ROWSUMS_COMBINED = True
 # only). -0.5..-0.7% per gated step queued, H200 2026-12-03 17:36 (before the Ai zeros were skipped
 # too), docs/benchmarks/train_ab_1203_green_upper.md.
 SKIP_UPPER_BLOCKS = True
-# The forward walk on the transposed state ``h^T: [BV, K]`` (``_fwd_h_transposed``): ``vn^T = u^T - h^T w^T``
-# and ``h^T += vn^T k`` take the state and the values from registers as their left operands, where the
-# walk as written stages both through shared memory as the right ones each step (sm_90, host Triton 3.6:
-# at V block 32 mma.sync instead of wgmma, 5 barriers a step instead of 9, 76 instead of 119 KB of shared
-# memory, 196 instead of 128 registers; at block 64 wgmma with 32 barriers a step against 9, so the
-# switch acts at V block 32 and below only: 32k tokens per sequence in a 64k-token batch). Being timed.
-WALK_TRANSPOSED = False
-# The same for the reverse walk (``_bwd_dh_transposed``, on ``dh^T``; block 32: 6 barriers a step
-# against 9, 118 instead of 177 KB, 214 instead of 168 registers). Being timed.
-DH_WALK_TRANSPOSED = False
 # Value block of ``_bwd_dqkwg_kernel``'s loop over V: 64 (two steps, both in flight at the
 # launch table's 2 stages: the gated kernel 255 registers, 80 KB of shared memory, 2376 SASS
 # instructions against 2664 at block 32 and 4 stages; the ungated one 222 registers, 96 KB; two
@@ -265,7 +255,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64),
-            "DQKWG_DS_UNMASKED": (False, True), "WALK_TRANSPOSED": (False, True), "DH_WALK_TRANSPOSED": (False, True)}
+            "DQKWG_DS_UNMASKED": (False, True)}
 
 
 @triton.jit
@@ -430,18 +420,6 @@ def _load_cols(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BD:
     return tl.load(base + o_r[None, :] * (H * D) + o_d[:, None], mask=(o_r < T)[None, :] & (o_d < D)[:, None], other=0.)
 
 
-@triton.jit
-def _store_cols(x, val, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BD: tl.constexpr,
-                BR: tl.constexpr):
-    """Store ``val: [BD, BR]`` transposed into ``x[b, row0:row0+BR, h, col0:col0+BD]`` (rows past ``T``
-    and columns past ``D`` left out): ``_load_cols``' inverse."""
-    o_r = row0 + tl.arange(0, BR)
-    o_d = col0 + tl.arange(0, BD)
-    base = x + (i_b * T * H + i_h) * D
-    tl.store(base + o_r[None, :] * (H * D) + o_d[:, None], val.to(x.dtype.element_ty),
-             mask=(o_r < T)[None, :] & (o_d < D)[:, None])
-
-
 # --- kernels ---------------------------------------------------------------------------------
 @_jit(do_not_specialize=["T"])  # one compile for every length
 def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
@@ -575,17 +553,10 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
 def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  TRANSPOSED: tl.constexpr):
+                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (the state
     before chunk ``C0``); ``h[b, t, h]`` = state before chunk t, ``vn = u - w h`` (the values
-    written, U); ``ht``: the state after chunk ``C1 - 1`` (it may be ``h0``'s buffer).
-    ``TRANSPOSED`` (``WALK_TRANSPOSED``): the walk on ``h^T: [BV, BK]``, whose dots take their register
-    operand (``h^T``, ``vn^T``) as the left one."""
-    if TRANSPOSED:
-        _fwd_h_transposed(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1, H, K, V, BT, BK, BV,
-                          USE_G, USE_H0, STORE_HT, DOT_PREC)
-        return
+    written, U); ``ht``: the state after chunk ``C1 - 1`` (it may be ``h0``'s buffer)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -613,41 +584,6 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
         b_h += tl.dot(b_kT, b_vn.to(b_kT.dtype), input_precision=DOT_PREC)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
-
-
-@triton.jit
-def _fwd_h_transposed(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """``_fwd_h_kernel`` on the transposed state ``h^T: [BV, BK]``: ``vn^T = u^T - h^T w^T`` and
-    ``h^T += vn^T k``, both dots with their register operand on the left (a wgmma / mma operand
-    from registers), so neither goes through shared memory on the walk's chain."""
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
-    p_vk = o_v[:, None] + o_k[None, :] * V  # element (v, k) of a [K, V] state
-    b_hT = tl.zeros([BV, BK], dtype=tl.float32)
-    if USE_H0:
-        b_hT += tl.load(h0 + i_bh * K * V + p_vk, mask=m_vk, other=0.)
-    for i_t in range(C0, C1):
-        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_vk, b_hT.to(h.dtype.element_ty), mask=m_vk)
-        b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
-        b_uT = _load_cols(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BV, BT).to(tl.float32)  # [BV, BT]
-        b_vnT = b_uT - tl.dot(b_hT.to(b_wT.dtype), b_wT, input_precision=DOT_PREC)  # [BV, BT]
-        _store_cols(vn, b_vnT, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BV, BT)
-        b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
-        if USE_G:
-            b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-            b_hT *= tl.exp(g_last)
-            b_vnT = b_vnT * tl.exp(g_last - b_g)[None, :]
-        b_hT += tl.dot(b_vnT.to(b_k.dtype), b_k, input_precision=DOT_PREC)
-    if STORE_HT:
-        tl.store(ht + i_bh * K * V + p_vk, b_hT, mask=m_vk)
 
 
 @_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
@@ -721,17 +657,12 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr, TRANSPOSED: tl.constexpr):
+                   DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (the
     gradient of the state after chunk ``C1 - 1``) to ``dh0`` (before chunk ``C0``; it may be
     ``dht``'s buffer). ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``TRANSPOSED`` (``DH_WALK_TRANSPOSED``): the
-    walk on ``dh^T: [BV, BK]`` (``_bwd_dh_transposed``)."""
-    if TRANSPOSED:
-        _bwd_dh_transposed(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1, H, K, V, BT, BK, BV,
-                           USE_G, USE_DHT, STORE_DH0, DOT_PREC)
-        return
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -768,49 +699,6 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
         b_dh -= tl.dot(b_wT, b_dv2.to(b_wT.dtype), input_precision=DOT_PREC)
     if STORE_DH0:
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
-
-
-@triton.jit
-def _bwd_dh_transposed(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
-                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                       DOT_PREC: tl.constexpr):
-    """``_bwd_dh_kernel`` on the transposed gradient ``dh^T: [BV, BK]``: ``dv2^T = dv^T + dh^T (k
-    exp(G_C - G))^T`` and ``dh^T += do^T (scale q exp(G)) - dv2^T w``, the state's and ``dv2``'s dots
-    with their register operand on the left."""
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_vk = (o_v < V)[:, None] & (o_k < K)[None, :]
-    p_vk = o_v[:, None] + o_k[None, :] * V  # element (v, k) of a [K, V] gradient
-    b_dhT = tl.zeros([BV, BK], dtype=tl.float32)
-    if USE_DHT:
-        b_dhT += tl.load(dht + i_bh * K * V + p_vk, mask=m_vk, other=0.)
-    for i_r in range(C1 - C0):
-        i_t = C1 - 1 - i_r
-        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_vk, b_dhT.to(dh.dtype.element_ty), mask=m_vk)
-        b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
-        b_kdhT = tl.dot(b_dhT.to(b_kT.dtype), b_kT, input_precision=DOT_PREC)  # [BV, BT]
-        b_doT = _load_cols(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BV, BT).to(tl.float32)
-        if USE_G:
-            b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-            b_kdhT = b_kdhT * tl.exp(g_last - b_g)[None, :]
-            b_doT = b_doT * (scale * tl.exp(b_g))[None, :]
-            b_dhT *= tl.exp(g_last)
-        else:
-            b_doT = b_doT * scale
-        b_dv2T = _load_cols(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BV, BT).to(tl.float32) + b_kdhT
-        _store_cols(dv2, b_dv2T, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BV, BT)
-        b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
-        b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
-        b_dhT += tl.dot(b_doT.to(b_q.dtype), b_q, input_precision=DOT_PREC)
-        b_dhT -= tl.dot(b_dv2T.to(b_w.dtype), b_w, input_precision=DOT_PREC)
-    if STORE_DH0:
-        tl.store(dh0 + i_bh * K * V + p_vk, b_dhT, mask=m_vk)
 
 
 @_jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
@@ -1128,7 +1016,7 @@ def _fwd_h_walk(k, w, u, gc, h, vn, h_in, h_out, BV, c0, c1):
     _fwd_h_kernel[(_cdiv(V, BV), B * H)](
         k, w, u, gc, h, vn, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
         USE_G=gc is not None, USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k),
-        TRANSPOSED=WALK_TRANSPOSED and BV <= 32, **(_launch(LAUNCH, "fwd_h", k) if BV > 32 else _launch(LAUNCH, "fwd_h_bv32", k)))
+        **(_launch(LAUNCH, "fwd_h", k) if BV > 32 else _launch(LAUNCH, "fwd_h_bv32", k)))
 
 
 def _walk_buffers(k, u, output_final_state):
@@ -1234,7 +1122,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
             q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
-            DOT_PREC=prec, TRANSPOSED=DH_WALK_TRANSPOSED and BV <= 32, **_launch(LAUNCH, "bwd_dh", q))
+            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](

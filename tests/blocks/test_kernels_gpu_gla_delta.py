@@ -462,28 +462,6 @@ class _LaunchSpy:
 
 @interpreter
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("block_v", [16, 32, 64])
-def test_interpreter_delta_walks_transposed_at_small_value_blocks(family, block_v, monkeypatch):
-    """``WALK_TRANSPOSED`` / ``DH_WALK_TRANSPOSED``: at V block 32 and below both walks run on the
-    transposed state (``_fwd_h_transposed``, ``_bwd_dh_transposed``), at 64 as written; either way
-    every output and gradient matches the reference (70 tokens: a partial second chunk; ``h0`` and a
-    final-state gradient through the walks' ends) and stays inside its tensors."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "walk_bv", fixed_walk_bv(block_v))
-    monkeypatch.setattr(delta, "WALK_TRANSPOSED", True)
-    monkeypatch.setattr(delta, "DH_WALK_TRANSPOSED", True)
-    fwd, bwd = _LaunchSpy(delta._fwd_h_kernel), _LaunchSpy(delta._bwd_dh_kernel)
-    monkeypatch.setattr(delta, "_fwd_h_kernel", fwd)
-    monkeypatch.setattr(delta, "_bwd_dh_kernel", bwd)
-    with checked_memory():
-        errs = run_case(chunk_kernel(family), family, (1, 70, 2, 32, 64), torch.float32, "random", True, "cpu")
-    assert max(errs.values()) < 2e-5, errs
-    assert {c[1]["TRANSPOSED"] for c in fwd.calls + bwd.calls} == {block_v <= 32}
-
-
-@interpreter
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
 def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch):
     """Walks in segments (5 chunks: ranges of 1, 2, 2 and of 1 each; the carried state through
     ``h0``/``ht`` of the forward walk and ``dht``/``dh0`` of the reverse one, the per-chunk kernels

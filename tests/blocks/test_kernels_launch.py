@@ -558,7 +558,7 @@ def test_aot_tool_reports_whether_a_loop_was_pipelined():
     code = """
 import kernels_aot_regs as aot
 from blocks.kernels import delta
-cx = dict(H=16, K=128, V=128, BT=64, BK=128, BV=32, USE_G=True, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", TRANSPOSED=False)
+cx = dict(H=16, K=128, V=128, BT=64, BK=128, BV=32, USE_G=True, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32")
 k = aot.compile_one(delta._bwd_dh_kernel, aot.arg_types("bf16"), cx, 4, 3, 90)
 print(*aot.pipelining(k), aot.resources(k)["REG"])
 """
@@ -1071,7 +1071,7 @@ def test_aot_tool_hints_what_the_jit_would_specialise():
 import kernels_aot_regs as aot
 from blocks.kernels import delta, step
 types = aot.arg_types("bf16")
-cx = ("H", "K", "V", "BT", "BK", "BV", "USE_G", "USE_H0", "STORE_HT", "DOT_PREC", "TRANSPOSED", "GATE", "DELTA", "HAS_STATE")
+cx = ("H", "K", "V", "BT", "BK", "BV", "USE_G", "USE_H0", "STORE_HT", "DOT_PREC", "GATE", "DELTA", "HAS_STATE")
 for fn in (delta._fwd_h_kernel, step._step_kernel):
     sig = {n: ("constexpr" if n in cx and not (fn is step._step_kernel and n == "H") else types[n]) for n in fn.arg_names}
     print(" ".join(sorted(aot.divisibility_hints(fn, sig))))
