@@ -120,7 +120,10 @@ def test_residual_linear_tickets_choose_the_split_that_finishes_a_tile_in_interp
         h, _ = skinny.residual_linear(x, w, res)
         ref = res + x @ w.T
         assert rel(h[:, :16], ref[:, :16]) < 1e-6 and rel(h[:, 32:], ref[:, 32:]) < 1e-6
-        assert rel(h[:, 16:32], ref[:, 16:32]) > 1e-3
+        # tile 1 was finished without the fourth split's partial: whatever its slot held (the first
+        # call's partial, or fresh memory, NaN included, when the buffer was not reused) made it wrong
+        tile = h[:, 16:32]
+        assert not torch.isfinite(tile).all() or rel(tile, ref[:, 16:32]) > 1e-3
         assert tickets[:3].tolist() == [0, 1, 0]
     finally:
         tickets.zero_()
