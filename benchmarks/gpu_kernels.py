@@ -35,8 +35,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for blocks/archsearch
 
 from gpu_common import (  # noqa: E402
-    HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, apply_sets, checked_families, copy_bandwidth, cuda_time, fwd_bwd,
-    gpu_state, graph_time, kernel_settings, positional, step_inputs, switched, switches_line, train_inputs, train_times,
+    HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, apply_sets, checked_families, checked_lengths, copy_bandwidth,
+    cuda_time, fwd_bwd, gpu_state, graph_time, kernel_settings, positional, step_inputs, switched, switches_line,
+    train_inputs, train_times,
 )
 
 from triton_check import require_triton  # noqa: E402
@@ -528,8 +529,8 @@ def kernel_summary(events: list[tuple[str, float]]) -> dict:
 
 
 def kernel_breakdown(families=LINEAR_FAMILIES, lengths=(2048, 32768)) -> dict:
-    """Where a training step's time goes: every family's forward + backward at 2k and 32k under
-    ``torch.profiler``, device time summed per kernel name (ms per step, heaviest first)."""
+    """Where a training step's time goes: every family's forward + backward at each of ``lengths``
+    under ``torch.profiler``, device time summed per kernel name (ms per step, heaviest first)."""
     from torch.profiler import ProfilerActivity, profile
 
     out: dict = {}
@@ -948,9 +949,12 @@ def main(argv=None) -> int:
                     "rows, plain and compiled (each row's time: the median of its passes)")
     ap.add_argument("--train-rounds", type=int, default=3, help="round-robin timing passes over the training "
                     "table's cells (each cell: the median of its passes)")
+    ap.add_argument("--breakdown-lengths", default="2048,32768", help="comma list: the kernel breakdown's "
+                    "sequence lengths")
     ap.add_argument("--deadline", type=float, default=0.0, help="skip sections that would start after this many s")
     a = ap.parse_args(argv)
     families = tuple(checked_families(ap, a.families))
+    breakdown_lengths = tuple(checked_lengths(ap, a.breakdown_lengths, "--breakdown-lengths", whole_batches=True))
     require_triton("gpu_kernels")  # the argument checks below read the kernel modules
     from archsearch.decode_graph import COMPILE_MODES
 
@@ -1005,7 +1009,7 @@ def main(argv=None) -> int:
                 "train": lambda: train_bench(lengths, families, a.train_rounds),
                 "step": step_bench,
                 "softmax_decode": lambda: softmax_decode_bench(contexts),
-                "kernel_breakdown": lambda: kernel_breakdown(families),
+                "kernel_breakdown": lambda: kernel_breakdown(families, breakdown_lengths),
                 "model_decode": lambda: model_decode_bench(res["ceilings"]["copy_bytes_per_s"], rounds=a.rounds),
                 "correctness": correctness,
                 "fla": lambda: fla_bench(a.fla_timeout, [int(x) for x in a.fla_lengths.split(",")] if a.fla_lengths

@@ -63,6 +63,7 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K run
 # history: docs/benchmarks/kernel_decisions/delta.md#launch
 LAUNCH = {
     "kkt": dict(num_warps=4, num_stages=None),
+    "kkt_solve": dict(num_warps=4, num_stages=None),  # KKT_SOLVE_FUSED
     # 2 warps: -2.0 / -2.0% (delta_rule), -1.3 / -1.6% (gated) at 2k / 32k (sweep 19:13)
     "solve_tril": dict(num_warps=2, num_stages=1),
     "wu": dict(num_warps=4, num_stages=None),
@@ -249,13 +250,19 @@ DQKWG_BV = 64
 # 1k / 2k / 8k / 16k / 32k (synced -0.1..+1.5%): small, every queued length lower, one call.
 # history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_ds_unmasked
 DQKWG_DS_UNMASKED = True
+# ``_kkt_kernel`` and ``_solve_tril_kernel`` as one program per chunk (``_kkt_solve_kernel``): the solve
+# reads the chunk's float32 ``A`` (160 B per token and head with ``SKIP_UPPER_BLOCKS``) back from L2
+# right after the same program wrote it, instead of a second kernel reading it from DRAM; one launch
+# less per forward. (``FUSED_WY_FWD``, which also took ``_wu_kernel`` in, lost: its ``A`` stayed in
+# registers and one program serialised three kernels' work.) Off: two kernels. To be timed.
+KKT_SOLVE_FUSED = False
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64),
-            "DQKWG_DS_UNMASKED": (False, True)}
+            "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True)}
 
 
 @triton.jit
@@ -434,19 +441,14 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
     tl.store(_seq(gc, i_b, i_h, T, H) + o_t * H, tl.cumsum(b_g, axis=0), mask=m_t)
 
 
-@_jit(do_not_specialize=["T", "C0"])  # one compile for every length
-def _kkt_kernel(k, beta, g, gc, A, T, C0,
-                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr,
-                SKIP_UPPER: tl.constexpr):
-    """Grid (NT, B*H): ``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)`` of chunk ``i_t`` into
-    ``A: [B, T, H, BT]`` float32 (row ``i`` of its chunk's ``[BT, BT]`` matrix), one ``[BT, K]`` x
-    ``[K, BT]`` product per chunk. ``CUMSUM`` (``KKT_CUMSUM``): the chunk's ``G`` formed here from the
-    gate ``g`` and written to ``gc`` for the kernels after it (else read from ``gc``)."""
-    i_t = tl.program_id(0) + C0
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+@triton.jit
+def _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+               BK: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
+               CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr):
+    """``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)`` of chunk ``i_t`` into ``A: [B, T, H, BT]``
+    float32 (row ``i`` of its chunk's ``[BT, BT]`` matrix), one ``[BT, K]`` x ``[K, BT]`` product.
+    ``CUMSUM`` (``KKT_CUMSUM``): the chunk's ``G`` formed here from the gate ``g`` and written to ``gc``
+    for the kernels after it (else read from ``gc``)."""
     r0 = i_t * BT
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -480,16 +482,24 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
-def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr,
-                       DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr):
-    """Grid (NT, B*H), BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both
-    ``[B, T, H, BT]``; ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]``
-    blocks by ``_inv_diag_blocks`` (``DIAG_SUBST``) or ``_inv_unit_lower``, the rest by ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for
-    block rows ``i > j`` (16x16 dots at ``MERGE_PREC``: exact "ieee" or "tf32")."""
-    i_t = tl.program_id(0) + C0
+def _kkt_kernel(k, beta, g, gc, A, T, C0,
+                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr,
+                SKIP_UPPER: tl.constexpr):
+    """Grid (NT, B*H): ``_kkt_chunk`` of chunk ``C0 + program_id(0)``."""
     i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    _kkt_chunk(k, beta, g, gc, A, i_bh // H, i_bh % H, tl.program_id(0) + C0, T, H, K, BT, BK, USE_G, DOT_PREC,
+               PAIR_FACTORED, CUMSUM, SKIP_UPPER)
+
+
+@triton.jit
+def _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                      MERGE_PREC: tl.constexpr, DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr):
+    """BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both ``[B, T, H, BT]``;
+    ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]`` blocks by
+    ``_inv_diag_blocks`` (``DIAG_SUBST``) or ``_inv_unit_lower``, the rest by
+    ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for block rows ``i > j`` (16x16 dots at
+    ``MERGE_PREC``: exact "ieee" or "tf32")."""
     if DIAG_SUBST:
         T00, T11, T22, T33 = _inv_diag_blocks(A, i_b, i_h, i_t, T, H, BT, BC)
     else:
@@ -525,6 +535,33 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
         for ri in tl.static_range(BT // BC - 1):
             for cj in tl.static_range(ri + 1, BT // BC):
                 _store_block(Ai, Z, i_b, i_h, i_t, T, ri, cj, H, BT, BC)
+
+
+@_jit(do_not_specialize=["T", "C0"])  # one compile for every length
+def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr,
+                       DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr):
+    """Grid (NT, B*H): ``_solve_tril_chunk`` of chunk ``C0 + program_id(0)``."""
+    i_bh = tl.program_id(1).to(tl.int64)
+    _solve_tril_chunk(A, Ai, i_bh // H, i_bh % H, tl.program_id(0) + C0, T, H, BT, BC, MERGE_PREC, DIAG_SUBST,
+                      SKIP_UPPER)
+
+
+@_jit(do_not_specialize=["T", "C0"])  # one compile for every length
+def _kkt_solve_kernel(k, beta, g, gc, A, Ai, T, C0,
+                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
+                      CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr, MERGE_PREC: tl.constexpr,
+                      DIAG_SUBST: tl.constexpr):
+    """Grid (NT, B*H) (``KKT_SOLVE_FUSED``): ``_kkt_chunk`` then ``_solve_tril_chunk`` of chunk
+    ``C0 + program_id(0)`` in one program: the solve reads back the ``A`` rows this program's threads
+    have just written (from L2, not DRAM) instead of a second kernel reading them."""
+    i_t = tl.program_id(0) + C0
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM, SKIP_UPPER)
+    tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA: visible)
+    _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -964,12 +1001,16 @@ def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
     """``A``, its inverse ``Ai`` and ``w, u`` of chunks ``c0 .. c1 - 1``, in three kernels; with the
     gate ``g``, the first also writes those chunks' ``gc`` (``KKT_CUMSUM``)."""
     B, T, H, K = k.shape
-    _kkt_kernel[(c1 - c0, B * H)](k, beta, g, gc, A, T, c0, H=H, K=K, BT=BT, BK=min(64, _pow2(K)),
-                                  USE_G=gc is not None, DOT_PREC=_prec(k), PAIR_FACTORED=PAIR_DECAY_FACTORED,
-                                  CUMSUM=g is not None, SKIP_UPPER=SKIP_UPPER_BLOCKS, **_launch(LAUNCH, "kkt", k))
-    _solve_tril_kernel[(c1 - c0, B * H)](A, Ai, T, c0, H=H, BT=BT, BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype),
-                                         DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST, SKIP_UPPER=SKIP_UPPER_BLOCKS,
-                                         **_launch(LAUNCH, "solve_tril", k))
+    kkt = dict(H=H, K=K, BT=BT, BK=min(64, _pow2(K)), USE_G=gc is not None, DOT_PREC=_prec(k),
+               PAIR_FACTORED=PAIR_DECAY_FACTORED, CUMSUM=g is not None, SKIP_UPPER=SKIP_UPPER_BLOCKS)
+    solve = dict(BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype), DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST)
+    if KKT_SOLVE_FUSED:
+        _kkt_solve_kernel[(c1 - c0, B * H)](k, beta, g, gc, A, Ai, T, c0, **kkt, **solve,
+                                            **_launch(LAUNCH, "kkt_solve", k))
+    else:
+        _kkt_kernel[(c1 - c0, B * H)](k, beta, g, gc, A, T, c0, **kkt, **_launch(LAUNCH, "kkt", k))
+        _solve_tril_kernel[(c1 - c0, B * H)](A, Ai, T, c0, H=H, BT=BT, SKIP_UPPER=SKIP_UPPER_BLOCKS, **solve,
+                                             **_launch(LAUNCH, "solve_tril", k))
     _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1)
 
 
