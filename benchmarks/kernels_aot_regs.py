@@ -106,26 +106,29 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     for use_g in (True, False):
         tag = "gated_delta" if use_g else "delta"
         yield (f"{tag}.kkt", d._kkt_kernel, dict(H=H, K=K, BT=64, BK=min(64, BK), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
-                                                 CUMSUM=use_g and d.KKT_CUMSUM, SKIP_UPPER=d.SKIP_UPPER_BLOCKS), *table(d.LAUNCH, "kkt", s))
+                                                 CUMSUM=use_g and d.KKT_CUMSUM, SKIP_UPPER=d.SKIP_UPPER_BLOCKS,
+                                                 HEADS_FASTEST=d.HEADS_FASTEST), *table(d.LAUNCH, "kkt", s))
         if use_g:  # no gate argument: one compile serves both rules
             yield ("delta.solve_tril", d._solve_tril_kernel,
                    dict(H=H, BT=64, BC=16, MERGE_PREC=d._solve_tril_prec(dtype), DIAG_SUBST=d.SOLVE_TRIL_DIAG_SUBST,
-                        SKIP_UPPER=d.SKIP_UPPER_BLOCKS),
+                        SKIP_UPPER=d.SKIP_UPPER_BLOCKS, HEADS_FASTEST=d.HEADS_FASTEST),
                    *table(d.LAUNCH, "solve_tril", s))
         yield (f"{tag}.kkt_solve", d._kkt_solve_kernel,
                dict(H=H, K=K, BT=64, BK=min(64, BK), BC=16, USE_G=use_g, DOT_PREC=prec,
                     PAIR_FACTORED=d.PAIR_DECAY_FACTORED, CUMSUM=use_g and d.KKT_CUMSUM, SKIP_UPPER=d.SKIP_UPPER_BLOCKS,
-                    MERGE_PREC=d._solve_tril_prec(dtype), DIAG_SUBST=d.SOLVE_TRIL_DIAG_SUBST),
+                    MERGE_PREC=d._solve_tril_prec(dtype), DIAG_SUBST=d.SOLVE_TRIL_DIAG_SUBST, HEADS_FASTEST=d.HEADS_FASTEST),
                *table(d.LAUNCH, "kkt_solve", s))
         lowp = d._lowp(torch.empty(0, dtype=dtype))
         yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec,
-                                                     SKIP_UPPER=d.SKIP_UPPER_BLOCKS),
+                                                     SKIP_UPPER=d.SKIP_UPPER_BLOCKS, HEADS_FASTEST=d.HEADS_FASTEST),
                *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
                                                      DOT_PREC=prec), *table(d.LAUNCH, "fwd_h_bv32", s))
-        yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED), *table(d.LAUNCH, "fwd_o", s))
+        yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
+                                                     HEADS_FASTEST=d.HEADS_FASTEST), *table(d.LAUNCH, "fwd_o", s))
         yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
-                                                                   DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED), *table(d.LAUNCH, "bwd_dv_local", s))
+                                                                   DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, HEADS_FASTEST=d.HEADS_FASTEST),
+               *table(d.LAUNCH, "bwd_dv_local", s))
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=dh_gated, USE_DHT=True,
                                                        STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
@@ -135,11 +138,12 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), USE_G=use_g,
                                                              DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
-                                                             DS_UNMASKED=d.DQKWG_DS_UNMASKED),
+                                                             DS_UNMASKED=d.DQKWG_DS_UNMASKED, HEADS_FASTEST=d.HEADS_FASTEST),
                *table(d.LAUNCH, ("bwd_dqkwg_gated" if use_g else "bwd_dqkwg") + ("_bv32" if d.DQKWG_BV == 32 else ""), s))
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
                                                        USE_G=use_g, LOWP=lowp, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
-                                                       ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS),
+                                                       ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS,
+                                                       HEADS_FASTEST=d.HEADS_FASTEST),
                *table(d.LAUNCH, "wy_bwd_gated" if use_g else "wy_bwd", s))
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"

@@ -256,13 +256,22 @@ DQKWG_DS_UNMASKED = True
 # less per forward. (``FUSED_WY_FWD``, which also took ``_wu_kernel`` in, lost: its ``A`` stayed in
 # registers and one program serialised three kernels' work.) Off: two kernels. To be timed.
 KKT_SOLVE_FUSED = False
+# The per-chunk kernels' programs in launch order over the heads first, then the chunks, then the
+# batch (``_chunk_ids``) instead of every chunk of one (batch, head) pair before the next: the programs
+# resident at once then read whole 4 KB token rows of ``[B, T, H, 128]`` bf16 tensors rather than
+# 256 B slices of many rows. Asked by the per-kernel times growing with the sequence length at a
+# fixed token count (gated ``bwd_dqkwg`` 1.098 / 1.109 / 1.137 ms, ``wy_bwd`` 0.802 / 0.816 / 0.838,
+# ``wu`` 0.308 / 0.318 / 0.330 at 2k / 4k / 8k; H200 2026-12-04 13:35), where the work per chunk is
+# the same. To be timed.
+HEADS_FASTEST = False
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64),
-            "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True)}
+            "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
+            "HEADS_FASTEST": (False, True)}
 
 
 @triton.jit
@@ -427,6 +436,28 @@ def _load_cols(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BD:
     return tl.load(base + o_r[None, :] * (H * D) + o_d[:, None], mask=(o_r < T)[None, :] & (o_d < D)[:, None], other=0.)
 
 
+@triton.jit
+def _chunk_ids(p_t, p_bh, n_t, C0, H: tl.constexpr, HEADS_FASTEST: tl.constexpr):
+    """``(i_t, i_b, i_h)`` of a per-chunk program from its grid position: chunk axis ``p_t`` of ``n_t``
+    programs (from chunk ``C0``), (batch, head) axis ``p_bh``. ``HEADS_FASTEST`` (``HEADS_FASTEST``): the
+    grid's programs in launch order (``p_t`` fastest) walk the heads first, then the chunks, then the
+    batch, so that the programs resident at once read whole token rows of ``[B, T, H, D]`` (all heads
+    of a stretch of tokens) instead of a few heads' slices of many tokens; else ``p_t`` is the chunk
+    and ``p_bh`` the (batch, head) pair."""
+    if HEADS_FASTEST:
+        lin = p_bh * n_t + p_t  # < the grid's size: int32 (int64 division costs ~100 instructions more)
+        i_h = (lin % H).to(tl.int64)
+        rest = lin // H
+        i_t = rest % n_t + C0
+        i_b = (rest // n_t).to(tl.int64)
+    else:
+        i_bh = p_bh.to(tl.int64)
+        i_t = p_t + C0
+        i_b = i_bh // H
+        i_h = i_bh % H
+    return i_t, i_b, i_h
+
+
 # --- kernels ---------------------------------------------------------------------------------
 @_jit(do_not_specialize=["T"])  # one compile for every length
 def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
@@ -485,11 +516,10 @@ def _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.const
 def _kkt_kernel(k, beta, g, gc, A, T, C0,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr,
-                SKIP_UPPER: tl.constexpr):
+                SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
     """Grid (NT, B*H): ``_kkt_chunk`` of chunk ``C0 + program_id(0)``."""
-    i_bh = tl.program_id(1).to(tl.int64)
-    _kkt_chunk(k, beta, g, gc, A, i_bh // H, i_bh % H, tl.program_id(0) + C0, T, H, K, BT, BK, USE_G, DOT_PREC,
-               PAIR_FACTORED, CUMSUM, SKIP_UPPER)
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), tl.num_programs(0), C0, H, HEADS_FASTEST)
+    _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM, SKIP_UPPER)
 
 
 @triton.jit
@@ -539,11 +569,10 @@ def _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
 def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr,
-                       DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr):
+                       DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
     """Grid (NT, B*H): ``_solve_tril_chunk`` of chunk ``C0 + program_id(0)``."""
-    i_bh = tl.program_id(1).to(tl.int64)
-    _solve_tril_chunk(A, Ai, i_bh // H, i_bh % H, tl.program_id(0) + C0, T, H, BT, BC, MERGE_PREC, DIAG_SUBST,
-                      SKIP_UPPER)
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), tl.num_programs(0), C0, H, HEADS_FASTEST)
+    _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -551,14 +580,11 @@ def _kkt_solve_kernel(k, beta, g, gc, A, Ai, T, C0,
                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
                       CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr, MERGE_PREC: tl.constexpr,
-                      DIAG_SUBST: tl.constexpr):
+                      DIAG_SUBST: tl.constexpr, HEADS_FASTEST: tl.constexpr):
     """Grid (NT, B*H) (``KKT_SOLVE_FUSED``): ``_kkt_chunk`` then ``_solve_tril_chunk`` of chunk
     ``C0 + program_id(0)`` in one program: the solve reads back the ``A`` rows this program's threads
     have just written (from L2, not DRAM) instead of a second kernel reading them."""
-    i_t = tl.program_id(0) + C0
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), tl.num_programs(0), C0, H, HEADS_FASTEST)
     _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM, SKIP_UPPER)
     tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA: visible)
     _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
@@ -568,14 +594,12 @@ def _kkt_solve_kernel(k, beta, g, gc, A, Ai, T, C0,
 def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr, SKIP_UPPER: tl.constexpr):
+               USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr, SKIP_UPPER: tl.constexpr,
+               HEADS_FASTEST: tl.constexpr):
     """Grid (NT, B*H): ``w = Ai (beta exp(G) k)`` and ``u = Ai (beta v)`` of chunk ``i_t``
     (``[BT, K]``, ``[BT, V]``), ``[BT, BT]`` x ``[BT, BK|BV]`` products (operands in ``k``'s dtype
     when ``LOWP``)."""
-    i_t = tl.program_id(0) + C0
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), tl.num_programs(0), C0, H, HEADS_FASTEST)
     r0 = i_t * BT
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP, SKIP_UPPER)
     for i_k in range(tl.cdiv(K, BK)):
@@ -627,13 +651,11 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
 def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT, C0,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
+                  USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
+                  HEADS_FASTEST: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)``."""
     i_v = tl.program_id(0)
-    i_t = tl.program_id(1) + C0
-    i_bh = tl.program_id(2).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(1), tl.program_id(2), tl.num_programs(1), C0, H, HEADS_FASTEST)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
@@ -664,14 +686,12 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT, C0,
 def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T, C0,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                         USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr):
+                         USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
+                         HEADS_FASTEST: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``dU`` through the intra-chunk output, ``P^T do`` with
     ``P = scale mask(q k^T) * exp(G_i - G_j)`` (stored in ``dv``'s dtype)."""
     i_v = tl.program_id(0)
-    i_t = tl.program_id(1) + C0
-    i_bh = tl.program_id(2).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(1), tl.program_id(2), tl.num_programs(1), C0, H, HEADS_FASTEST)
     b_At = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i]
     for i_k in range(tl.cdiv(K, BK)):
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
@@ -743,16 +763,13 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                      DG_FROM_ROWS: tl.constexpr, DS_UNMASKED: tl.constexpr):
+                      DG_FROM_ROWS: tl.constexpr, DS_UNMASKED: tl.constexpr, HEADS_FASTEST: tl.constexpr):
     """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
     over key channels). Splitting K (``DQKWG_BK`` = 64) keeps the float32 accumulators at [BT, 64] each."""
     i_k = tl.program_id(0)
-    i_t = tl.program_id(1) + C0
-    i_bh = tl.program_id(2).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(1), tl.program_id(2), tl.num_programs(1), C0, H, HEADS_FASTEST)
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = i_k * BK + tl.arange(0, BK)
@@ -942,15 +959,13 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
                    USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-                   PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr):
+                   PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr,
+                   HEADS_FASTEST: tl.constexpr):
     """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
     the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
     ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
     float32 tiles at [BT, BT] / [BT, BK]: ``_wy_bwd_da``, then ``_wy_bwd_dk``."""
-    i_t = tl.program_id(0) + C0
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), tl.num_programs(0), C0, H, HEADS_FASTEST)
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP, SKIP_UPPER)
@@ -1003,12 +1018,14 @@ def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
     B, T, H, K = k.shape
     kkt = dict(H=H, K=K, BT=BT, BK=min(64, _pow2(K)), USE_G=gc is not None, DOT_PREC=_prec(k),
                PAIR_FACTORED=PAIR_DECAY_FACTORED, CUMSUM=g is not None, SKIP_UPPER=SKIP_UPPER_BLOCKS)
-    solve = dict(BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype), DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST)
+    solve = dict(BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype), DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST,
+                 HEADS_FASTEST=HEADS_FASTEST)
     if KKT_SOLVE_FUSED:
         _kkt_solve_kernel[(c1 - c0, B * H)](k, beta, g, gc, A, Ai, T, c0, **kkt, **solve,
                                             **_launch(LAUNCH, "kkt_solve", k))
     else:
-        _kkt_kernel[(c1 - c0, B * H)](k, beta, g, gc, A, T, c0, **kkt, **_launch(LAUNCH, "kkt", k))
+        _kkt_kernel[(c1 - c0, B * H)](k, beta, g, gc, A, T, c0, **kkt, HEADS_FASTEST=HEADS_FASTEST,
+                                      **_launch(LAUNCH, "kkt", k))
         _solve_tril_kernel[(c1 - c0, B * H)](A, Ai, T, c0, H=H, BT=BT, SKIP_UPPER=SKIP_UPPER_BLOCKS, **solve,
                                              **_launch(LAUNCH, "solve_tril", k))
     _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1)
@@ -1020,7 +1037,8 @@ def _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1):
     V = v.shape[-1]
     _wu_kernel[(c1 - c0, B * H)](
         k, v, beta, gc, Ai, w, u, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-        USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), SKIP_UPPER=SKIP_UPPER_BLOCKS, **_launch(LAUNCH, "wu", k))
+        USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), SKIP_UPPER=SKIP_UPPER_BLOCKS, HEADS_FASTEST=HEADS_FASTEST,
+        **_launch(LAUNCH, "wu", k))
 
 
 def _wy_buffers(k, v):
@@ -1084,7 +1102,8 @@ def _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1):
     BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
     _fwd_o_kernel[(_cdiv(V, BV), c1 - c0, B * H)](
         q, k, vn, gc, h, o, scale, T, h.shape[1], c0, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_G=gc is not None, DOT_PREC=_prec(q), PAIR_FACTORED=PAIR_DECAY_FACTORED, **_launch(LAUNCH, "fwd_o", q))
+        USE_G=gc is not None, DOT_PREC=_prec(q), PAIR_FACTORED=PAIR_DECAY_FACTORED, HEADS_FASTEST=HEADS_FASTEST,
+        **_launch(LAUNCH, "fwd_o", q))
 
 
 def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
@@ -1155,7 +1174,8 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     def dv_local(c0, c1):
         _bwd_dv_local_kernel[(_cdiv(V, BVo), c1 - c0, B * H)](
             q, k, gc, do, dv_loc, scale, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
-            USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, **_launch(LAUNCH, "bwd_dv_local", q))
+            USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, HEADS_FASTEST=HEADS_FASTEST,
+            **_launch(LAUNCH, "bwd_dv_local", q))
 
     def walk(c0, c1, i):
         d_in = dht if i == 0 else carry
@@ -1169,13 +1189,15 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
             BV=min(DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED, **_dqkwg_launch(use_g, q))
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED, HEADS_FASTEST=HEADS_FASTEST,
+            **_dqkwg_launch(use_g, q))
 
     def wy_bwd(c0, c1):
         _wy_bwd_kernel[(c1 - c0, B * H)](
             k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, H=H, K=K, V=V, BT=BT,
             BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
             PAIR_FACTORED=PAIR_DECAY_FACTORED, ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=SKIP_UPPER_BLOCKS,
+            HEADS_FASTEST=HEADS_FASTEST,
             **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
 
     # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'

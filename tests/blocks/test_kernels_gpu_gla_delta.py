@@ -483,6 +483,28 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 
 @interpreter
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_interpreter_delta_program_orders_give_the_same_bits(family, fused, monkeypatch):
+    """``delta.HEADS_FASTEST`` reorders which program of a per-chunk kernel's grid takes which
+    (chunk, batch, head): with two sequences of three heads, a last chunk cut short and the walks in
+    two segments (so the per-chunk grids start at a chunk ``C0`` > 0), every output and gradient has
+    the bits of the other order, and every program stays inside its tensors (either kkt / solve form,
+    ``KKT_SOLVE_FUSED``)."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "KKT_SOLVE_FUSED", fused)
+    shape = (2, 150, 3, 16, 16)
+    monkeypatch.setattr(delta, "HEADS_FASTEST", False)
+    ref = segmented_outputs(family, shape, torch.float32, "cpu", 2, monkeypatch)
+    monkeypatch.setattr(delta, "HEADS_FASTEST", True)
+    with checked_memory():
+        got = segmented_outputs(family, shape, torch.float32, "cpu", 2, monkeypatch)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert torch.equal(a, b), f"{family}: output {i} differs"
+
+
+@interpreter
 @pytest.mark.parametrize("keep_h,segmented_cumsum", [(True, False), (False, False), (True, True)])
 def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, segmented_cumsum, monkeypatch):
     """gla's walks in segments (5 chunks: ranges 1, 2, 2 and five of 1), both chunk paths ("mixed":
