@@ -437,25 +437,34 @@ def _load_cols(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BD:
 
 
 @triton.jit
-def _chunk_ids(p_t, p_bh, n_t, C0, H: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    """``(i_t, i_b, i_h)`` of a per-chunk program from its grid position: chunk axis ``p_t`` of ``n_t``
-    programs (from chunk ``C0``), (batch, head) axis ``p_bh``. ``HEADS_FASTEST`` (``HEADS_FASTEST``): the
-    grid's programs in launch order (``p_t`` fastest) walk the heads first, then the chunks, then the
-    batch, so that the programs resident at once read whole token rows of ``[B, T, H, D]`` (all heads
-    of a stretch of tokens) instead of a few heads' slices of many tokens; else ``p_t`` is the chunk
-    and ``p_bh`` the (batch, head) pair."""
+def _chunk_ids(p_t, p_bh, C0, H: tl.constexpr, HEADS_FASTEST: tl.constexpr):
+    """``(i_t, i_b, i_h)`` of a per-chunk program from its two grid positions (``_chunk_grid``): the
+    chunk axis ``p_t`` (from chunk ``C0``) and the (batch, head) axis ``p_bh``, or with
+    ``HEADS_FASTEST`` the (chunk, head) axis ``p_t`` (heads fastest) and the batch ``p_bh``."""
     if HEADS_FASTEST:
-        lin = p_bh * n_t + p_t  # < the grid's size: int32 (int64 division costs ~100 instructions more)
-        i_h = (lin % H).to(tl.int64)
-        rest = lin // H
-        i_t = rest % n_t + C0
-        i_b = (rest // n_t).to(tl.int64)
+        i_t = p_t // H + C0
+        i_h = (p_t % H).to(tl.int64)
+        i_b = p_bh.to(tl.int64)
     else:
         i_bh = p_bh.to(tl.int64)
         i_t = p_t + C0
         i_b = i_bh // H
         i_h = i_bh % H
     return i_t, i_b, i_h
+
+
+@triton.jit
+def _tile_ids(NX: tl.constexpr, C0, H: tl.constexpr, HEADS_FASTEST: tl.constexpr):
+    """``(i_x, i_t, i_b, i_h)`` of a per-chunk program over ``NX`` tiles of each chunk (key or value
+    blocks; ``_chunk_grid`` with ``lead``): the tile fastest, then as ``_chunk_ids``."""
+    if HEADS_FASTEST:
+        p = tl.program_id(0)
+        i_x = p % NX
+        i_t, i_b, i_h = _chunk_ids(p // NX, tl.program_id(1), C0, H, HEADS_FASTEST)
+    else:
+        i_x = tl.program_id(0)
+        i_t, i_b, i_h = _chunk_ids(tl.program_id(1), tl.program_id(2), C0, H, HEADS_FASTEST)
+    return i_x, i_t, i_b, i_h
 
 
 # --- kernels ---------------------------------------------------------------------------------
@@ -518,7 +527,7 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
                 USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr,
                 SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
     """Grid (NT, B*H): ``_kkt_chunk`` of chunk ``C0 + program_id(0)``."""
-    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), tl.num_programs(0), C0, H, HEADS_FASTEST)
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
     _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM, SKIP_UPPER)
 
 
@@ -571,7 +580,7 @@ def _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr
 def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr,
                        DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
     """Grid (NT, B*H): ``_solve_tril_chunk`` of chunk ``C0 + program_id(0)``."""
-    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), tl.num_programs(0), C0, H, HEADS_FASTEST)
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
     _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
 
 
@@ -584,7 +593,7 @@ def _kkt_solve_kernel(k, beta, g, gc, A, Ai, T, C0,
     """Grid (NT, B*H) (``KKT_SOLVE_FUSED``): ``_kkt_chunk`` then ``_solve_tril_chunk`` of chunk
     ``C0 + program_id(0)`` in one program: the solve reads back the ``A`` rows this program's threads
     have just written (from L2, not DRAM) instead of a second kernel reading them."""
-    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), tl.num_programs(0), C0, H, HEADS_FASTEST)
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
     _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM, SKIP_UPPER)
     tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA: visible)
     _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
@@ -599,7 +608,7 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
     """Grid (NT, B*H): ``w = Ai (beta exp(G) k)`` and ``u = Ai (beta v)`` of chunk ``i_t``
     (``[BT, K]``, ``[BT, V]``), ``[BT, BT]`` x ``[BT, BK|BV]`` products (operands in ``k``'s dtype
     when ``LOWP``)."""
-    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), tl.num_programs(0), C0, H, HEADS_FASTEST)
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
     r0 = i_t * BT
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP, SKIP_UPPER)
     for i_k in range(tl.cdiv(K, BK)):
@@ -654,8 +663,7 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT, C0,
                   USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
                   HEADS_FASTEST: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)``."""
-    i_v = tl.program_id(0)
-    i_t, i_b, i_h = _chunk_ids(tl.program_id(1), tl.program_id(2), tl.num_programs(1), C0, H, HEADS_FASTEST)
+    i_v, i_t, i_b, i_h = _tile_ids((V + BV - 1) // BV, C0, H, HEADS_FASTEST)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
@@ -690,8 +698,7 @@ def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T, C0,
                          HEADS_FASTEST: tl.constexpr):
     """Grid (V/BV, NT, B*H): ``dU`` through the intra-chunk output, ``P^T do`` with
     ``P = scale mask(q k^T) * exp(G_i - G_j)`` (stored in ``dv``'s dtype)."""
-    i_v = tl.program_id(0)
-    i_t, i_b, i_h = _chunk_ids(tl.program_id(1), tl.program_id(2), tl.num_programs(1), C0, H, HEADS_FASTEST)
+    i_v, i_t, i_b, i_h = _tile_ids((V + BV - 1) // BV, C0, H, HEADS_FASTEST)
     b_At = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i]
     for i_k in range(tl.cdiv(K, BK)):
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
@@ -768,8 +775,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
     over key channels). Splitting K (``DQKWG_BK`` = 64) keeps the float32 accumulators at [BT, 64] each."""
-    i_k = tl.program_id(0)
-    i_t, i_b, i_h = _chunk_ids(tl.program_id(1), tl.program_id(2), tl.num_programs(1), C0, H, HEADS_FASTEST)
+    i_k, i_t, i_b, i_h = _tile_ids((K + BK - 1) // BK, C0, H, HEADS_FASTEST)
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = i_k * BK + tl.arange(0, BK)
@@ -965,7 +971,7 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
     ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
     float32 tiles at [BT, BT] / [BT, BK]: ``_wy_bwd_da``, then ``_wy_bwd_dk``."""
-    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), tl.num_programs(0), C0, H, HEADS_FASTEST)
+    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP, SKIP_UPPER)
@@ -1006,6 +1012,15 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
     return "tf32" if SOLVE_TRIL_TF32_MERGES and dtype == torch.bfloat16 and WY_INPUT_DTYPE_DOTS else "ieee"
 
 
+def _chunk_grid(chunks: int, B: int, H: int, lead: int | None = None) -> tuple:
+    """A per-chunk kernel's grid over ``chunks`` chunks of ``B`` sequences of ``H`` heads (and ``lead``
+    tiles of each: ``_tile_ids``; else ``_chunk_ids``): ``([lead,] chunks, B * H)``, or with
+    ``HEADS_FASTEST`` ``([lead *] chunks * H, B)`` (CUDA's grid is widest along its first axis)."""
+    if HEADS_FASTEST:
+        return ((lead or 1) * chunks * H, B)
+    return (chunks, B * H) if lead is None else (lead, chunks, B * H)
+
+
 def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``,
     ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
@@ -1021,12 +1036,12 @@ def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
     solve = dict(BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype), DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST,
                  HEADS_FASTEST=HEADS_FASTEST)
     if KKT_SOLVE_FUSED:
-        _kkt_solve_kernel[(c1 - c0, B * H)](k, beta, g, gc, A, Ai, T, c0, **kkt, **solve,
+        _kkt_solve_kernel[_chunk_grid(c1 - c0, B, H)](k, beta, g, gc, A, Ai, T, c0, **kkt, **solve,
                                             **_launch(LAUNCH, "kkt_solve", k))
     else:
-        _kkt_kernel[(c1 - c0, B * H)](k, beta, g, gc, A, T, c0, **kkt, HEADS_FASTEST=HEADS_FASTEST,
+        _kkt_kernel[_chunk_grid(c1 - c0, B, H)](k, beta, g, gc, A, T, c0, **kkt, HEADS_FASTEST=HEADS_FASTEST,
                                       **_launch(LAUNCH, "kkt", k))
-        _solve_tril_kernel[(c1 - c0, B * H)](A, Ai, T, c0, H=H, BT=BT, SKIP_UPPER=SKIP_UPPER_BLOCKS, **solve,
+        _solve_tril_kernel[_chunk_grid(c1 - c0, B, H)](A, Ai, T, c0, H=H, BT=BT, SKIP_UPPER=SKIP_UPPER_BLOCKS, **solve,
                                              **_launch(LAUNCH, "solve_tril", k))
     _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1)
 
@@ -1035,7 +1050,7 @@ def _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1):
     """``w = Ai (beta exp(G) k)``, ``u = Ai (beta v)`` of chunks ``c0 .. c1 - 1``."""
     B, T, H, K = k.shape
     V = v.shape[-1]
-    _wu_kernel[(c1 - c0, B * H)](
+    _wu_kernel[_chunk_grid(c1 - c0, B, H)](
         k, v, beta, gc, Ai, w, u, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
         USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), SKIP_UPPER=SKIP_UPPER_BLOCKS, HEADS_FASTEST=HEADS_FASTEST,
         **_launch(LAUNCH, "wu", k))
@@ -1100,7 +1115,7 @@ def _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1):
     B, T, H, K = q.shape
     V = vn.shape[-1]
     BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
-    _fwd_o_kernel[(_cdiv(V, BV), c1 - c0, B * H)](
+    _fwd_o_kernel[_chunk_grid(c1 - c0, B, H, _cdiv(V, BV))](
         q, k, vn, gc, h, o, scale, T, h.shape[1], c0, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         USE_G=gc is not None, DOT_PREC=_prec(q), PAIR_FACTORED=PAIR_DECAY_FACTORED, HEADS_FASTEST=HEADS_FASTEST,
         **_launch(LAUNCH, "fwd_o", q))
@@ -1172,7 +1187,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     one = len(segments) == 1
 
     def dv_local(c0, c1):
-        _bwd_dv_local_kernel[(_cdiv(V, BVo), c1 - c0, B * H)](
+        _bwd_dv_local_kernel[_chunk_grid(c1 - c0, B, H, _cdiv(V, BVo))](
             q, k, gc, do, dv_loc, scale, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
             USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, HEADS_FASTEST=HEADS_FASTEST,
             **_launch(LAUNCH, "bwd_dv_local", q))
@@ -1186,14 +1201,14 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
             DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
-        _bwd_dqkwg_kernel[(NK, c1 - c0, B * H)](
+        _bwd_dqkwg_kernel[_chunk_grid(c1 - c0, B, H, NK)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
             BV=min(DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
             DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED, HEADS_FASTEST=HEADS_FASTEST,
             **_dqkwg_launch(use_g, q))
 
     def wy_bwd(c0, c1):
-        _wy_bwd_kernel[(c1 - c0, B * H)](
+        _wy_bwd_kernel[_chunk_grid(c1 - c0, B, H)](
             k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, H=H, K=K, V=V, BT=BT,
             BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
             PAIR_FACTORED=PAIR_DECAY_FACTORED, ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=SKIP_UPPER_BLOCKS,
