@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = "gla:2048,delta_rule:2048,delta_rule:32768,gated_delta_rule:2048"
 DEFAULT_KERNELS = "_bwd_chunk_kernel|_bwd_sub_kernel|_intra_a_kernel|_fwd_o_kernel|_bwd_dqkwg_kernel|" \
-                  "_wy_bwd_kernel|_fwd_h_kernel|_bwd_dh_kernel|_solve_tril_kernel|_rev_cumsum_kernel"
+                  "_wy_bwd_kernel|_fwd_h_kernel|_bwd_dh_kernel|_solve_tril_kernel|_kkt_solve_kernel|_rev_cumsum_kernel"
 STALLS = ("long_scoreboard", "short_scoreboard", "barrier", "mio_throttle", "lg_throttle",
           "math_pipe_throttle", "wait", "not_selected", "dispatch_stall", "no_instruction", "membar",
           "tex_throttle", "drain", "branch_resolving")

@@ -17,7 +17,8 @@ chunk of ``BT`` positions with chunk-local inclusive log-decay prefix sums ``G``
 
 Kernels (each per chunk and parallel unless said): ``_kkt_kernel`` builds ``A`` with one
 ``[BT, K] x [K, BT]`` product; ``_solve_tril_kernel`` inverts it (16x16 diagonal blocks by forward
-substitution, merged with 16x16 dots); ``_wu_kernel`` forms ``w, u``; ``_fwd_h`` walks the chunks of a
+substitution, merged with 16x16 dots), both in one program per chunk (``_kkt_solve_kernel``,
+``KKT_SOLVE_FUSED``); ``_wu_kernel`` forms ``w, u``; ``_fwd_h`` walks the chunks of a
 (batch, head, V slice) in order *inside the kernel*, storing every chunk-start state and ``U``;
 ``_fwd_o`` computes every chunk's output. The backward takes the forward's ``Ai`` and, by default,
 its ``w``, chunk states and ``U`` (``KEEP_WU``, ``KEEP_H``; else recomputed); a reverse walk
@@ -63,12 +64,18 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K run
 # history: docs/benchmarks/kernel_decisions/delta.md#launch
 LAUNCH = {
     "kkt": dict(num_warps=4, num_stages=None),
-    "kkt_solve": dict(num_warps=4, num_stages=None),  # KKT_SOLVE_FUSED
+    # KKT_SOLVE_FUSED: 2 warps (as solve_tril) -0.5..-1.1% per step queued against 4 (H200 2026-12-04 13:33,
+    # train_ab_1204_kkt_solve.md)
+    "kkt_solve": dict(num_warps=2, num_stages=None),
     # 2 warps: -2.0 / -2.0% (delta_rule), -1.3 / -1.6% (gated) at 2k / 32k (sweep 19:13)
     "solve_tril": dict(num_warps=2, num_stages=1),
     "wu": dict(num_warps=4, num_stages=None),
-    "fwd_o": dict(num_warps=8, num_stages=None),
-    "bwd_dv_local": dict(num_warps=8, num_stages=None),
+    # 4 warps for both (they had 8), per step queued at 512..32k, H200 2026-12-04: fwd_o 0.0..-0.4% on top
+    # of HEADS_FASTEST and the fused kkt / solve (one call, 13:45, train_ab_1204_heads_fastest.md);
+    # bwd_dv_local -0.2..-1.0% alone (13:33, train_ab_1204_kkt_solve.md) and -0.1..-1.1% on top of those
+    # two (13:45)
+    "fwd_o": dict(num_warps=4, num_stages=None),
+    "bwd_dv_local": dict(num_warps=4, num_stages=None),
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
     "bwd_dh": dict(num_warps=4, num_stages=3),
@@ -254,16 +261,21 @@ DQKWG_DS_UNMASKED = True
 # reads the chunk's float32 ``A`` (160 B per token and head with ``SKIP_UPPER_BLOCKS``) back from L2
 # right after the same program wrote it, instead of a second kernel reading it from DRAM; one launch
 # less per forward. (``FUSED_WY_FWD``, which also took ``_wu_kernel`` in, lost: its ``A`` stayed in
-# registers and one program serialised three kernels' work.) Off: two kernels. To be timed.
-KKT_SOLVE_FUSED = False
+# registers and one program serialised three kernels' work.) Off: two kernels. On at 2 warps: -0.5..-1.1%
+# per step queued (both rules, 2k..32k; H200 2026-12-04 13:33, train_ab_1204_kkt_solve.md), -0.3..-1.7%
+# with HEADS_FASTEST on (13:45). history: docs/benchmarks/kernel_decisions/delta.md#kkt_solve_fused
+KKT_SOLVE_FUSED = True
 # The per-chunk kernels' programs in launch order over the heads first, then the chunks, then the
 # batch (``_chunk_ids``) instead of every chunk of one (batch, head) pair before the next: the programs
 # resident at once then read whole 4 KB token rows of ``[B, T, H, 128]`` bf16 tensors rather than
 # 256 B slices of many rows. Asked by the per-kernel times growing with the sequence length at a
 # fixed token count (gated ``bwd_dqkwg`` 1.098 / 1.109 / 1.137 ms, ``wy_bwd`` 0.802 / 0.816 / 0.838,
 # ``wu`` 0.308 / 0.318 / 0.330 at 2k / 4k / 8k; H200 2026-12-04 13:35), where the work per chunk is
-# the same. To be timed.
-HEADS_FASTEST = False
+# the same. On: -0.2 / -0.9 / -2.0 / -3.8 / -2.1 / -3.6% per step queued at 512 / 2k / 4k / 8k / 16k / 32k
+# (gated), -1.8 / -3.4 / -4.1 / -5.6 / -4.2 / -4.9% (delta_rule); H200 2026-12-04 13:45
+# (train_ab_1204_heads_fastest.md); the per-kernel times no longer grow with the length (gated bwd_dqkwg
+# 1.093 / 1.094 ms, wy_bwd 0.777 / 0.774 at 2k / 8k, with the order's first form, 13:43). history: docs/benchmarks/kernel_decisions/delta.md#heads_fastest
+HEADS_FASTEST = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),

@@ -546,15 +546,17 @@ def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, segmented_cums
 @interpreter
 @pytest.mark.parametrize("kkt_cumsum", [True, False])
 def test_interpreter_gated_gate_cumsum_formed_in_kkt(kkt_cumsum, monkeypatch):
-    """``delta.KKT_CUMSUM``: the gated forward launches no ``_cumsum_kernel``, its ``_kkt_kernel``
-    gets the gate and ``CUMSUM`` and fills ``gc`` (the results against the reference: the switch
-    tests); off, one cumsum launch and kkt reading ``gc``. The ungated rule launches neither."""
+    """``delta.KKT_CUMSUM``: the gated forward launches no ``_cumsum_kernel``, its first kernel
+    (``_kkt_kernel``, or ``_kkt_solve_kernel`` with ``KKT_SOLVE_FUSED``) gets the gate and ``CUMSUM``
+    and fills ``gc`` (the results against the reference: the switch tests); off, one cumsum launch and
+    kkt reading ``gc``. The ungated rule launches neither."""
     from blocks.kernels import delta
 
     monkeypatch.setattr(delta, "KKT_CUMSUM", kkt_cumsum)
-    cumsum, kkt = _LaunchSpy(delta._cumsum_kernel), _LaunchSpy(delta._kkt_kernel)
+    first = "_kkt_solve_kernel" if delta.KKT_SOLVE_FUSED else "_kkt_kernel"
+    cumsum, kkt = _LaunchSpy(delta._cumsum_kernel), _LaunchSpy(getattr(delta, first))
     monkeypatch.setattr(delta, "_cumsum_kernel", cumsum)
-    monkeypatch.setattr(delta, "_kkt_kernel", kkt)
+    monkeypatch.setattr(delta, first, kkt)
     with checked_memory():
         errs = run_case(chunk_kernel("gated_delta_rule"), "gated_delta_rule", (1, 70, 2, 32, 16), torch.float32,
                         "random", True, "cpu")
