@@ -52,6 +52,7 @@ from .tiles import seq as _seq, state_dtype as _state_dtype, store_rows as _stor
 from .tiles import walk_bv as _tiles_walk_bv
 from .tiles import block_lower as _block_lower, load_rows_where as _load_rows_where
 from .tiles import store_rows_where as _store_rows_where
+from .tiles import chunk_grid as _tiles_chunk_grid, chunk_ids as _chunk_ids, tile_ids as _tile_ids
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
 BC = 16  # diagonal block of the triangular inverse
@@ -266,7 +267,7 @@ DQKWG_DS_UNMASKED = True
 # with HEADS_FASTEST on (13:45). history: docs/benchmarks/kernel_decisions/delta.md#kkt_solve_fused
 KKT_SOLVE_FUSED = True
 # The per-chunk kernels' programs in launch order over the heads first, then the chunks, then the
-# batch (``_chunk_ids``) instead of every chunk of one (batch, head) pair before the next: the programs
+# batch (``tiles.chunk_ids``) instead of every chunk of one (batch, head) pair before the next: the programs
 # resident at once then read whole 4 KB token rows of ``[B, T, H, 128]`` bf16 tensors rather than
 # 256 B slices of many rows. Asked by the per-kernel times growing with the sequence length at a
 # fixed token count (gated ``bwd_dqkwg`` 1.098 / 1.109 / 1.137 ms, ``wy_bwd`` 0.802 / 0.816 / 0.838,
@@ -446,37 +447,6 @@ def _load_cols(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BD:
     o_d = col0 + tl.arange(0, BD)
     base = x + (i_b * T * H + i_h) * D
     return tl.load(base + o_r[None, :] * (H * D) + o_d[:, None], mask=(o_r < T)[None, :] & (o_d < D)[:, None], other=0.)
-
-
-@triton.jit
-def _chunk_ids(p_t, p_bh, C0, H: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    """``(i_t, i_b, i_h)`` of a per-chunk program from its two grid positions (``_chunk_grid``): the
-    chunk axis ``p_t`` (from chunk ``C0``) and the (batch, head) axis ``p_bh``, or with
-    ``HEADS_FASTEST`` the (chunk, head) axis ``p_t`` (heads fastest) and the batch ``p_bh``."""
-    if HEADS_FASTEST:
-        i_t = p_t // H + C0
-        i_h = (p_t % H).to(tl.int64)
-        i_b = p_bh.to(tl.int64)
-    else:
-        i_bh = p_bh.to(tl.int64)
-        i_t = p_t + C0
-        i_b = i_bh // H
-        i_h = i_bh % H
-    return i_t, i_b, i_h
-
-
-@triton.jit
-def _tile_ids(NX: tl.constexpr, C0, H: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    """``(i_x, i_t, i_b, i_h)`` of a per-chunk program over ``NX`` tiles of each chunk (key or value
-    blocks; ``_chunk_grid`` with ``lead``): the tile fastest, then as ``_chunk_ids``."""
-    if HEADS_FASTEST:
-        p = tl.program_id(0)
-        i_x = p % NX
-        i_t, i_b, i_h = _chunk_ids(p // NX, tl.program_id(1), C0, H, HEADS_FASTEST)
-    else:
-        i_x = tl.program_id(0)
-        i_t, i_b, i_h = _chunk_ids(tl.program_id(1), tl.program_id(2), C0, H, HEADS_FASTEST)
-    return i_x, i_t, i_b, i_h
 
 
 # --- kernels ---------------------------------------------------------------------------------
@@ -1025,12 +995,8 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
 
 
 def _chunk_grid(chunks: int, B: int, H: int, lead: int | None = None) -> tuple:
-    """A per-chunk kernel's grid over ``chunks`` chunks of ``B`` sequences of ``H`` heads (and ``lead``
-    tiles of each: ``_tile_ids``; else ``_chunk_ids``): ``([lead,] chunks, B * H)``, or with
-    ``HEADS_FASTEST`` ``([lead *] chunks * H, B)`` (CUDA's grid is widest along its first axis)."""
-    if HEADS_FASTEST:
-        return ((lead or 1) * chunks * H, B)
-    return (chunks, B * H) if lead is None else (lead, chunks, B * H)
+    """``tiles.chunk_grid`` at ``HEADS_FASTEST``."""
+    return _tiles_chunk_grid(chunks, B, H, lead, HEADS_FASTEST)
 
 
 def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:

@@ -131,6 +131,18 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def chunk_grid(chunks: int, B: int, H: int, lead: int | None, heads_fastest: bool) -> tuple:
+    """A per-chunk kernel's grid over ``chunks`` chunks of ``B`` sequences of ``H`` heads (and ``lead``
+    tiles of each: ``tile_ids``; else ``chunk_ids``): ``([lead,] chunks, B * H)``, or with
+    ``heads_fastest`` ``([lead *] chunks * H, B)``: CUDA launches a grid's programs first axis fastest,
+    so the programs resident at once then cover every head of a stretch of tokens (whole 4 KB rows of
+    a ``[B, T, 16, 128]`` bf16 tensor) rather than a few heads' 256 B slices of many rows. The first
+    axis is the wide one (2^31 - 1 programs; the others 65535)."""
+    if heads_fastest:
+        return ((lead or 1) * chunks * H, B)
+    return (chunks, B * H) if lead is None else (lead, chunks, B * H)
+
+
 def walk_bv(x: torch.Tensor, chains: int, V: int, min_per_sm: float = WALK_MIN_PER_SM) -> int:
     """V block of a sequential chunk walk over ``chains * cdiv(V, BV)`` programs (each a chain of
     NT dependent steps, its ``[BK, BV]`` float32 state in registers): 64, or 32 when block 64 would
@@ -154,6 +166,38 @@ def load_rows(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: 
     base = x + (i_b * T * H + i_h) * D
     return tl.load(base + o_r[:, None] * (H * D) + o_d[None, :],
                    mask=(o_r < T)[:, None] & (o_d < D)[None, :], other=0.)
+
+
+@triton.jit
+def chunk_ids(p_t, p_bh, C0, H: tl.constexpr, HEADS_FASTEST: tl.constexpr):
+    """``(i_t, i_b, i_h)`` of a per-chunk program from its two grid positions (``chunk_grid``): the
+    chunk axis ``p_t`` (from chunk ``C0``) and the (batch, head) axis ``p_bh``, or with
+    ``HEADS_FASTEST`` the (chunk, head) axis ``p_t`` (heads fastest) and the batch ``p_bh``. Only
+    divisions by the constant ``H``: no registers over the chunk-major order (sm_90 compiles)."""
+    if HEADS_FASTEST:
+        i_t = p_t // H + C0
+        i_h = (p_t % H).to(tl.int64)
+        i_b = p_bh.to(tl.int64)
+    else:
+        i_bh = p_bh.to(tl.int64)
+        i_t = p_t + C0
+        i_b = i_bh // H
+        i_h = i_bh % H
+    return i_t, i_b, i_h
+
+
+@triton.jit
+def tile_ids(NX: tl.constexpr, C0, H: tl.constexpr, HEADS_FASTEST: tl.constexpr):
+    """``(i_x, i_t, i_b, i_h)`` of a per-chunk program over ``NX`` tiles of each chunk (key or value
+    blocks; ``chunk_grid`` with ``lead``): the tile fastest, then as ``chunk_ids``."""
+    if HEADS_FASTEST:
+        p = tl.program_id(0)
+        i_x = p % NX
+        i_t, i_b, i_h = chunk_ids(p // NX, tl.program_id(1), C0, H, HEADS_FASTEST)
+    else:
+        i_x = tl.program_id(0)
+        i_t, i_b, i_h = chunk_ids(tl.program_id(1), tl.program_id(2), C0, H, HEADS_FASTEST)
+    return i_x, i_t, i_b, i_h
 
 
 @triton.jit
