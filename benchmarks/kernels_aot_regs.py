@@ -158,8 +158,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
     span_max, units = g.chunk_paths()
     wc_lowp = g._whole_chunk_lowp(dtype)
     keep_a = g.KEEP_A and g.WHOLE_CHUNK
-    yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=BK, HEADS_FASTEST=g.HEADS_FASTEST),
-           *table(g.LAUNCH, "cumsum", s))
+    yield ("gla.cumsum", g._cumsum_kernel, dict(H=H, K=K, BT=64, BK=BK), *table(g.LAUNCH, "cumsum", s))
     # the walks over all of V (gla.WALK_FULL_V) and, switched off, at long sequences' V block 32
     walks = ((128, "", "walk_bv128"), (32, "_bv32", "walk_bv32"))
     for bv, tag, entry in walks:
@@ -172,20 +171,17 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                   UNITS=units, CHECK_FIRST=g.STEEP_CHECK_FIRST),
            *table(g.LAUNCH, "intra_a", s))
     yield ("gla.fwd_o", g._fwd_o_kernel, dict(C, BK=min(g.FWD_O_BK, BK), BV=min(128, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
-                                              LOWP=wc_lowp, STORE_A=keep_a, SKIP_UPPER=g.SKIP_UPPER_BLOCKS,
-                                              HEADS_FASTEST=g.HEADS_FASTEST), *table(g.LAUNCH, "fwd_o", s))
+                                              LOWP=wc_lowp, STORE_A=keep_a, SKIP_UPPER=g.SKIP_UPPER_BLOCKS), *table(g.LAUNCH, "fwd_o", s))
     for bv, tag, entry in walks:
         yield (f"gla.bwd_dh{tag}", g._bwd_dh_kernel, dict(C, BK=min(64, BK), BV=min(bv, BV), USE_DHT=True,
                                                          STORE_DH0=True, DOT_PREC=prec), *table(g.LAUNCH, entry, s))
     yield ("gla.bwd_chunk", g._bwd_chunk_kernel, dict(C, BK=min(g.BWD_CHUNK_BK, BK), BV=min(64, BV), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max,
                                                       LOWP=wc_lowp, WITH_DV=not g.BWD_DV_SEPARATE,
-                                                      READ_A=keep_a, ONE_TOTAL=g.BWD_CHUNK_ONE_TOTAL, SKIP_UPPER=g.SKIP_UPPER_BLOCKS,
-                                                      HEADS_FASTEST=g.HEADS_FASTEST),
+                                                      READ_A=keep_a, ONE_TOTAL=g.BWD_CHUNK_ONE_TOTAL, SKIP_UPPER=g.SKIP_UPPER_BLOCKS),
            *table(g.LAUNCH, "bwd_chunk", s))
     if g.BWD_DV_SEPARATE:
         yield ("gla.bwd_dv", g._bwd_dv_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), DOT_PREC=prec,
-                                                    SPAN_MAX_CHUNK=span_max, LOWP=wc_lowp, READ_A=keep_a, SKIP_UPPER=g.SKIP_UPPER_BLOCKS,
-                                                    HEADS_FASTEST=g.HEADS_FASTEST),
+                                                    SPAN_MAX_CHUNK=span_max, LOWP=wc_lowp, READ_A=keep_a, SKIP_UPPER=g.SKIP_UPPER_BLOCKS),
                *table(g.LAUNCH, "bwd_dv", s))
     yield ("gla.bwd_sub", g._bwd_sub_kernel, dict(C, BC=16, NC=4, BK=min(g.BWD_SUB_BK, BK), BV=min(64, BV), DOT_PREC=prec,
                                                   SPAN_MAX=g.SPAN_MAX, SPAN_MAX_CHUNK=span_max, UNITS=units,

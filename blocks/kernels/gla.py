@@ -65,7 +65,6 @@ from .tiles import cdiv as _cdiv, dot_operand as _op, fast_exp as _exp, launch a
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
 from .tiles import block_lower as _block_lower, load_rows_where as _rows_where, store_rows_where as _store_where
-from .tiles import chunk_grid as _tiles_chunk_grid, chunk_ids as _chunk_ids, tile_ids as _tile_ids
 
 BT = 64  # chunk length inside the kernels
 BC = 16  # sub-chunk (tl.dot's smallest block)
@@ -239,17 +238,11 @@ WALK_FULL_V = True
 # 2026-12-02 08:25, ``train_ab.py --families gla``, docs/benchmarks/train_ab_1202_switches.md).
 # history: docs/benchmarks/kernel_decisions/gla.md#bwd_chunk_one_total
 BWD_CHUNK_ONE_TOTAL = True
-# The per-chunk kernels' programs (``_cumsum_kernel``, ``_fwd_o_kernel``, ``_bwd_dv_kernel``,
-# ``_bwd_chunk_kernel``) in launch order over the heads first, then the chunks, then the batch
-# (``tiles.chunk_grid``), as delta's ``HEADS_FASTEST`` (-0.2..-5.6% per step there, H200 2026-12-04
-# 13:45): the programs resident at once read whole token rows of the ``[B, T, H, D]`` tensors. To be
-# timed.
-HEADS_FASTEST = False
 SWITCHES = {"KEEP_H": (False, True), "BWD_SUB_BK": (64, 128), "INTRA_A_INPUT_DTYPE_DOTS": (False, True),
             "WHOLE_CHUNK": (False, True), "BWD_CHUNK_BK": (64, 128), "FWD_O_BK": (32, 64),
             "BWD_DV_SEPARATE": (False, True), "KEEP_A": (False, True), "WALK_SEGMENTS": (1, 2, 4, 8),
             "WALK_FULL_V": (False, True), "BWD_CHUNK_ONE_TOTAL": (False, True), "SEGMENTED_CUMSUM": (False, True), "SKIP_UPPER_BLOCKS": (False, True),
-            "STEEP_CHECK_FIRST": (False, True), "HEADS_FASTEST": (False, True)}
+            "STEEP_CHECK_FIRST": (False, True)}
 # --- device helpers --------------------------------------------------------------------------
 @triton.jit
 def _g_row(gc, i_b, i_h, r, last, T, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
@@ -335,14 +328,15 @@ def _diag_grads(b_dAaa, b_q, b_k, b_ga, b_gn, b_gm, b_dqs, b_dks,
 
 # --- kernels ---------------------------------------------------------------------------------
 @_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
-def _cumsum_kernel(gk, gc, span, T, NT, C0, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                   HEADS_FASTEST: tl.constexpr):
+def _cumsum_kernel(gk, gc, span, T, NT, C0, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
     """Grid (chunks, B*H), BK >= K: for chunks ``C0 ..``, the chunk-local inclusive cumsum of ``gk``
     into float32 ``gc``, and the chunk's ``span: [B*H, NT]`` float32, the largest range (max - min
     over its rows) of that cumsum in any key channel: the chunk's scores factor through one
     reference row while it is below ``SPAN_MAX_CHUNK``."""
-    i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
-    i_bh = i_b * H + i_h
+    i_t = tl.program_id(0) + C0
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
     b_c = tl.cumsum(_rows(gk, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK).to(tl.float32), axis=0)
     _store(gc, b_c, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)
     m_r = ((i_t * BT + tl.arange(0, BT)) < T)[:, None]
@@ -484,15 +478,18 @@ def _fwd_o_kernel(q, k, v, gc, span, h, A, o, scale, T, NT, C0,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                   SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, STORE_A: tl.constexpr,
-                  SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
+                  SKIP_UPPER: tl.constexpr):
     """Grid (V/BV, chunks, B*H), chunks from ``C0``: ``o = scale (q * exp(G)) h + A v``, the
     scores ``A`` of a chunk whose span is below ``SPAN_MAX_CHUNK`` formed here through its first
     row ``0``, ``A = scale mask((q exp(G - G_0)) (k exp(G_0 - G))^T)`` (factors within
     exp(+-span)), else read from ``A`` (``_intra_a_kernel``); ``LOWP``: those dots on operands in ``q``'s dtype (bf16: float32's
     exponent range); ``STORE_A`` (``KEEP_A``): the scores it forms also written to ``A`` (by the
     programs of value block 0), for the backward."""
-    i_v, i_t, i_b, i_h = _tile_ids((V + BV - 1) // BV, C0, H, HEADS_FASTEST)
-    i_bh = i_b * H + i_h
+    i_v = tl.program_id(0)
+    i_t = C0 + tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
     r0 = i_t * BT
     last = tl.minimum(r0 + BT, T) - 1
     steep = _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK)
@@ -622,13 +619,16 @@ def _bwd_dv_kernel(q, k, gc, span, A, do, dh, dv, scale, T, NT, C0,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                    SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, READ_A: tl.constexpr,
-                   SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
+                   SKIP_UPPER: tl.constexpr):
     """Grid (V/BV, chunks, B*H), chunks from ``C0`` (``BWD_DV_SEPARATE``): chunk ``i_t``'s dv for
     value block ``i_v``, every chunk: the chunk's ``A^T`` read (``READ_A``, ``KEEP_A``) or formed
     once per value block instead of once per key slice of ``_bwd_chunk_kernel``, which then does
     the dq, dk and gate part only."""
-    i_v, i_t, i_b, i_h = _tile_ids((V + BV - 1) // BV, C0, H, HEADS_FASTEST)
-    i_bh = i_b * H + i_h
+    i_v = tl.program_id(0)
+    i_t = C0 + tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
     r0 = i_t * BT
     last = tl.minimum(r0 + BT, T) - 1
     steep = _is_steep(span, i_bh, i_t, NT, SPAN_MAX_CHUNK)
@@ -642,8 +642,7 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
                       SPAN_MAX_CHUNK: tl.constexpr, LOWP: tl.constexpr, WITH_DV: tl.constexpr,
-                      READ_A: tl.constexpr, ONE_TOTAL: tl.constexpr, SKIP_UPPER: tl.constexpr,
-                      HEADS_FASTEST: tl.constexpr):
+                      READ_A: tl.constexpr, ONE_TOTAL: tl.constexpr, SKIP_UPPER: tl.constexpr):
     """Grid (K/BK, chunks, B*H), chunks from ``C0``: chunk ``i_t``'s ``dv = A^T do + (k exp(G_C -
     G)) dh^T`` for the value blocks ``i_k, i_k + K/BK, ..`` (every chunk; ``A`` as in
     ``_fwd_o_kernel``: through row 0 below ``SPAN_MAX_CHUNK``, else read), and on chunks below ``SPAN_MAX_CHUNK`` also ``dq``, ``dk``
@@ -661,8 +660,11 @@ def _bwd_chunk_kernel(q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T,
     slices recompute the chunk's ``A`` and ``dA`` (two [64, 64] dots over 128 channels each).
     Without ``WITH_DV`` (``BWD_DV_SEPARATE``: ``_bwd_dv_kernel`` gives dv), the dq, dk and gate part
     only. ``READ_A``: every chunk's ``A`` read (``KEEP_A``)."""
-    i_k, i_t, i_b, i_h = _tile_ids((K + BK - 1) // BK, C0, H, HEADS_FASTEST)
-    i_bh = i_b * H + i_h
+    i_k = tl.program_id(0)
+    i_t = C0 + tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
     NK = tl.cdiv(K, BK)
     r0 = i_t * BT
     last = tl.minimum(r0 + BT, T) - 1
@@ -871,16 +873,11 @@ def _cumsum_buffers(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return gc, torch.empty(B * H, _cdiv(T, BT), dtype=torch.float32, device=gk.device)
 
 
-def _chunk_grid(chunks: int, B: int, H: int, lead: int | None = None) -> tuple:
-    """``tiles.chunk_grid`` at ``HEADS_FASTEST``."""
-    return _tiles_chunk_grid(chunks, B, H, lead, HEADS_FASTEST)
-
-
 def _cumsum_chunks(gk, gc, span, c0, c1):
     """``gc`` and ``span`` of chunks ``c0 .. c1 - 1`` (``_cumsum_kernel``)."""
     B, T, H, K = gk.shape
-    _cumsum_kernel[_chunk_grid(c1 - c0, B, H)](gk, gc, span, T, span.shape[1], c0, H=H, K=K, BT=BT, BK=_pow2(K),
-                                               HEADS_FASTEST=HEADS_FASTEST, **_launch(LAUNCH, "cumsum", gk))
+    _cumsum_kernel[(c1 - c0, B * H)](gk, gc, span, T, span.shape[1], c0, H=H, K=K, BT=BT, BK=_pow2(K),
+                                     **_launch(LAUNCH, "cumsum", gk))
 
 
 def chunk_cumsum(gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -982,10 +979,10 @@ def _fwd_o_kernels(q, k, v, gc, span, h, A, o, scale, paths, store_a, c0, c1):
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK, BV = min(FWD_O_BK, _pow2(K)), min(128, _pow2(V))
-    _fwd_o_kernel[_chunk_grid(c1 - c0, B, H, _cdiv(V, BV))](
+    _fwd_o_kernel[(_cdiv(V, BV), c1 - c0, B * H)](
         q, k, v, gc, span, h, A, o, scale, T, h.shape[1], c0, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         DOT_PREC=_prec(q), SPAN_MAX_CHUNK=paths[0], LOWP=_whole_chunk_lowp(q.dtype), STORE_A=store_a,
-        SKIP_UPPER=SKIP_UPPER_BLOCKS, HEADS_FASTEST=HEADS_FASTEST, **_launch(LAUNCH, "fwd_o", q))
+        SKIP_UPPER=SKIP_UPPER_BLOCKS, **_launch(LAUNCH, "fwd_o", q))
 
 
 def forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a):
@@ -1069,15 +1066,15 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
     def per_chunk(c0, c1):
         if dv_separate:
             BVd = min(128, _pow2(V))
-            _bwd_dv_kernel[_chunk_grid(c1 - c0, B, H, _cdiv(V, BVd))](
+            _bwd_dv_kernel[(_cdiv(V, BVd), c1 - c0, B * H)](
                 q, k, gc, span, A, do, dh, dv, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)),
                 BV=BVd, DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype), READ_A=read_a,
-                SKIP_UPPER=SKIP_UPPER_BLOCKS, HEADS_FASTEST=HEADS_FASTEST, **_launch(LAUNCH, "bwd_dv", q))
-        _bwd_chunk_kernel[_chunk_grid(c1 - c0, B, H, _cdiv(K, BKc))](
+                SKIP_UPPER=SKIP_UPPER_BLOCKS, **_launch(LAUNCH, "bwd_dv", q))
+        _bwd_chunk_kernel[(_cdiv(K, BKc), c1 - c0, B * H)](
             q, k, v, gc, span, h, A, do, dh, dq, dk, dv, dg, scale, T, NT, c0, H=H, K=K, V=V, BT=BT, BK=BKc,
             BV=min(64, _pow2(V)), DOT_PREC=prec, SPAN_MAX_CHUNK=span_max, LOWP=_whole_chunk_lowp(q.dtype),
             WITH_DV=not dv_separate, READ_A=read_a, ONE_TOTAL=BWD_CHUNK_ONE_TOTAL, SKIP_UPPER=SKIP_UPPER_BLOCKS,
-            HEADS_FASTEST=HEADS_FASTEST, **_launch(LAUNCH, "bwd_chunk", q))
+            **_launch(LAUNCH, "bwd_chunk", q))
 
     if len(segments) == 1:  # the walk launched before the other buffers are allocated
         walk(0, NT, 0)
