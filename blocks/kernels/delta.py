@@ -65,7 +65,7 @@ MAX_K = 128  # the per-chunk kernels keep full-K rows in registers; larger K run
 # history: docs/benchmarks/kernel_decisions/delta.md#launch
 LAUNCH = {
     "kkt": dict(num_warps=4, num_stages=None),
-    # KKT_SOLVE_FUSED: 2 warps (as solve_tril) -0.5..-1.1% per step queued against 4 (H200 2026-12-04 13:33,
+    # KKT_SOLVE_FUSED: 2 warps (as solve_tril) -0.3..-1.3% per step queued against 4 (H200 2026-12-04 13:33,
     # train_ab_1204_kkt_solve.md)
     "kkt_solve": dict(num_warps=2, num_stages=None),
     # 2 warps: -2.0 / -2.0% (delta_rule), -1.3 / -1.6% (gated) at 2k / 32k (sweep 19:13)
@@ -262,7 +262,7 @@ DQKWG_DS_UNMASKED = True
 # reads the chunk's float32 ``A`` (160 B per token and head with ``SKIP_UPPER_BLOCKS``) back from L2
 # right after the same program wrote it, instead of a second kernel reading it from DRAM; one launch
 # less per forward. (``FUSED_WY_FWD``, which also took ``_wu_kernel`` in, lost: its ``A`` stayed in
-# registers and one program serialised three kernels' work.) Off: two kernels. On at 2 warps: -0.5..-1.1%
+# registers and one program serialised three kernels' work.) Off: two kernels. On at 2 warps: -0.1..-1.1%
 # per step queued (both rules, 2k..32k; H200 2026-12-04 13:33, train_ab_1204_kkt_solve.md), -0.3..-1.7%
 # with HEADS_FASTEST on (13:45). history: docs/benchmarks/kernel_decisions/delta.md#kkt_solve_fused
 KKT_SOLVE_FUSED = True
@@ -272,10 +272,11 @@ KKT_SOLVE_FUSED = True
 # 256 B slices of many rows. Asked by the per-kernel times growing with the sequence length at a
 # fixed token count (gated ``bwd_dqkwg`` 1.098 / 1.109 / 1.137 ms, ``wy_bwd`` 0.802 / 0.816 / 0.838,
 # ``wu`` 0.308 / 0.318 / 0.330 at 2k / 4k / 8k; H200 2026-12-04 13:35), where the work per chunk is
-# the same. On: -0.2 / -0.9 / -2.0 / -3.8 / -2.1 / -3.6% per step queued at 512 / 2k / 4k / 8k / 16k / 32k
+# the same. On: +0.2 / -0.9 / -2.0 / -3.8 / -2.1 / -3.6% per step queued at 512 / 2k / 4k / 8k / 16k / 32k
 # (gated), -1.8 / -3.4 / -4.1 / -5.6 / -4.2 / -4.9% (delta_rule); H200 2026-12-04 13:45
 # (train_ab_1204_heads_fastest.md); the per-kernel times no longer grow with the length (gated bwd_dqkwg
-# 1.093 / 1.094 ms, wy_bwd 0.777 / 0.774 at 2k / 8k, with the order's first form, 13:43). history: docs/benchmarks/kernel_decisions/delta.md#heads_fastest
+# 1.093 / 1.094 ms, wy_bwd 0.777 / 0.774 at 2k / 8k, with the order's first form, 13:43).
+# history: docs/benchmarks/kernel_decisions/delta.md#heads_fastest
 HEADS_FASTEST = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
