@@ -1007,21 +1007,21 @@ def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
-    """``A``, its inverse ``Ai`` and ``w, u`` of chunks ``c0 .. c1 - 1``, in three kernels; with the
+    """``A``, its inverse ``Ai`` and ``w, u`` of chunks ``c0 .. c1 - 1``, in three kernels (two with
+    ``KKT_SOLVE_FUSED``); with the
     gate ``g``, the first also writes those chunks' ``gc`` (``KKT_CUMSUM``)."""
     B, T, H, K = k.shape
     kkt = dict(H=H, K=K, BT=BT, BK=min(64, _pow2(K)), USE_G=gc is not None, DOT_PREC=_prec(k),
                PAIR_FACTORED=PAIR_DECAY_FACTORED, CUMSUM=g is not None, SKIP_UPPER=SKIP_UPPER_BLOCKS)
-    solve = dict(BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype), DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST,
-                 HEADS_FASTEST=HEADS_FASTEST)
+    solve = dict(BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype), DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST)
+    order, grid = dict(HEADS_FASTEST=HEADS_FASTEST), _chunk_grid(c1 - c0, B, H)
     if KKT_SOLVE_FUSED:
-        _kkt_solve_kernel[_chunk_grid(c1 - c0, B, H)](k, beta, g, gc, A, Ai, T, c0, **kkt, **solve,
-                                            **_launch(LAUNCH, "kkt_solve", k))
+        _kkt_solve_kernel[grid](k, beta, g, gc, A, Ai, T, c0, **kkt, **solve, **order,
+                                **_launch(LAUNCH, "kkt_solve", k))
     else:
-        _kkt_kernel[_chunk_grid(c1 - c0, B, H)](k, beta, g, gc, A, T, c0, **kkt, HEADS_FASTEST=HEADS_FASTEST,
-                                      **_launch(LAUNCH, "kkt", k))
-        _solve_tril_kernel[_chunk_grid(c1 - c0, B, H)](A, Ai, T, c0, H=H, BT=BT, SKIP_UPPER=SKIP_UPPER_BLOCKS, **solve,
-                                             **_launch(LAUNCH, "solve_tril", k))
+        _kkt_kernel[grid](k, beta, g, gc, A, T, c0, **kkt, **order, **_launch(LAUNCH, "kkt", k))
+        _solve_tril_kernel[grid](A, Ai, T, c0, H=H, BT=BT, SKIP_UPPER=SKIP_UPPER_BLOCKS, **solve, **order,
+                                 **_launch(LAUNCH, "solve_tril", k))
     _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1)
 
 
@@ -1031,8 +1031,8 @@ def _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1):
     V = v.shape[-1]
     _wu_kernel[_chunk_grid(c1 - c0, B, H)](
         k, v, beta, gc, Ai, w, u, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-        USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), SKIP_UPPER=SKIP_UPPER_BLOCKS, HEADS_FASTEST=HEADS_FASTEST,
-        **_launch(LAUNCH, "wu", k))
+        USE_G=gc is not None, LOWP=_lowp(k), DOT_PREC=_prec(k), SKIP_UPPER=SKIP_UPPER_BLOCKS,
+        HEADS_FASTEST=HEADS_FASTEST, **_launch(LAUNCH, "wu", k))
 
 
 def _wy_buffers(k, v):
