@@ -1008,8 +1008,7 @@ def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
 
 def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
     """``A``, its inverse ``Ai`` and ``w, u`` of chunks ``c0 .. c1 - 1``, in three kernels (two with
-    ``KKT_SOLVE_FUSED``); with the
-    gate ``g``, the first also writes those chunks' ``gc`` (``KKT_CUMSUM``)."""
+    ``KKT_SOLVE_FUSED``); with the gate ``g``, the first also writes those chunks' ``gc`` (``KKT_CUMSUM``)."""
     B, T, H, K = k.shape
     kkt = dict(H=H, K=K, BT=BT, BK=min(64, _pow2(K)), USE_G=gc is not None, DOT_PREC=_prec(k),
                PAIR_FACTORED=PAIR_DECAY_FACTORED, CUMSUM=g is not None, SKIP_UPPER=SKIP_UPPER_BLOCKS)
