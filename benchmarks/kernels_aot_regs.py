@@ -72,7 +72,8 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
         types["A"] = f"*{act}"
     types.update(inv_freq="*fp32", pos_ptr="*i64", valid="*u8", part="*fp32", part_ml="*fp32", cap="i32",
                  scale_log2="fp32")
-    types.update(T="i32", NT="i32", B="i32", C0="i32", C1="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
+    types.update(T="i32", NT="i32", B="i32", C0="i32", C1="i32", NCH="i32", ITEMS="i32", scale="fp32", s_in="*fp32",
+                 s_out="*fp32", eps="fp32",
                  **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "sg_h", "H", "C")},
                  **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
     if fn is sk._skinny_kernel:  # the decode GEMMs: rows of activations, the norm weight in their dtype
@@ -114,6 +115,11 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                         SKIP_UPPER=d.SKIP_UPPER_BLOCKS, HEADS_FASTEST=d.HEADS_FASTEST),
                    *table(d.LAUNCH, "solve_tril", s))
         yield (f"{tag}.kkt_solve", d._kkt_solve_kernel,
+               dict(H=H, K=K, BT=64, BK=min(64, BK), BC=16, USE_G=use_g, DOT_PREC=prec,
+                    PAIR_FACTORED=d.PAIR_DECAY_FACTORED, CUMSUM=use_g and d.KKT_CUMSUM, SKIP_UPPER=d.SKIP_UPPER_BLOCKS,
+                    MERGE_PREC=d._solve_tril_prec(dtype), DIAG_SUBST=d.SOLVE_TRIL_DIAG_SUBST, HEADS_FASTEST=d.HEADS_FASTEST),
+               *table(d.LAUNCH, "kkt_solve", s))
+        yield (f"{tag}.kkt_solve_scratch", d._kkt_solve_scratch_kernel,
                dict(H=H, K=K, BT=64, BK=min(64, BK), BC=16, USE_G=use_g, DOT_PREC=prec,
                     PAIR_FACTORED=d.PAIR_DECAY_FACTORED, CUMSUM=use_g and d.KKT_CUMSUM, SKIP_UPPER=d.SKIP_UPPER_BLOCKS,
                     MERGE_PREC=d._solve_tril_prec(dtype), DIAG_SUBST=d.SOLVE_TRIL_DIAG_SUBST, HEADS_FASTEST=d.HEADS_FASTEST),

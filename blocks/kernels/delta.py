@@ -49,7 +49,7 @@ from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import seq as _seq, state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
-from .tiles import walk_bv as _tiles_walk_bv
+from .tiles import sm_count as _sm_count, walk_bv as _tiles_walk_bv
 from .tiles import block_lower as _block_lower, load_rows_where as _load_rows_where
 from .tiles import store_rows_where as _store_rows_where
 from .tiles import chunk_grid as _tiles_chunk_grid, chunk_ids as _chunk_ids, tile_ids as _tile_ids
@@ -266,6 +266,16 @@ DQKWG_DS_UNMASKED = True
 # per step queued (both rules, 2k..32k; H200 2026-12-04 13:33, train_ab_1204_kkt_solve.md), -0.3..-1.7%
 # with HEADS_FASTEST on (13:45). history: docs/benchmarks/kernel_decisions/delta.md#kkt_solve_fused
 KKT_SOLVE_FUSED = True
+# With ``KKT_SOLVE_FUSED``: ``_kkt_solve_scratch_kernel``, a persistent grid of ``KKT_SOLVE_SCRATCH_PER_SM``
+# programs per SM, each writing every chunk's ``A`` to its own [64, 64] float32 slot (16 KB; 8.4 MB at
+# 132 SMs x 4), overwritten chunk after chunk, so that ``A`` stays in L2 and is never written back to
+# DRAM (160 B per token and head, ~0.17 GB per 64k-token step of 16 heads: ~0.04 ms at 4.2 TB/s), and the
+# forward's transient ``[B, T, H, 64]`` float32 ``A`` (268 MB at 64k tokens of 16 heads) is gone.
+# Not timed yet. sm_90 compiles (host Triton 3.6) at 2 warps: 255 registers against the non-persistent
+# kernel's 148 (gated) / 112 (the loop's invariants stay live across chunks; unpipelined), so 4 programs
+# per SM fit: ``KKT_SOLVE_SCRATCH_PER_SM``.
+KKT_SOLVE_SCRATCH = False
+KKT_SOLVE_SCRATCH_PER_SM = 4
 # The per-chunk kernels' programs in launch order over the heads first, then the chunks, then the
 # batch (``tiles.chunk_ids``) instead of every chunk of one (batch, head) pair before the next: the programs
 # resident at once then read whole 4 KB token rows of ``[B, T, H, 128]`` bf16 tensors rather than
@@ -285,6 +295,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64),
             "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
+            "KKT_SOLVE_SCRATCH": (False, True),
             "HEADS_FASTEST": (False, True)}
 
 
@@ -465,13 +476,12 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-               BK: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-               CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr):
-    """``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)`` of chunk ``i_t`` into ``A: [B, T, H, BT]``
-    float32 (row ``i`` of its chunk's ``[BT, BT]`` matrix), one ``[BT, K]`` x ``[K, BT]`` product.
-    ``CUMSUM`` (``KKT_CUMSUM``): the chunk's ``G`` formed here from the gate ``g`` and written to ``gc``
-    for the kernels after it (else read from ``gc``)."""
+def _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+              BK: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
+              CUMSUM: tl.constexpr):
+    """``A = strict_lower(beta_i exp(G_i - G_j) k_i . k_j)`` of chunk ``i_t``, ``[BT, BT]`` float32, one
+    ``[BT, K]`` x ``[K, BT]`` product. ``CUMSUM`` (``KKT_CUMSUM``): the chunk's ``G`` formed here from the
+    gate ``g`` and written to ``gc`` for the kernels after it (else read from ``gc``)."""
     r0 = i_t * BT
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -499,9 +509,15 @@ def _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.const
         b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
         b_A = b_A * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_A, False,
                                 gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
-    # the strictly upper [BC, BC] blocks are never read (``_solve_tril_kernel`` reads the blocks on and
-    # below the diagonal, the diagonal ones' upper halves as the zeros written here): not written
-    _store_rows_where(A, tl.where(m_A, b_A, 0.), _block_lower(BT, _BC, SKIP_UPPER), i_b, i_h, r0, T, H, BT, 0, BT, BT)
+    return tl.where(m_A, b_A, 0.)
+
+
+@triton.jit
+def _store_a(A, b_A, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, SKIP_UPPER: tl.constexpr):
+    """``_kkt_tile``'s ``b_A`` as chunk ``i_t``'s rows of ``A: [B, T, H, BT]`` float32. The strictly upper
+    [BC, BC] blocks are never read (``_solve_tril_chunk`` reads the blocks on and below the diagonal, the
+    diagonal ones' upper halves as the zeros written here): not written."""
+    _store_rows_where(A, b_A, _block_lower(BT, _BC, SKIP_UPPER), i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -509,32 +525,35 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr,
                 SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    """Grid (NT, B*H): ``_kkt_chunk`` of chunk ``C0 + program_id(0)``."""
+    """Grid (NT, B*H): ``_kkt_tile`` of chunk ``C0 + program_id(0)`` into ``A``."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
-    _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM, SKIP_UPPER)
+    b_A = _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM)
+    _store_a(A, b_A, i_b, i_h, i_t, T, H, BT, SKIP_UPPER)
 
 
 @triton.jit
-def _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                      MERGE_PREC: tl.constexpr, DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr):
-    """BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both ``[B, T, H, BT]``;
-    ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]`` blocks by
-    ``_inv_diag_blocks`` (``DIAG_SUBST``) or ``_inv_unit_lower``, the rest by
+def _solve_tril_chunk(A, a_b, a_h, a_t, a_T, A_H: tl.constexpr, Ai, i_b, i_h, i_t, T, H: tl.constexpr,
+                      BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr, DIAG_SUBST: tl.constexpr,
+                      SKIP_UPPER: tl.constexpr):
+    """BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (``Ai: [B, T, H, BT]`` in its
+    buffer's dtype; ``A`` float32, chunk ``a_t`` of a ``[., a_T, A_H, BT]`` layout: the same as ``Ai``'s, or
+    a ``[BT, BT]`` scratch slot as chunk 0 of ``a_T`` valid rows, ``A_H`` = 1; the math float32). Diagonal
+    ``[BC, BC]`` blocks by ``_inv_diag_blocks`` (``DIAG_SUBST``) or ``_inv_unit_lower``, the rest by
     ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for block rows ``i > j`` (16x16 dots at
     ``MERGE_PREC``: exact "ieee" or "tf32")."""
     if DIAG_SUBST:
-        T00, T11, T22, T33 = _inv_diag_blocks(A, i_b, i_h, i_t, T, H, BT, BC)
+        T00, T11, T22, T33 = _inv_diag_blocks(A, a_b, a_h, a_t, a_T, A_H, BT, BC)
     else:
-        T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC)
-        T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC)
-        T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC)
-        T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
-    A10 = _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
-    A20 = _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
-    A21 = _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
-    A30 = _load_block(A, i_b, i_h, i_t, T, 3, 0, H, BT, BC)
-    A31 = _load_block(A, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
-    A32 = _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
+        T00 = _inv_unit_lower(_load_block(A, a_b, a_h, a_t, a_T, 0, 0, A_H, BT, BC), BC)
+        T11 = _inv_unit_lower(_load_block(A, a_b, a_h, a_t, a_T, 1, 1, A_H, BT, BC), BC)
+        T22 = _inv_unit_lower(_load_block(A, a_b, a_h, a_t, a_T, 2, 2, A_H, BT, BC), BC)
+        T33 = _inv_unit_lower(_load_block(A, a_b, a_h, a_t, a_T, 3, 3, A_H, BT, BC), BC)
+    A10 = _load_block(A, a_b, a_h, a_t, a_T, 1, 0, A_H, BT, BC)
+    A20 = _load_block(A, a_b, a_h, a_t, a_T, 2, 0, A_H, BT, BC)
+    A21 = _load_block(A, a_b, a_h, a_t, a_T, 2, 1, A_H, BT, BC)
+    A30 = _load_block(A, a_b, a_h, a_t, a_T, 3, 0, A_H, BT, BC)
+    A31 = _load_block(A, a_b, a_h, a_t, a_T, 3, 1, A_H, BT, BC)
+    A32 = _load_block(A, a_b, a_h, a_t, a_T, 3, 2, A_H, BT, BC)
     T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
     T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
     T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
@@ -564,7 +583,7 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
                        DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
     """Grid (NT, B*H): ``_solve_tril_chunk`` of chunk ``C0 + program_id(0)``."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
-    _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
+    _solve_tril_chunk(A, i_b, i_h, i_t, T, H, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -573,13 +592,41 @@ def _kkt_solve_kernel(k, beta, g, gc, A, Ai, T, C0,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
                       CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr, MERGE_PREC: tl.constexpr,
                       DIAG_SUBST: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    """Grid (NT, B*H) (``KKT_SOLVE_FUSED``): ``_kkt_chunk`` then ``_solve_tril_chunk`` of chunk
+    """Grid (NT, B*H) (``KKT_SOLVE_FUSED``): ``_kkt_tile`` then ``_solve_tril_chunk`` of chunk
     ``C0 + program_id(0)`` in one program: the solve reads back the ``A`` rows this program's threads
     have just written (from L2, not DRAM) instead of a second kernel reading them."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
-    _kkt_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM, SKIP_UPPER)
+    b_A = _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM)
+    _store_a(A, b_A, i_b, i_h, i_t, T, H, BT, SKIP_UPPER)
     tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA: visible)
-    _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
+    _solve_tril_chunk(A, i_b, i_h, i_t, T, H, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
+
+
+@_jit(do_not_specialize=["T", "C0", "NCH", "ITEMS"])  # one compile for every length
+def _kkt_solve_scratch_kernel(k, beta, g, gc, A, Ai, T, C0, NCH, ITEMS,
+                              H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                              BC: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
+                              PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr,
+                              MERGE_PREC: tl.constexpr, DIAG_SUBST: tl.constexpr, HEADS_FASTEST: tl.constexpr):
+    """Grid (programs,) (``KKT_SOLVE_SCRATCH``): ``_kkt_solve_kernel``'s work, each program over the
+    ``ITEMS`` = NCH * B * H chunks ``pid, pid + programs, ..`` (in the order of ``_chunk_grid``'s grid),
+    every chunk's ``A`` in the program's own ``[BT, BT]`` slot of ``A: [programs, BT, BT]`` float32,
+    overwritten chunk after chunk: the slots (16 KB each) stay in L2, so ``A`` never reaches DRAM."""
+    pid = tl.program_id(0)
+    slot = A + pid.to(tl.int64) * (BT * BT)
+    if HEADS_FASTEST:  # the items in the order of the grid's programs (``_chunk_grid``)
+        lead = NCH * H
+    else:
+        lead = NCH
+    for item in tl.range(pid, ITEMS, tl.num_programs(0), num_stages=1):  # not pipelined: ~255 registers if it is
+        i_t, i_b, i_h = _chunk_ids(item % lead, item // lead, C0, H, HEADS_FASTEST)
+        rows = T - i_t * BT  # the chunk's valid rows: the slot's "sequence" length
+        b_A = _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM)
+        _store_a(slot, b_A, 0, 0, 0, rows, 1, BT, SKIP_UPPER)
+        tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA)
+        _solve_tril_chunk(slot, 0, 0, 0, rows, 1, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST,
+                          SKIP_UPPER)
+        tl.debug_barrier()  # every thread has read the slot before the next chunk overwrites it
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -1014,7 +1061,11 @@ def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
                PAIR_FACTORED=PAIR_DECAY_FACTORED, CUMSUM=g is not None, SKIP_UPPER=SKIP_UPPER_BLOCKS)
     solve = dict(BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype), DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST)
     order, grid = dict(HEADS_FASTEST=HEADS_FASTEST), _chunk_grid(c1 - c0, B, H)
-    if KKT_SOLVE_FUSED:
+    if KKT_SOLVE_FUSED and KKT_SOLVE_SCRATCH:
+        items = (c1 - c0) * B * H
+        _kkt_solve_scratch_kernel[(min(items, A.shape[0]),)](k, beta, g, gc, A, Ai, T, c0, c1 - c0, items, **kkt,
+                                                              **solve, **order, **_launch(LAUNCH, "kkt_solve", k))
+    elif KKT_SOLVE_FUSED:
         _kkt_solve_kernel[grid](k, beta, g, gc, A, Ai, T, c0, **kkt, **solve, **order,
                                 **_launch(LAUNCH, "kkt_solve", k))
     else:
@@ -1035,11 +1086,17 @@ def _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1):
 
 
 def _wy_buffers(k, v):
-    """``(A [B, T, H, BT] float32, Ai, w, u)``, empty: ``Ai`` float32 or in the activations' dtype
-    (``WY_INPUT_DTYPE_DOTS``), ``w, u`` in it."""
+    """``(A, Ai [B, T, H, BT], w, u)``, empty: ``A`` float32, ``[B, T, H, BT]`` or with ``KKT_SOLVE_SCRATCH``
+    one ``[BT, BT]`` slot per program of ``_kkt_solve_scratch_kernel`` (``KKT_SOLVE_SCRATCH_PER_SM`` per SM;
+    3 off the GPU, so that the interpreter's programs take several chunks each); ``Ai`` float32 or in
+    the activations' dtype (``WY_INPUT_DTYPE_DOTS``), ``w, u`` in it."""
     B, T, H, K = k.shape
-    A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
-    Ai = torch.empty_like(A, dtype=k.dtype if _lowp(k) else torch.float32)
+    if KKT_SOLVE_FUSED and KKT_SOLVE_SCRATCH:
+        slots = KKT_SOLVE_SCRATCH_PER_SM * _sm_count(k.device) if k.is_cuda else 3
+        A = torch.empty(slots, BT, BT, dtype=torch.float32, device=k.device)
+    else:
+        A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
+    Ai = torch.empty(B, T, H, BT, dtype=k.dtype if _lowp(k) else torch.float32, device=k.device)
     return A, Ai, torch.empty_like(k), torch.empty_like(v)
 
 

@@ -484,19 +484,23 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 @interpreter
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("fused", [False, True])
-def test_interpreter_delta_program_orders_give_the_same_bits(family, fused, monkeypatch):
+@pytest.mark.parametrize("form", ["two kernels", "fused", "scratch"])
+def test_interpreter_delta_program_orders_give_the_same_bits(family, form, monkeypatch):
     """``delta.HEADS_FASTEST`` reorders which program of a per-chunk kernel's grid takes which
     (chunk, batch, head): with two sequences of three heads, a last chunk cut short and the walks in
     two segments (so the per-chunk grids start at a chunk ``C0`` > 0), every output and gradient has
-    the bits of the other order, and every program stays inside its tensors (either kkt / solve form,
-    ``KKT_SOLVE_FUSED``)."""
+    the bits of the chunk-major order with kkt and solve apart, and every program stays inside its
+    tensors, for each kkt / solve form: two kernels, one (``KKT_SOLVE_FUSED``), one persistent over
+    per-program slots of ``A`` (``KKT_SOLVE_SCRATCH``: three programs off the GPU, each through several
+    chunks of both segments)."""
     from blocks.kernels import delta
 
-    monkeypatch.setattr(delta, "KKT_SOLVE_FUSED", fused)
     shape = (2, 150, 3, 16, 16)
+    monkeypatch.setattr(delta, "KKT_SOLVE_FUSED", False)
     monkeypatch.setattr(delta, "HEADS_FASTEST", False)
     ref = segmented_outputs(family, shape, torch.float32, "cpu", 2, monkeypatch)
+    monkeypatch.setattr(delta, "KKT_SOLVE_FUSED", form != "two kernels")
+    monkeypatch.setattr(delta, "KKT_SOLVE_SCRATCH", form == "scratch")
     monkeypatch.setattr(delta, "HEADS_FASTEST", True)
     with checked_memory():
         got = segmented_outputs(family, shape, torch.float32, "cpu", 2, monkeypatch)
