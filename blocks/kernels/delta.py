@@ -514,7 +514,8 @@ def _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr
 
 @triton.jit
 def _store_a(A, b_A, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, SKIP_UPPER: tl.constexpr):
-    """``_kkt_tile``'s ``b_A`` as chunk ``i_t``'s rows of ``A: [B, T, H, BT]`` float32. The strictly upper
+    """``_kkt_tile``'s ``b_A`` as chunk ``i_t``'s rows of ``A: [B, T, H, BT]`` float32 (or of a scratch slot,
+    ``_solve_tril_chunk``'s second layout). The strictly upper
     [BC, BC] blocks are never read (``_solve_tril_chunk`` reads the blocks on and below the diagonal, the
     diagonal ones' upper halves as the zeros written here): not written."""
     _store_rows_where(A, b_A, _block_lower(BT, _BC, SKIP_UPPER), i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
@@ -586,6 +587,22 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
     _solve_tril_chunk(A, i_b, i_h, i_t, T, H, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
 
 
+@triton.jit
+def _kkt_solve_chunk(k, beta, g, gc, A, a_b, a_h, a_t, a_T, A_H: tl.constexpr, Ai, i_b, i_h, i_t, T,
+                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+                     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
+                     CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr, MERGE_PREC: tl.constexpr,
+                     DIAG_SUBST: tl.constexpr):
+    """``_kkt_tile`` of chunk ``i_t`` stored as chunk ``a_t`` of ``A`` (``_solve_tril_chunk``'s layouts),
+    then its inverse into ``Ai``: the solve reads back the ``A`` rows this program's threads have just
+    written (from L2)."""
+    b_A = _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM)
+    _store_a(A, b_A, a_b, a_h, a_t, a_T, A_H, BT, SKIP_UPPER)
+    tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA: visible)
+    _solve_tril_chunk(A, a_b, a_h, a_t, a_T, A_H, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST,
+                      SKIP_UPPER)
+
+
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
 def _kkt_solve_kernel(k, beta, g, gc, A, Ai, T, C0,
                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
@@ -596,10 +613,8 @@ def _kkt_solve_kernel(k, beta, g, gc, A, Ai, T, C0,
     ``C0 + program_id(0)`` in one program: the solve reads back the ``A`` rows this program's threads
     have just written (from L2, not DRAM) instead of a second kernel reading them."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
-    b_A = _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM)
-    _store_a(A, b_A, i_b, i_h, i_t, T, H, BT, SKIP_UPPER)
-    tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA: visible)
-    _solve_tril_chunk(A, i_b, i_h, i_t, T, H, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
+    _kkt_solve_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H, Ai, i_b, i_h, i_t, T, H, K, BT, BK, BC, USE_G, DOT_PREC,
+                     PAIR_FACTORED, CUMSUM, SKIP_UPPER, MERGE_PREC, DIAG_SUBST)
 
 
 @_jit(do_not_specialize=["T", "C0", "NCH", "ITEMS"])  # one compile for every length
@@ -621,11 +636,8 @@ def _kkt_solve_scratch_kernel(k, beta, g, gc, A, Ai, T, C0, NCH, ITEMS,
     for item in tl.range(pid, ITEMS, tl.num_programs(0), num_stages=1):  # not pipelined: ~255 registers if it is
         i_t, i_b, i_h = _chunk_ids(item % lead, item // lead, C0, H, HEADS_FASTEST)
         rows = T - i_t * BT  # the chunk's valid rows: the slot's "sequence" length
-        b_A = _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM)
-        _store_a(slot, b_A, 0, 0, 0, rows, 1, BT, SKIP_UPPER)
-        tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA)
-        _solve_tril_chunk(slot, 0, 0, 0, rows, 1, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST,
-                          SKIP_UPPER)
+        _kkt_solve_chunk(k, beta, g, gc, slot, 0, 0, 0, rows, 1, Ai, i_b, i_h, i_t, T, H, K, BT, BK, BC, USE_G,
+                         DOT_PREC, PAIR_FACTORED, CUMSUM, SKIP_UPPER, MERGE_PREC, DIAG_SUBST)
         tl.debug_barrier()  # every thread has read the slot before the next chunk overwrites it
 
 
@@ -1042,6 +1054,12 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
     return "tf32" if SOLVE_TRIL_TF32_MERGES and dtype == torch.bfloat16 and WY_INPUT_DTYPE_DOTS else "ieee"
 
 
+def _kkt_scratch() -> bool:
+    """Whether the forward's kkt / solve runs as ``_kkt_solve_scratch_kernel`` over per-program slots of
+    ``A`` (``KKT_SOLVE_SCRATCH``, with ``KKT_SOLVE_FUSED``)."""
+    return KKT_SOLVE_FUSED and KKT_SOLVE_SCRATCH
+
+
 def _chunk_grid(chunks: int, B: int, H: int, lead: int | None = None) -> tuple:
     """``tiles.chunk_grid`` at ``HEADS_FASTEST``."""
     return _tiles_chunk_grid(chunks, B, H, lead, HEADS_FASTEST)
@@ -1061,7 +1079,7 @@ def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
                PAIR_FACTORED=PAIR_DECAY_FACTORED, CUMSUM=g is not None, SKIP_UPPER=SKIP_UPPER_BLOCKS)
     solve = dict(BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype), DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST)
     order, grid = dict(HEADS_FASTEST=HEADS_FASTEST), _chunk_grid(c1 - c0, B, H)
-    if KKT_SOLVE_FUSED and KKT_SOLVE_SCRATCH:
+    if _kkt_scratch():
         items = (c1 - c0) * B * H
         _kkt_solve_scratch_kernel[(min(items, A.shape[0]),)](k, beta, g, gc, A, Ai, T, c0, c1 - c0, items, **kkt,
                                                               **solve, **order, **_launch(LAUNCH, "kkt_solve", k))
@@ -1091,7 +1109,7 @@ def _wy_buffers(k, v):
     3 off the GPU, so that the interpreter's programs take several chunks each); ``Ai`` float32 or in
     the activations' dtype (``WY_INPUT_DTYPE_DOTS``), ``w, u`` in it."""
     B, T, H, K = k.shape
-    if KKT_SOLVE_FUSED and KKT_SOLVE_SCRATCH:
+    if _kkt_scratch():
         slots = KKT_SOLVE_SCRATCH_PER_SM * _sm_count(k.device) if k.is_cuda else 3
         A = torch.empty(slots, BT, BT, dtype=torch.float32, device=k.device)
     else:
