@@ -508,6 +508,35 @@ def test_interpreter_delta_program_orders_give_the_same_bits(family, form, monke
         assert torch.equal(a, b), f"{family}: output {i} differs"
 
 
+@gpu
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_delta_program_orders_give_the_same_bits(family, dtype, monkeypatch):
+    """The GPU twin of the interpreter test above, at full width (2 sequences of 1000 tokens, a cut last
+    chunk, 3 heads of 128, the walks in two segments): heads-fastest against chunk-major, and the
+    persistent kkt / solve over per-program slots of ``A`` (4 programs per SM, and 2 programs in all, each
+    through ~24 chunks of a segment) against one program per chunk, each of the same bits. Forms that compile to
+    other warp counts (kkt and solve as two kernels) are not compared here: their dots may round in
+    another order (the tolerance tests check them)."""
+    from blocks.kernels import delta
+
+    shape = (2, 1000, 3, 128, 128)
+    monkeypatch.setattr(delta, "KKT_SOLVE_FUSED", True)
+    monkeypatch.setattr(delta, "KKT_SOLVE_SCRATCH", False)
+    monkeypatch.setattr(delta, "HEADS_FASTEST", False)
+    ref = segmented_outputs(family, shape, dtype, "cuda", 2, monkeypatch)
+    sms = delta._sm_count(torch.device("cuda"))
+    for heads_fastest, scratch, slots in ((True, False, 0), (True, True, 4 * sms), (True, True, 2), (False, True, 2)):
+        monkeypatch.setattr(delta, "HEADS_FASTEST", heads_fastest)
+        monkeypatch.setattr(delta, "KKT_SOLVE_SCRATCH", scratch)
+        monkeypatch.setattr(delta, "KKT_SOLVE_SCRATCH_PER_SM", 1)
+        monkeypatch.setattr(delta, "_sm_count", lambda device, slots=slots: slots)  # slots = programs
+        got = segmented_outputs(family, shape, dtype, "cuda", 2, monkeypatch)
+        for i, (a, b) in enumerate(zip(got, ref)):
+            assert torch.equal(a, b), f"{family} heads_fastest={heads_fastest} scratch={scratch} programs={slots}: " \
+                f"output {i} differs by {(a.float() - b.float()).abs().max().item():.3g}"
+
+
 @interpreter
 @pytest.mark.parametrize("keep_h,segmented_cumsum", [(True, False), (False, False), (True, True)])
 def test_interpreter_gla_walk_segments_give_the_same_bits(keep_h, segmented_cumsum, monkeypatch):
