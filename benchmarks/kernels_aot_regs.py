@@ -118,7 +118,6 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                      PAIR_FACTORED=d.PAIR_DECAY_FACTORED, CUMSUM=use_g and d.KKT_CUMSUM, SKIP_UPPER=d.SKIP_UPPER_BLOCKS,
                      MERGE_PREC=d._solve_tril_prec(dtype), DIAG_SUBST=d.SOLVE_TRIL_DIAG_SUBST, HEADS_FASTEST=d.HEADS_FASTEST)
         yield (f"{tag}.kkt_solve", d._kkt_solve_kernel, fused, *table(d.LAUNCH, "kkt_solve", s))
-        yield (f"{tag}.kkt_solve_scratch", d._kkt_solve_scratch_kernel, fused, *table(d.LAUNCH, "kkt_solve", s))
         lowp = d._lowp(torch.empty(0, dtype=dtype))
         yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec,
                                                      SKIP_UPPER=d.SKIP_UPPER_BLOCKS, HEADS_FASTEST=d.HEADS_FASTEST),

@@ -49,7 +49,7 @@ from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import seq as _seq, state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
-from .tiles import sm_count as _sm_count, walk_bv as _tiles_walk_bv
+from .tiles import walk_bv as _tiles_walk_bv
 from .tiles import block_lower as _block_lower, load_rows_where as _load_rows_where
 from .tiles import store_rows_where as _store_rows_where
 from .tiles import chunk_grid as _tiles_chunk_grid, chunk_ids as _chunk_ids, tile_ids as _tile_ids
@@ -153,10 +153,17 @@ WALK_MIN_PER_SM = 0.5
 # each kernel over every chunk. 4 segments against 1 at 16k / 32k: -3.3..-4.1 / -4.2..-5.9% per
 # fwd+bwd step (gated), -1.4..-3.3 / -1.4..-2.0% (delta_rule) (H200 2026-12-01 16:44-17:05,
 # docs/benchmarks/walk_overlap.md). Every buffer then exists before the first walk (``overlap.run``):
-# larger transient peaks. ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment.
+# larger transient peaks. ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment. 2 segments since
+# 2026-12-04 (with the per-chunk kernels heads-fastest and the fused kkt / solve): against 4, per step
+# queued at 16k / 32k gated -2.0 / -1.3%, delta_rule -1.6 / -1.6% (H200 15:11, train_ab_1204_segments2.md;
+# gated -2.1 / -0.9% at 14:11); 3 segments between them; the host's launch time per step -20..-30%.
 # history: docs/benchmarks/kernel_decisions/delta.md#walk_segments
-WALK_SEGMENTS = 1 if LOW_MEMORY else 4
+WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 WALK_OVERLAP_BELOW_PER_SM = 1.0
+# The first segment's share of the chunks (the forward walks it first, the reverse walk last: a short
+# one starts the forward walk sooner and leaves less of the backward's per-chunk work after the reverse
+# walk); None: segments of equal length. Not timed yet.
+WALK_FIRST_SHARE = None
 
 
 def _dqkwg_launch(use_g: bool, x: torch.Tensor) -> dict:
@@ -266,16 +273,9 @@ DQKWG_DS_UNMASKED = True
 # per step queued (both rules, 2k..32k; H200 2026-12-04 13:33, train_ab_1204_kkt_solve.md), -0.3..-1.7%
 # with HEADS_FASTEST on (13:45). history: docs/benchmarks/kernel_decisions/delta.md#kkt_solve_fused
 KKT_SOLVE_FUSED = True
-# With ``KKT_SOLVE_FUSED``: ``_kkt_solve_scratch_kernel``, a persistent grid of ``KKT_SOLVE_SCRATCH_PER_SM``
-# programs per SM, each writing every chunk's ``A`` to its own [64, 64] float32 slot (16 KB; 8.4 MB at
-# 132 SMs x 4), overwritten chunk after chunk, so that ``A`` stays in L2 and is never written back to
-# DRAM (160 B per token and head, ~0.17 GB per 64k-token step of 16 heads: ~0.04 ms at 4.2 TB/s), and the
-# forward's transient ``[B, T, H, 64]`` float32 ``A`` (268 MB at 64k tokens of 16 heads) is gone.
-# Not timed yet. sm_90 compiles (host Triton 3.6) at 2 warps: 255 registers against the non-persistent
-# kernel's 148 (gated) / 112 (the loop's invariants stay live across chunks; unpipelined), so 4 programs
-# per SM fit: ``KKT_SOLVE_SCRATCH_PER_SM``.
-KKT_SOLVE_SCRATCH = False
-KKT_SOLVE_SCRATCH_PER_SM = 4
+# Lost: the fused kkt / solve as a persistent grid over per-program slots of ``A`` (``KKT_SOLVE_SCRATCH``,
+# +0.3..+1.2% per step queued, H200 2026-12-04 15:11). history:
+# docs/benchmarks/kernel_decisions/delta.md#lost-the-fused-kkt--solve-over-per-program-slots-of-a-kkt_solve_scratch
 # The per-chunk kernels' programs in launch order over the heads first, then the chunks, then the
 # batch (``tiles.chunk_ids``) instead of every chunk of one (batch, head) pair before the next: the programs
 # resident at once then read whole 4 KB token rows of ``[B, T, H, 128]`` bf16 tensors rather than
@@ -293,9 +293,8 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True), "DQKWG_BV": (32, 64),
-            "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
-            "KKT_SOLVE_SCRATCH": (False, True),
+            "WALK_SEGMENTS": (1, 2, 4, 8), "WALK_FIRST_SHARE": (None, 0.25), "SKIP_UPPER_BLOCKS": (False, True),
+            "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
             "HEADS_FASTEST": (False, True)}
 
 
@@ -514,8 +513,7 @@ def _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr
 
 @triton.jit
 def _store_a(A, b_A, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, SKIP_UPPER: tl.constexpr):
-    """``_kkt_tile``'s ``b_A`` as chunk ``i_t``'s rows of ``A: [B, T, H, BT]`` float32 (or of a scratch slot,
-    ``_solve_tril_chunk``'s second layout). The strictly upper
+    """``_kkt_tile``'s ``b_A`` as chunk ``i_t``'s rows of ``A: [B, T, H, BT]`` float32. The strictly upper
     [BC, BC] blocks are never read (``_solve_tril_chunk`` reads the blocks on and below the diagonal, the
     diagonal ones' upper halves as the zeros written here): not written."""
     _store_rows_where(A, b_A, _block_lower(BT, _BC, SKIP_UPPER), i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
@@ -533,28 +531,26 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
 
 
 @triton.jit
-def _solve_tril_chunk(A, a_b, a_h, a_t, a_T, A_H: tl.constexpr, Ai, i_b, i_h, i_t, T, H: tl.constexpr,
-                      BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr, DIAG_SUBST: tl.constexpr,
-                      SKIP_UPPER: tl.constexpr):
-    """BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (``Ai: [B, T, H, BT]`` in its
-    buffer's dtype; ``A`` float32, chunk ``a_t`` of a ``[., a_T, A_H, BT]`` layout: the same as ``Ai``'s, or
-    a ``[BT, BT]`` scratch slot as chunk 0 of ``a_T`` valid rows, ``A_H`` = 1; the math float32). Diagonal
-    ``[BC, BC]`` blocks by ``_inv_diag_blocks`` (``DIAG_SUBST``) or ``_inv_unit_lower``, the rest by
+def _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                      MERGE_PREC: tl.constexpr, DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr):
+    """BT = 4 BC: ``Ai = (I + A)^-1`` of chunk ``i_t``'s strictly lower ``A`` (both ``[B, T, H, BT]``;
+    ``A`` float32, ``Ai`` in its buffer's dtype, the math float32). Diagonal ``[BC, BC]`` blocks by
+    ``_inv_diag_blocks`` (``DIAG_SUBST``) or ``_inv_unit_lower``, the rest by
     ``Ti_ij = -Ti_ii sum_{j <= m < i} A_im Ti_mj`` for block rows ``i > j`` (16x16 dots at
     ``MERGE_PREC``: exact "ieee" or "tf32")."""
     if DIAG_SUBST:
-        T00, T11, T22, T33 = _inv_diag_blocks(A, a_b, a_h, a_t, a_T, A_H, BT, BC)
+        T00, T11, T22, T33 = _inv_diag_blocks(A, i_b, i_h, i_t, T, H, BT, BC)
     else:
-        T00 = _inv_unit_lower(_load_block(A, a_b, a_h, a_t, a_T, 0, 0, A_H, BT, BC), BC)
-        T11 = _inv_unit_lower(_load_block(A, a_b, a_h, a_t, a_T, 1, 1, A_H, BT, BC), BC)
-        T22 = _inv_unit_lower(_load_block(A, a_b, a_h, a_t, a_T, 2, 2, A_H, BT, BC), BC)
-        T33 = _inv_unit_lower(_load_block(A, a_b, a_h, a_t, a_T, 3, 3, A_H, BT, BC), BC)
-    A10 = _load_block(A, a_b, a_h, a_t, a_T, 1, 0, A_H, BT, BC)
-    A20 = _load_block(A, a_b, a_h, a_t, a_T, 2, 0, A_H, BT, BC)
-    A21 = _load_block(A, a_b, a_h, a_t, a_T, 2, 1, A_H, BT, BC)
-    A30 = _load_block(A, a_b, a_h, a_t, a_T, 3, 0, A_H, BT, BC)
-    A31 = _load_block(A, a_b, a_h, a_t, a_T, 3, 1, A_H, BT, BC)
-    A32 = _load_block(A, a_b, a_h, a_t, a_T, 3, 2, A_H, BT, BC)
+        T00 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 0, 0, H, BT, BC), BC)
+        T11 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 1, 1, H, BT, BC), BC)
+        T22 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 2, 2, H, BT, BC), BC)
+        T33 = _inv_unit_lower(_load_block(A, i_b, i_h, i_t, T, 3, 3, H, BT, BC), BC)
+    A10 = _load_block(A, i_b, i_h, i_t, T, 1, 0, H, BT, BC)
+    A20 = _load_block(A, i_b, i_h, i_t, T, 2, 0, H, BT, BC)
+    A21 = _load_block(A, i_b, i_h, i_t, T, 2, 1, H, BT, BC)
+    A30 = _load_block(A, i_b, i_h, i_t, T, 3, 0, H, BT, BC)
+    A31 = _load_block(A, i_b, i_h, i_t, T, 3, 1, H, BT, BC)
+    A32 = _load_block(A, i_b, i_h, i_t, T, 3, 2, H, BT, BC)
     T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
     T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
     T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=MERGE_PREC), input_precision=MERGE_PREC)
@@ -584,23 +580,21 @@ def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.c
                        DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
     """Grid (NT, B*H): ``_solve_tril_chunk`` of chunk ``C0 + program_id(0)``."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
-    _solve_tril_chunk(A, i_b, i_h, i_t, T, H, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
+    _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
 
 
 @triton.jit
-def _kkt_solve_chunk(k, beta, g, gc, A, a_b, a_h, a_t, a_T, A_H: tl.constexpr, Ai, i_b, i_h, i_t, T,
+def _kkt_solve_chunk(k, beta, g, gc, A, Ai, i_b, i_h, i_t, T,
                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
                      USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
                      CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr, MERGE_PREC: tl.constexpr,
                      DIAG_SUBST: tl.constexpr):
-    """``_kkt_tile`` of chunk ``i_t`` stored as chunk ``a_t`` of ``A`` (``_solve_tril_chunk``'s layouts),
-    then its inverse into ``Ai``: the solve reads back the ``A`` rows this program's threads have just
-    written (from L2)."""
+    """``_kkt_tile`` of chunk ``i_t`` stored in ``A``, then its inverse into ``Ai``: the solve reads back
+    the ``A`` rows this program's threads have just written (from L2)."""
     b_A = _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM)
-    _store_a(A, b_A, a_b, a_h, a_t, a_T, A_H, BT, SKIP_UPPER)
+    _store_a(A, b_A, i_b, i_h, i_t, T, H, BT, SKIP_UPPER)
     tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA: visible)
-    _solve_tril_chunk(A, a_b, a_h, a_t, a_T, A_H, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST,
-                      SKIP_UPPER)
+    _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -613,32 +607,8 @@ def _kkt_solve_kernel(k, beta, g, gc, A, Ai, T, C0,
     ``C0 + program_id(0)`` in one program: the solve reads back the ``A`` rows this program's threads
     have just written (from L2, not DRAM) instead of a second kernel reading them."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
-    _kkt_solve_chunk(k, beta, g, gc, A, i_b, i_h, i_t, T, H, Ai, i_b, i_h, i_t, T, H, K, BT, BK, BC, USE_G, DOT_PREC,
+    _kkt_solve_chunk(k, beta, g, gc, A, Ai, i_b, i_h, i_t, T, H, K, BT, BK, BC, USE_G, DOT_PREC,
                      PAIR_FACTORED, CUMSUM, SKIP_UPPER, MERGE_PREC, DIAG_SUBST)
-
-
-@_jit(do_not_specialize=["T", "C0", "NCH", "ITEMS"])  # one compile for every length
-def _kkt_solve_scratch_kernel(k, beta, g, gc, A, Ai, T, C0, NCH, ITEMS,
-                              H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                              BC: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
-                              PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr,
-                              MERGE_PREC: tl.constexpr, DIAG_SUBST: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    """Grid (programs,) (``KKT_SOLVE_SCRATCH``): ``_kkt_solve_kernel``'s work, each program over the
-    ``ITEMS`` = NCH * B * H chunks ``pid, pid + programs, ..`` (in the order of ``_chunk_grid``'s grid),
-    every chunk's ``A`` in the program's own ``[BT, BT]`` slot of ``A: [programs, BT, BT]`` float32,
-    overwritten chunk after chunk: the slots (16 KB each) stay in L2, so ``A`` never reaches DRAM."""
-    pid = tl.program_id(0)
-    slot = A + pid.to(tl.int64) * (BT * BT)
-    if HEADS_FASTEST:  # the items in the order of the grid's programs (``_chunk_grid``)
-        lead = NCH * H
-    else:
-        lead = NCH
-    for item in tl.range(pid, ITEMS, tl.num_programs(0), num_stages=1):  # not pipelined: ~255 registers if it is
-        i_t, i_b, i_h = _chunk_ids(item % lead, item // lead, C0, H, HEADS_FASTEST)
-        rows = T - i_t * BT  # the chunk's valid rows: the slot's "sequence" length
-        _kkt_solve_chunk(k, beta, g, gc, slot, 0, 0, 0, rows, 1, Ai, i_b, i_h, i_t, T, H, K, BT, BK, BC, USE_G,
-                         DOT_PREC, PAIR_FACTORED, CUMSUM, SKIP_UPPER, MERGE_PREC, DIAG_SUBST)
-        tl.debug_barrier()  # every thread has read the slot before the next chunk overwrites it
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -1054,12 +1024,6 @@ def _solve_tril_prec(dtype: torch.dtype) -> str:
     return "tf32" if SOLVE_TRIL_TF32_MERGES and dtype == torch.bfloat16 and WY_INPUT_DTYPE_DOTS else "ieee"
 
 
-def _kkt_scratch() -> bool:
-    """Whether the forward's kkt / solve runs as ``_kkt_solve_scratch_kernel`` over per-program slots of
-    ``A`` (``KKT_SOLVE_SCRATCH``, with ``KKT_SOLVE_FUSED``)."""
-    return KKT_SOLVE_FUSED and KKT_SOLVE_SCRATCH
-
-
 def _chunk_grid(chunks: int, B: int, H: int, lead: int | None = None) -> tuple:
     """``tiles.chunk_grid`` at ``HEADS_FASTEST``."""
     return _tiles_chunk_grid(chunks, B, H, lead, HEADS_FASTEST)
@@ -1067,8 +1031,8 @@ def _chunk_grid(chunks: int, B: int, H: int, lead: int | None = None) -> tuple:
 
 def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``,
-    ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
-    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM)
+    ``WALK_OVERLAP_BELOW_PER_SM``, ``WALK_FIRST_SHARE``; ``overlap.plan``), in chunk order."""
+    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM, WALK_FIRST_SHARE)
 
 
 def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
@@ -1079,11 +1043,7 @@ def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
                PAIR_FACTORED=PAIR_DECAY_FACTORED, CUMSUM=g is not None, SKIP_UPPER=SKIP_UPPER_BLOCKS)
     solve = dict(BC=BC, MERGE_PREC=_solve_tril_prec(k.dtype), DIAG_SUBST=SOLVE_TRIL_DIAG_SUBST)
     order, grid = dict(HEADS_FASTEST=HEADS_FASTEST), _chunk_grid(c1 - c0, B, H)
-    if _kkt_scratch():
-        items = (c1 - c0) * B * H
-        _kkt_solve_scratch_kernel[(min(items, A.shape[0]),)](k, beta, g, gc, A, Ai, T, c0, c1 - c0, items, **kkt,
-                                                              **solve, **order, **_launch(LAUNCH, "kkt_solve", k))
-    elif KKT_SOLVE_FUSED:
+    if KKT_SOLVE_FUSED:
         _kkt_solve_kernel[grid](k, beta, g, gc, A, Ai, T, c0, **kkt, **solve, **order,
                                 **_launch(LAUNCH, "kkt_solve", k))
     else:
@@ -1104,16 +1064,10 @@ def _wu_kernels(k, v, beta, gc, Ai, w, u, c0, c1):
 
 
 def _wy_buffers(k, v):
-    """``(A, Ai [B, T, H, BT], w, u)``, empty: ``A`` float32, ``[B, T, H, BT]`` or with ``KKT_SOLVE_SCRATCH``
-    one ``[BT, BT]`` slot per program of ``_kkt_solve_scratch_kernel`` (``KKT_SOLVE_SCRATCH_PER_SM`` per SM;
-    3 off the GPU, so that the interpreter's programs take several chunks each); ``Ai`` float32 or in
-    the activations' dtype (``WY_INPUT_DTYPE_DOTS``), ``w, u`` in it."""
+    """``(A, Ai [B, T, H, BT], w, u)``, empty: ``A`` float32, ``Ai`` float32 or in the activations' dtype
+    (``WY_INPUT_DTYPE_DOTS``), ``w, u`` in it."""
     B, T, H, K = k.shape
-    if _kkt_scratch():
-        slots = KKT_SOLVE_SCRATCH_PER_SM * _sm_count(k.device) if k.is_cuda else 3
-        A = torch.empty(slots, BT, BT, dtype=torch.float32, device=k.device)
-    else:
-        A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
+    A = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
     Ai = torch.empty(B, T, H, BT, dtype=k.dtype if _lowp(k) else torch.float32, device=k.device)
     return A, Ai, torch.empty_like(k), torch.empty_like(v)
 

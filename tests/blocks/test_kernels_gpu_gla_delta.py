@@ -484,23 +484,20 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 @interpreter
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("form", ["two kernels", "fused", "scratch"])
+@pytest.mark.parametrize("form", ["two kernels", "fused"])
 def test_interpreter_delta_program_orders_give_the_same_bits(family, form, monkeypatch):
     """``delta.HEADS_FASTEST`` reorders which program of a per-chunk kernel's grid takes which
     (chunk, batch, head): with two sequences of three heads, a last chunk cut short and the walks in
     two segments (so the per-chunk grids start at a chunk ``C0`` > 0), every output and gradient has
     the bits of the chunk-major order with kkt and solve apart, and every program stays inside its
-    tensors, for each kkt / solve form: two kernels, one (``KKT_SOLVE_FUSED``), one persistent over
-    per-program slots of ``A`` (``KKT_SOLVE_SCRATCH``: three programs off the GPU, each through several
-    chunks of both segments)."""
+    tensors, for each kkt / solve form: two kernels, one (``KKT_SOLVE_FUSED``)."""
     from blocks.kernels import delta
 
     shape = (2, 150, 3, 16, 16)
     monkeypatch.setattr(delta, "KKT_SOLVE_FUSED", False)
     monkeypatch.setattr(delta, "HEADS_FASTEST", False)
     ref = segmented_outputs(family, shape, torch.float32, "cpu", 2, monkeypatch)
-    monkeypatch.setattr(delta, "KKT_SOLVE_FUSED", form != "two kernels")
-    monkeypatch.setattr(delta, "KKT_SOLVE_SCRATCH", form == "scratch")
+    monkeypatch.setattr(delta, "KKT_SOLVE_FUSED", form == "fused")
     monkeypatch.setattr(delta, "HEADS_FASTEST", True)
     with checked_memory():
         got = segmented_outputs(family, shape, torch.float32, "cpu", 2, monkeypatch)
@@ -513,28 +510,19 @@ def test_interpreter_delta_program_orders_give_the_same_bits(family, form, monke
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_delta_program_orders_give_the_same_bits(family, dtype, monkeypatch):
     """The GPU twin of the interpreter test above, at full width (2 sequences of 1000 tokens, a cut last
-    chunk, 3 heads of 128, the walks in two segments): heads-fastest against chunk-major, and the
-    persistent kkt / solve over per-program slots of ``A`` (4 programs per SM, and 2 programs in all, each
-    through ~24 chunks of a segment) against one program per chunk, each of the same bits. Forms that compile to
-    other warp counts (kkt and solve as two kernels) are not compared here: their dots may round in
-    another order (the tolerance tests check them)."""
+    chunk, 3 heads of 128, the walks in two segments): heads-fastest against chunk-major, the same bits
+    (with the fused kkt / solve in both: kkt and solve as two kernels compile to other warp counts, whose
+    dots may round in another order; the tolerance tests check them)."""
     from blocks.kernels import delta
 
     shape = (2, 1000, 3, 128, 128)
     monkeypatch.setattr(delta, "KKT_SOLVE_FUSED", True)
-    monkeypatch.setattr(delta, "KKT_SOLVE_SCRATCH", False)
     monkeypatch.setattr(delta, "HEADS_FASTEST", False)
     ref = segmented_outputs(family, shape, dtype, "cuda", 2, monkeypatch)
-    sms = delta._sm_count(torch.device("cuda"))
-    for heads_fastest, scratch, slots in ((True, False, 0), (True, True, 4 * sms), (True, True, 2), (False, True, 2)):
-        monkeypatch.setattr(delta, "HEADS_FASTEST", heads_fastest)
-        monkeypatch.setattr(delta, "KKT_SOLVE_SCRATCH", scratch)
-        monkeypatch.setattr(delta, "KKT_SOLVE_SCRATCH_PER_SM", 1)
-        monkeypatch.setattr(delta, "_sm_count", lambda device, slots=slots: slots)  # slots = programs
-        got = segmented_outputs(family, shape, dtype, "cuda", 2, monkeypatch)
-        for i, (a, b) in enumerate(zip(got, ref)):
-            assert torch.equal(a, b), f"{family} heads_fastest={heads_fastest} scratch={scratch} programs={slots}: " \
-                f"output {i} differs by {(a.float() - b.float()).abs().max().item():.3g}"
+    monkeypatch.setattr(delta, "HEADS_FASTEST", True)
+    got = segmented_outputs(family, shape, dtype, "cuda", 2, monkeypatch)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert torch.equal(a, b), f"{family}: output {i} differs by {(a.float() - b.float()).abs().max().item():.3g}"
 
 
 @interpreter
