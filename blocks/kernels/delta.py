@@ -160,10 +160,6 @@ WALK_MIN_PER_SM = 0.5
 # history: docs/benchmarks/kernel_decisions/delta.md#walk_segments
 WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 WALK_OVERLAP_BELOW_PER_SM = 1.0
-# The first segment's share of the chunks (the forward walks it first, the reverse walk last: a short
-# one starts the forward walk sooner and leaves less of the backward's per-chunk work after the reverse
-# walk); None: segments of equal length. Not timed yet.
-WALK_FIRST_SHARE = None
 
 
 def _dqkwg_launch(use_g: bool, x: torch.Tensor) -> dict:
@@ -293,7 +289,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "WALK_FIRST_SHARE": (None, 0.25), "SKIP_UPPER_BLOCKS": (False, True),
+            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
             "HEADS_FASTEST": (False, True)}
 
@@ -1031,8 +1027,8 @@ def _chunk_grid(chunks: int, B: int, H: int, lead: int | None = None) -> tuple:
 
 def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
     """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``,
-    ``WALK_OVERLAP_BELOW_PER_SM``, ``WALK_FIRST_SHARE``; ``overlap.plan``), in chunk order."""
-    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM, WALK_FIRST_SHARE)
+    ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
+    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM)
 
 
 def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):

@@ -32,12 +32,9 @@ def walk_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device=device, priority=-1)
 
 
-def plan(nt: int, programs: int, x: torch.Tensor, segments: int, below_per_sm: float,
-         first_share: float | None = None) -> list[Segment]:
+def plan(nt: int, programs: int, x: torch.Tensor, segments: int, below_per_sm: float) -> list[Segment]:
     """Chunk ranges of a walk over ``nt`` chunks with ``programs`` programs: ``min(segments, nt)``
-    ranges whose lengths differ by at most one (``first_share``: the first range ``first_share`` of
-    the chunks, at least one and leaving one to each other range, the others nearly equal), on a CUDA
-    device only when the walk has fewer than
+    ranges whose lengths differ by at most one, on a CUDA device only when the walk has fewer than
     ``below_per_sm`` programs per SM; else the single range ``[(0, nt)]``. Off CUDA (Triton's
     interpreter) there is no SM count: the ranges are cut whenever ``segments > 1``, so that the
     CPU tests run the segment bookkeeping.
@@ -47,11 +44,7 @@ def plan(nt: int, programs: int, x: torch.Tensor, segments: int, below_per_sm: f
     if segments <= 1 or nt <= 1 or (x.is_cuda and programs >= below_per_sm * sm_count(x.device)):
         return [(0, nt)]
     n = min(segments, nt)
-    if first_share is None or n == 1:
-        cuts = [i * nt // n for i in range(n + 1)]
-    else:
-        first = min(max(1, round(first_share * nt)), nt - (n - 1))
-        cuts = [0] + [first + i * (nt - first) // (n - 1) for i in range(n)]
+    cuts = [i * nt // n for i in range(n + 1)]
     return list(zip(cuts[:-1], cuts[1:]))
 
 
