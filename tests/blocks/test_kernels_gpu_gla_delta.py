@@ -507,20 +507,20 @@ def test_interpreter_delta_program_orders_give_the_same_bits(family, form, monke
 
 @gpu
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpu_delta_program_orders_give_the_same_bits(family, dtype, monkeypatch):
+def test_gpu_delta_program_orders_give_the_same_bits(family, monkeypatch):
     """The GPU twin of the interpreter test above, at full width (2 sequences of 1000 tokens, a cut last
-    chunk, 3 heads of 128, the walks in two segments): heads-fastest against chunk-major, the same bits
-    (with the fused kkt / solve in both: kkt and solve as two kernels compile to other warp counts, whose
-    dots may round in another order; the tolerance tests check them)."""
+    chunk, 3 heads of 128, the walks in two segments, bf16): heads-fastest against chunk-major, the same
+    bits (with the fused kkt / solve in both: kkt and solve as two kernels compile to other warp counts,
+    whose dots may round in another order; the tolerance tests check them). bf16 only: in float32 each
+    case compiled for ~70 s on the H200 host (2026-12-04 15:40), which pushed the GPU test step past its cap."""
     from blocks.kernels import delta
 
     shape = (2, 1000, 3, 128, 128)
     monkeypatch.setattr(delta, "KKT_SOLVE_FUSED", True)
     monkeypatch.setattr(delta, "HEADS_FASTEST", False)
-    ref = segmented_outputs(family, shape, dtype, "cuda", 2, monkeypatch)
+    ref = segmented_outputs(family, shape, torch.bfloat16, "cuda", 2, monkeypatch)
     monkeypatch.setattr(delta, "HEADS_FASTEST", True)
-    got = segmented_outputs(family, shape, dtype, "cuda", 2, monkeypatch)
+    got = segmented_outputs(family, shape, torch.bfloat16, "cuda", 2, monkeypatch)
     for i, (a, b) in enumerate(zip(got, ref)):
         assert torch.equal(a, b), f"{family}: output {i} differs by {(a.float() - b.float()).abs().max().item():.3g}"
 
