@@ -124,6 +124,9 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                *table(d.LAUNCH, "wu", s))
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
                                                      DOT_PREC=prec), *table(d.LAUNCH, "fwd_h_bv32", s))
+        # V block 64: 2k .. 16k tokens per sequence in a 64k-token batch (``delta.walk_bv``)
+        yield (f"{tag}.fwd_h_bv64", d._fwd_h_kernel, dict(C, BK=BK, BV=min(64, BV), USE_G=use_g, USE_H0=True,
+                                                          STORE_HT=True, DOT_PREC=prec), *table(d.LAUNCH, "fwd_h", s))
         yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
                                                      HEADS_FASTEST=d.HEADS_FASTEST), *table(d.LAUNCH, "fwd_o", s))
         yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
