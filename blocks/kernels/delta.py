@@ -270,7 +270,7 @@ DQKWG_DS_UNMASKED = True
 # with HEADS_FASTEST on (13:45). history: docs/benchmarks/kernel_decisions/delta.md#kkt_solve_fused
 KKT_SOLVE_FUSED = True
 # Lost: the fused kkt / solve as a persistent grid over per-program slots of ``A`` (``KKT_SOLVE_SCRATCH``,
-# +0.3..+1.2% per step queued, H200 2026-12-04 15:11). history:
+# +0.2..+1.2% per step queued, H200 2026-12-04 15:11). history:
 # docs/benchmarks/kernel_decisions/delta.md#lost-the-fused-kkt--solve-over-per-program-slots-of-a-kkt_solve_scratch
 # The per-chunk kernels' programs in launch order over the heads first, then the chunks, then the
 # batch (``tiles.chunk_ids``) instead of every chunk of one (batch, head) pair before the next: the programs
