@@ -72,8 +72,7 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
         types["A"] = f"*{act}"
     types.update(inv_freq="*fp32", pos_ptr="*i64", valid="*u8", part="*fp32", part_ml="*fp32", cap="i32",
                  scale_log2="fp32")
-    types.update(T="i32", NT="i32", B="i32", C0="i32", C1="i32", NCH="i32", ITEMS="i32", scale="fp32", s_in="*fp32",
-                 s_out="*fp32", eps="fp32",
+    types.update(T="i32", NT="i32", B="i32", C0="i32", C1="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
                  **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "sg_h", "H", "C")},
                  **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
     if fn is sk._skinny_kernel:  # the decode GEMMs: rows of activations, the norm weight in their dtype

@@ -520,7 +520,7 @@ def _kkt_kernel(k, beta, g, gc, A, T, C0,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr, CUMSUM: tl.constexpr,
                 SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    """Grid (NT, B*H): ``_kkt_tile`` of chunk ``C0 + program_id(0)`` into ``A``."""
+    """Grid ``_chunk_grid(NT, B, H)``: ``_kkt_tile`` of chunk ``C0 + i`` into ``A``."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
     b_A = _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM)
     _store_a(A, b_A, i_b, i_h, i_t, T, H, BT, SKIP_UPPER)
@@ -574,22 +574,8 @@ def _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
 def _solve_tril_kernel(A, Ai, T, C0, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MERGE_PREC: tl.constexpr,
                        DIAG_SUBST: tl.constexpr, SKIP_UPPER: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    """Grid (NT, B*H): ``_solve_tril_chunk`` of chunk ``C0 + program_id(0)``."""
+    """Grid ``_chunk_grid(NT, B, H)``: ``_solve_tril_chunk`` of chunk ``C0 + i``."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
-    _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
-
-
-@triton.jit
-def _kkt_solve_chunk(k, beta, g, gc, A, Ai, i_b, i_h, i_t, T,
-                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-                     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                     CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr, MERGE_PREC: tl.constexpr,
-                     DIAG_SUBST: tl.constexpr):
-    """``_kkt_tile`` of chunk ``i_t`` stored in ``A``, then its inverse into ``Ai``: the solve reads back
-    the ``A`` rows this program's threads have just written (from L2)."""
-    b_A = _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM)
-    _store_a(A, b_A, i_b, i_h, i_t, T, H, BT, SKIP_UPPER)
-    tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA: visible)
     _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
 
 
@@ -599,12 +585,14 @@ def _kkt_solve_kernel(k, beta, g, gc, A, Ai, T, C0,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
                       CUMSUM: tl.constexpr, SKIP_UPPER: tl.constexpr, MERGE_PREC: tl.constexpr,
                       DIAG_SUBST: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    """Grid (NT, B*H) (``KKT_SOLVE_FUSED``): ``_kkt_tile`` then ``_solve_tril_chunk`` of chunk
-    ``C0 + program_id(0)`` in one program: the solve reads back the ``A`` rows this program's threads
-    have just written (from L2, not DRAM) instead of a second kernel reading them."""
+    """Grid ``_chunk_grid(NT, B, H)`` (``KKT_SOLVE_FUSED``): ``_kkt_tile`` of chunk ``C0 + i`` stored in ``A``,
+    then ``_solve_tril_chunk`` in the same program: the solve reads back the ``A`` rows this program's
+    threads have just written (from L2, not DRAM) instead of a second kernel reading them."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
-    _kkt_solve_chunk(k, beta, g, gc, A, Ai, i_b, i_h, i_t, T, H, K, BT, BK, BC, USE_G, DOT_PREC,
-                     PAIR_FACTORED, CUMSUM, SKIP_UPPER, MERGE_PREC, DIAG_SUBST)
+    b_A = _kkt_tile(k, beta, g, gc, i_b, i_h, i_t, T, H, K, BT, BK, USE_G, DOT_PREC, PAIR_FACTORED, CUMSUM)
+    _store_a(A, b_A, i_b, i_h, i_t, T, H, BT, SKIP_UPPER)
+    tl.debug_barrier()  # every thread's A rows stored before any thread reads them back (same CTA: visible)
+    _solve_tril_chunk(A, Ai, i_b, i_h, i_t, T, H, BT, BC, MERGE_PREC, DIAG_SUBST, SKIP_UPPER)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
@@ -613,7 +601,7 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr, SKIP_UPPER: tl.constexpr,
                HEADS_FASTEST: tl.constexpr):
-    """Grid (NT, B*H): ``w = Ai (beta exp(G) k)`` and ``u = Ai (beta v)`` of chunk ``i_t``
+    """Grid ``_chunk_grid(NT, B, H)``: ``w = Ai (beta exp(G) k)`` and ``u = Ai (beta v)`` of chunk ``i_t``
     (``[BT, K]``, ``[BT, V]``), ``[BT, BT]`` x ``[BT, BK|BV]`` products (operands in ``k``'s dtype
     when ``LOWP``)."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
@@ -670,7 +658,7 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT, C0,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
                   HEADS_FASTEST: tl.constexpr):
-    """Grid (V/BV, NT, B*H): ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)``."""
+    """Grid ``_chunk_grid(NT, B, H, V/BV)``: ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)``."""
     i_v, i_t, i_b, i_h = _tile_ids((V + BV - 1) // BV, C0, H, HEADS_FASTEST)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
@@ -704,7 +692,7 @@ def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T, C0,
                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
                          HEADS_FASTEST: tl.constexpr):
-    """Grid (V/BV, NT, B*H): ``dU`` through the intra-chunk output, ``P^T do`` with
+    """Grid ``_chunk_grid(NT, B, H, V/BV)``: ``dU`` through the intra-chunk output, ``P^T do`` with
     ``P = scale mask(q k^T) * exp(G_i - G_j)`` (stored in ``dv``'s dtype)."""
     i_v, i_t, i_b, i_h = _tile_ids((V + BV - 1) // BV, C0, H, HEADS_FASTEST)
     b_At = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i]
@@ -779,7 +767,7 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
                       DG_FROM_ROWS: tl.constexpr, DS_UNMASKED: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    """Grid (K/BK, NT, B*H): key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
+    """Grid ``_chunk_grid(NT, B, H, K/BK)``: key columns ``i_k*BK ..`` of ``dq`` (final) and of the parts of ``dk``
     and ``dw = -dv2 h^T`` that come through the output and the state (in their buffers' dtype); this slice's share
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
     over key channels). Splitting K (``DQKWG_BK`` = 64) keeps the float32 accumulators at [BT, 64] each."""
@@ -975,7 +963,7 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
                    USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
                    PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr,
                    HEADS_FASTEST: tl.constexpr):
-    """Grid (NT, B*H): back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
+    """Grid ``_chunk_grid(NT, B, H)``: back through ``w = Ai X_w``, ``u = Ai X_u`` and ``Ai = (I + A)^-1``; writes
     the final ``dk, dv, dbeta`` and ``dg`` (reverse cumsum of the chunk-local ``dG``, whose
     ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
     float32 tiles at [BT, BT] / [BT, BK]: ``_wy_bwd_da``, then ``_wy_bwd_dk``."""
