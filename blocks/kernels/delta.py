@@ -156,7 +156,7 @@ WALK_MIN_PER_SM = 0.5
 # larger transient peaks. ARCHSEARCH_LOW_MEMORY_KERNELS=1 keeps one segment. 2 segments since
 # 2026-12-04 (with the per-chunk kernels heads-fastest and the fused kkt / solve): against 4, per step
 # queued at 16k / 32k gated -2.0 / -1.3%, delta_rule -1.6 / -1.6% (H200 15:11, train_ab_1204_segments2.md;
-# gated -2.1 / -0.9% at 14:11); 3 segments between them; the host's launch time per step -20..-30%.
+# gated -2.1 / -0.9% at 14:11); 3 segments between them; the host's launch time per step -19..-29%.
 # history: docs/benchmarks/kernel_decisions/delta.md#walk_segments
 WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 WALK_OVERLAP_BELOW_PER_SM = 1.0
