@@ -82,7 +82,8 @@ LAUNCH = {
     "bwd_dh": dict(num_warps=4, num_stages=3),
     # the forward state walk at V block 64 (many (batch, head) pairs) and 32 (long sequences): 4 warps
     # at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at block 32 -6.6 / -4.6% (32k),
-    # sweep 2026-12-01 03:14; the walks at 8 warps lost (H200 2026-12-02 04:09)
+    # sweep 2026-12-01 03:14; the walks at 8 warps lost (H200 2026-12-02 04:09; again with two segments, block 64
+    # or 32, +1..+13%, and at 2 warps +4..+19% at 32k: 2026-12-04 16:28 / 16:34, train_ab_1204_walk_warps*.md)
     "fwd_h": dict(num_warps=4, num_stages=None),
     "fwd_h_bv32": dict(num_warps=4, num_stages=3),
     # (the ungated bwd_dqkwg at 2 stages lost +1.7 / +2.5 / +4.3 / +3.6% per step at 1k / 2k / 8k /
