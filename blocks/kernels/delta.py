@@ -160,6 +160,10 @@ WALK_MIN_PER_SM = 0.5
 # gated -2.1 / -0.9% at 14:11); 3 segments between them; the host's launch time per step -19..-29%.
 # history: docs/benchmarks/kernel_decisions/delta.md#walk_segments
 WALK_SEGMENTS = 1 if LOW_MEMORY else 2
+# The backward's reverse walk in its own number of segments (None: WALK_SEGMENTS). At 32k its
+# 177 KB of shared memory leave no room for a ``bwd_dqkwg`` program beside it, so only ``bwd_dv_local``
+# overlaps it, while the forward walk's ``fwd_o`` and WY kernels fit beside theirs. Off until timed.
+BWD_WALK_SEGMENTS = None
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
 
@@ -290,7 +294,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "SKIP_UPPER_BLOCKS": (False, True),
+            "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (None, 3, 1, 2, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
             "HEADS_FASTEST": (False, True)}
 
@@ -1014,10 +1018,11 @@ def _chunk_grid(chunks: int, B: int, H: int, lead: int | None = None) -> tuple:
     return _tiles_chunk_grid(chunks, B, H, lead, HEADS_FASTEST)
 
 
-def _segments(nt: int, programs: int, x: torch.Tensor) -> list[tuple[int, int]]:
-    """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``,
-    ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
-    return _overlap.plan(nt, programs, x, WALK_SEGMENTS, WALK_OVERLAP_BELOW_PER_SM)
+def _segments(nt: int, programs: int, x: torch.Tensor, backward: bool = False) -> list[tuple[int, int]]:
+    """Chunk ranges of a walk with ``programs`` programs (``WALK_SEGMENTS``, for the reverse walk
+    ``BWD_WALK_SEGMENTS`` when set; ``WALK_OVERLAP_BELOW_PER_SM``; ``overlap.plan``), in chunk order."""
+    segments = BWD_WALK_SEGMENTS if backward and BWD_WALK_SEGMENTS is not None else WALK_SEGMENTS
+    return _overlap.plan(nt, programs, x, segments, WALK_OVERLAP_BELOW_PER_SM)
 
 
 def _wy_kernels(k, v, beta, gc, A, Ai, w, u, c0, c1, g=None):
@@ -1175,7 +1180,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
     BV = walk_bv(q, B * H, V)
-    segments = _segments(NT, _cdiv(V, BV) * B * H, q)[::-1]  # walk order: the last chunks first
+    segments = _segments(NT, _cdiv(V, BV) * B * H, q, backward=True)[::-1]  # walk order: the last chunks first
     one = len(segments) == 1
 
     def dv_local(c0, c1):
