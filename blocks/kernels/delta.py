@@ -29,8 +29,8 @@ its ``w``, chunk states and ``U`` (``KEEP_WU``, ``KEEP_H``; else recomputed); a 
 
 Every per-chunk kernel takes ``C0``, the chunk of its grid's first program, and the walks a chunk
 range ``[C0, C1)`` with the carried state in and out as float32 ``[B, H, K, V]``: at long sequences
-the walks run in segments beside the per-chunk kernels (``overlap.py``, ``WALK_SEGMENTS``); the
-results are the same bits either way.
+the walks run in segments beside the per-chunk kernels (``overlap.py``, ``WALK_SEGMENTS``; the reverse
+walk in ``BWD_WALK_SEGMENTS``, one); the results are the same bits either way.
 
 Every exponent is <= 0 (pairs ``j > i`` masked to -inf before ``exp``; padded rows past ``T`` take
 the last valid ``G``), so strong decay underflows instead of overflowing. Padding loads
@@ -160,10 +160,14 @@ WALK_MIN_PER_SM = 0.5
 # gated -2.1 / -0.9% at 14:11); 3 segments between them; the host's launch time per step -19..-29%.
 # history: docs/benchmarks/kernel_decisions/delta.md#walk_segments
 WALK_SEGMENTS = 1 if LOW_MEMORY else 2
-# The backward's reverse walk in its own number of segments (None: WALK_SEGMENTS). At 32k its
+# The backward's reverse walk in its own number of segments (None: WALK_SEGMENTS): one. At 16k / 32k its
 # 177 KB of shared memory leave no room for a ``bwd_dqkwg`` program beside it, so only ``bwd_dv_local``
-# overlaps it, while the forward walk's ``fwd_o`` and WY kernels fit beside theirs. Off until timed.
-BWD_WALK_SEGMENTS = None
+# overlapped it, while the forward walk's ``fwd_o`` and WY kernels fit beside theirs. One segment against
+# WALK_SEGMENTS' 2, per step queued at 16k / 32k: gated -1.1 / -0.1%, delta_rule -0.9 / +0.3% (H200
+# 2026-12-04 16:40), -1.3 / 0.0%, -1.1 / +0.5% (16:41); the host's launch time per step -0.3..-0.6 ms, and
+# the backward's buffers allocated as needed again (3 or 4 segments: +0.1..+1.9%; train_ab_1204_bwd_segments.md).
+# history: docs/benchmarks/kernel_decisions/delta.md#bwd_walk_segments
+BWD_WALK_SEGMENTS = 1
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
 
@@ -294,7 +298,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (None, 3, 1, 2, 4), "SKIP_UPPER_BLOCKS": (False, True),
+            "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
             "HEADS_FASTEST": (False, True)}
 
@@ -1165,8 +1169,9 @@ def fwd_o(q, k, vn, gc, h, scale):
 def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_kept=None):
     """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32).
     ``w, u``: the forward's (``u`` only matters without ``h_kept``), ``h_kept`` its ``(h, vn)``;
-    what is missing is recomputed. The reverse state walk runs in segments (from the last chunks)
-    beside the kernels before and after it when it has few programs (``overlap``); in one segment
+    what is missing is recomputed. With ``BWD_WALK_SEGMENTS`` > 1 the reverse state walk runs in
+    segments (from the last chunks) beside the kernels before and after it when it has few programs
+    (``overlap``); in one segment
     each buffer is allocated just before its first kernel and the transient ones freed after their
     last (host time before a launch is GPU idle time in a step from an idle GPU)."""
     B, T, H, K = q.shape

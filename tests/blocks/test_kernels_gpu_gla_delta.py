@@ -236,10 +236,11 @@ def test_gpu_kernels_with_switches_flipped_match_reference(family, shape, dtype,
 
 
 def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=False, decay="random",
-                      states=True):
+                      states=True, bwd_segments=None):
     """The family's kernel's ``o``, final state and every input gradient (with ``h0`` and a
     final-state gradient; ``states=False``: neither, ``o`` and the inputs' gradients only) with its
-    walks in ``segments`` segments (``WALK_SEGMENTS`` of delta or gla; cut at any walk size).
+    walks in ``segments`` segments (``WALK_SEGMENTS`` of delta or gla; cut at any walk size), delta's
+    reverse walk in ``bwd_segments`` (its ``BWD_WALK_SEGMENTS``; None: ``segments`` too).
     ``junk``: right after the forward and the backward return, without waiting for the GPU, fill
     fresh memory with NaN and free it (the allocator hands out what the call freed: a walk still
     reading it on its stream would see the NaN)."""
@@ -247,6 +248,8 @@ def segmented_outputs(family, shape, dtype, device, segments, monkeypatch, junk=
 
     mod = kernel_module(family)
     monkeypatch.setattr(mod, "WALK_SEGMENTS", segments)
+    if hasattr(mod, "BWD_WALK_SEGMENTS"):
+        monkeypatch.setattr(mod, "BWD_WALK_SEGMENTS", bwd_segments)
     monkeypatch.setattr(mod, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
     B, T, H, K, V = shape
     args, h0 = make_inputs(family, B, T, H, K, V, decay, True, seed=3)
@@ -483,6 +486,28 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 
 @interpreter
+@pytest.mark.parametrize("backward", [1, 2, None])
+def test_interpreter_delta_reverse_walk_takes_its_own_segment_count(backward, monkeypatch):
+    """``BWD_WALK_SEGMENTS``: the reverse walk in that many segments (None: ``WALK_SEGMENTS``, as the
+    forward walk), from the last chunks; the forward walk keeps ``WALK_SEGMENTS``; the same bits."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "KEEP_H", True)
+    shape = (1, 300, 2, 32, 16)  # 5 chunks
+    ref = segmented_outputs("gated_delta_rule", shape, torch.float32, "cpu", 1, monkeypatch)
+    fwd_spy, bwd_spy = _LaunchSpy(delta._fwd_h_kernel), _LaunchSpy(delta._bwd_dh_kernel)
+    monkeypatch.setattr(delta, "_fwd_h_kernel", fwd_spy)
+    monkeypatch.setattr(delta, "_bwd_dh_kernel", bwd_spy)
+    got = segmented_outputs("gated_delta_rule", shape, torch.float32, "cpu", 3, monkeypatch, bwd_segments=backward)
+    assert [args[10:12] for args, _ in fwd_spy.calls] == [(0, 1), (1, 3), (3, 5)]
+    # the reverse walk's chunk range [C0, C1) is its 13th / 14th argument, launched last chunks first
+    expected = {1: [(0, 5)], 2: [(2, 5), (0, 2)], None: [(3, 5), (1, 3), (0, 1)]}[backward]
+    assert [args[13:15] for args, _ in bwd_spy.calls] == expected
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert torch.equal(a, b), f"BWD_WALK_SEGMENTS={backward}: output {i} differs"
+
+
+@interpreter
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
 @pytest.mark.parametrize("form", ["two kernels", "fused"])
 def test_interpreter_delta_program_orders_give_the_same_bits(family, form, monkeypatch):
@@ -605,7 +630,7 @@ def test_interpreter_ungated_bwd_dh_runs_on_a_zero_gate(zero_gate, monkeypatch):
     with checked_memory():
         errs = run_case(chunk_kernel("delta_rule"), "delta_rule", (1, 70, 2, 32, 48), torch.float32, "random", True, "cpu")
     assert max(errs.values()) < 2e-5, errs
-    assert len(spy.calls) == len(delta._segments(2, 1, torch.empty(0)))  # one launch per walk segment
+    assert len(spy.calls) == len(delta._segments(2, 1, torch.empty(0), backward=True))  # one launch per segment
     for args, kwargs in spy.calls:
         gate = args[3]
         assert kwargs["USE_G"] is zero_gate
