@@ -1,4 +1,4 @@
-"""Fill the sections a benchmark run did not reach from an earlier run's results, marked as carried.
+"""Fill the sections a benchmark run did not reach from another run's results, marked as carried.
 
 ``gpu_kernels.py --deadline`` skips the sections that would start too late in a capped device call
 (the step, decode and breakdown sections come after training). When the code behind a skipped

@@ -637,7 +637,7 @@ def _md_header(res: dict) -> list[str]:
     carried = res.get("carried", {})  # benchmarks/carry_sections.py: sections this run did not reach
     return [f"# GPU benchmark: {env['device']}", "", " · ".join(parts), "",
             *([f"Kernel switches: {switches_line(res['kernel_settings'])}", ""] if "kernel_settings" in res else []),
-            *([f"Carried from earlier runs (not measured in this one): "
+            *([f"Carried from other runs of the same code (not measured in this one; the date is the run that measured it): "
                f"{', '.join(f'{name} ({when})' for name, when in carried.items())}", ""] if carried else [])]
 
 

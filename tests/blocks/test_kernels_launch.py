@@ -349,7 +349,7 @@ def test_carried_sections_fill_what_a_run_skipped_and_say_so(tmp_path):
                                 "--out", str(tmp_path / "out")]) == 0
     written = json.loads((tmp_path / "out/gpu_results.json").read_text())
     assert set(written["carried"]) == {"step", "softmax_decode"} and written["plots"] == ["gpu_train.png", "gpu_decode.png"]
-    assert "Carried from earlier runs" in (tmp_path / "out/gpu_results.md").read_text()
+    assert "Carried from other runs" in (tmp_path / "out/gpu_results.md").read_text()
     with pytest.raises(SystemExit, match="--carry-from: no such file"):
         carry_sections.main([str(tmp_path / "new.json"), "--carry-from", str(tmp_path / "nope.json"), "--out", "x"])
     (tmp_path / "bad.json").write_text("{")
