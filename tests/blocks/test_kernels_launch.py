@@ -320,6 +320,20 @@ def test_benchmark_plots_only_what_the_run_measured(tmp_path):
     assert (tmp_path / "gpu_train.png").stat().st_size > 0
 
 
+def test_benchmark_correctness_stops_starting_cases_at_the_deadline():
+    """``gpu_kernels.correctness(stop_at)``: past ``stop_at`` every case is recorded as skipped (no
+    kernel runs, so this needs no GPU) and the report says so; the compiled decode graphs run before
+    the check, so a capped call that runs out of time inside the check keeps them."""
+    gpu_kernels = _benchmark("gpu_kernels")
+    out = gpu_kernels.correctness(stop_at=1.0)  # 1970: long past
+    assert set(out) == {f"{f}/{d}" for f in gpu_kernels.LINEAR_FAMILIES for d in ("bfloat16", "float32")}
+    assert all(r == {"error": "skipped: past the run's --deadline"} for r in out.values())
+    md = "\n".join(gpu_kernels._md_check({"correctness": out}))
+    assert md.count("skipped: past the run's --deadline") == len(out)
+    order = gpu_kernels.SECTIONS
+    assert order.index("model_compiled") < order.index("correctness") and order[0] == "ceilings"
+
+
 def test_carried_sections_fill_what_a_run_skipped_and_say_so(tmp_path):
     """``benchmarks/carry_sections.py``: a run that skipped the step and decode sections (past its
     deadline) gets them from an earlier results file, named with that run's date in the report's
