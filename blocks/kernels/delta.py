@@ -1169,9 +1169,9 @@ def fwd_o(q, k, vn, gc, h, scale):
 def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_kept=None):
     """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32).
     ``w, u``: the forward's (``u`` only matters without ``h_kept``), ``h_kept`` its ``(h, vn)``;
-    what is missing is recomputed. With ``BWD_WALK_SEGMENTS`` > 1 the reverse state walk runs in
-    segments (from the last chunks) beside the kernels before and after it when it has few programs
-    (``overlap``); in one segment
+    what is missing is recomputed. In more than one segment (``BWD_WALK_SEGMENTS``, or
+    ``WALK_SEGMENTS`` when it is None) the reverse state walk runs in segments (from the last chunks)
+    beside the kernels before and after it when it has few programs (``overlap``); in one segment
     each buffer is allocated just before its first kernel and the transient ones freed after their
     last (host time before a launch is GPU idle time in a step from an idle GPU)."""
     B, T, H, K = q.shape
