@@ -134,10 +134,6 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         yield (f"{tag}.bwd_dh", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=dh_gated, USE_DHT=True,
                                                        STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
-        # DH_WALK_BV16 (32k): V block 16 at its own launch entry
-        yield (f"{tag}.bwd_dh_bv16", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(16, BV), USE_G=dh_gated, USE_DHT=True,
-                                                            STORE_DH0=True, DOT_PREC=prec),
-               *table(d.LAUNCH, "bwd_dh_bv16", s))
         # in segments at 16k (V block 64): the largest shared memory of the reverse walk's launches
         yield (f"{tag}.bwd_dh_bv64", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(64, BV), USE_G=dh_gated, USE_DHT=True,
                                                             STORE_DH0=True, DOT_PREC=prec),

@@ -80,8 +80,6 @@ LAUNCH = {
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
     "bwd_dh": dict(num_warps=4, num_stages=3),
-    # DH_WALK_BV16: 2 stages, 109 KB of shared memory (3: 163 KB), so two programs share an SM
-    "bwd_dh_bv16": dict(num_warps=4, num_stages=2),
     # the forward state walk at V block 64 (many (batch, head) pairs) and 32 (long sequences): 4 warps
     # at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at block 32 -6.6 / -4.6% (32k),
     # sweep 2026-12-01 03:14; the walks at 8 warps lost (H200 2026-12-02 04:09; again with two segments, block 64
@@ -170,12 +168,6 @@ WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 # the backward's buffers allocated as needed again (3 or 4 segments: +0.1..+1.9%; train_ab_1204_bwd_segments.md).
 # history: docs/benchmarks/kernel_decisions/delta.md#bwd_walk_segments
 BWD_WALK_SEGMENTS = 1
-# The reverse walk at V block 16 where ``walk_bv`` gives 32 (32k tokens in a 64k-token batch): with the
-# walk alone on the GPU (one segment) its chain is the backward's critical path, and at block 16 a step
-# is 499 instead of 712 SASS instructions with 5 instead of 9 barriers (sm_90, 2 / 3 stages), its 256
-# programs two per SM at 2 stages (``LAUNCH["bwd_dh_bv16"]``); each reads the chunk's q, k, w rows, twice the L2 reads.
-# Off until timed.
-DH_WALK_BV16 = False
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
 
@@ -306,7 +298,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "DH_WALK_BV16": (False, True), "SKIP_UPPER_BLOCKS": (False, True),
+            "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
             "HEADS_FASTEST": (False, True)}
 
@@ -1193,9 +1185,6 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
     BV = walk_bv(q, B * H, V)
-    dh_bv16 = DH_WALK_BV16 and BV == 32
-    if dh_bv16:
-        BV = 16
     segments = _segments(NT, _cdiv(V, BV) * B * H, q, backward=True)[::-1]  # walk order: the last chunks first
     one = len(segments) == 1
 
@@ -1211,7 +1200,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
             q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
-            DOT_PREC=prec, **(_launch(LAUNCH, "bwd_dh_bv16", q) if dh_bv16 else _launch(LAUNCH, "bwd_dh", q)))
+            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[_chunk_grid(c1 - c0, B, H, NK)](

@@ -486,25 +486,6 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 
 @interpreter
-@pytest.mark.parametrize("on", [False, True])
-def test_interpreter_delta_reverse_walk_at_value_block_16(on, monkeypatch):
-    """``DH_WALK_BV16``: where the walks' V block is 32 the reverse walk runs at 16 (twice the
-    programs, its own launch entry), the forward walk unchanged; results match the reference."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "DH_WALK_BV16", on)
-    fwd_spy, bwd_spy = _LaunchSpy(delta._fwd_h_kernel), _LaunchSpy(delta._bwd_dh_kernel)
-    monkeypatch.setattr(delta, "_fwd_h_kernel", fwd_spy)
-    monkeypatch.setattr(delta, "_bwd_dh_kernel", bwd_spy)
-    with checked_memory():
-        errs = run_case(chunk_kernel("gated_delta_rule"), "gated_delta_rule", (1, 70, 2, 16, 32), torch.float32,
-                        "random", True, "cpu")
-    assert max(errs.values()) < 2e-5, errs
-    assert {kw["BV"] for _, kw in fwd_spy.calls} == {32}  # off CUDA walk_bv gives V's power of 2
-    assert {kw["BV"] for _, kw in bwd_spy.calls} == {16 if on else 32}
-
-
-@interpreter
 @pytest.mark.parametrize("backward", [1, 2, None])
 def test_interpreter_delta_reverse_walk_takes_its_own_segment_count(backward, monkeypatch):
     """``BWD_WALK_SEGMENTS``: the reverse walk in that many segments (None: ``WALK_SEGMENTS``, as the
