@@ -782,7 +782,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
             b_do = b_do * scale
         if PREFETCH_DV:
             b_dv2 = b_dv + b_kdh
-        else:
+        else:  # loaded here, after the gate terms, as before PREFETCH_DV: the kept walk's code unchanged
             b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
         _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
