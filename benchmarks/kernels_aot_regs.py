@@ -132,13 +132,10 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                                    DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, HEADS_FASTEST=d.HEADS_FASTEST),
                *table(d.LAUNCH, "bwd_dv_local", s))
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
-        # the reverse walk's launches: V block 32 (32k), the same with DH_WALK_DEEP (do / dv through registers,
-        # the rows 4 chunks deep), and V block 64 (2k .. 16k: the largest shared memory of them)
-        for job, bv, prefetch, entry in (("bwd_dh", 32, False, "bwd_dh"), ("bwd_dh_deep", 32, True, "bwd_dh_deep"),
-                                         ("bwd_dh_bv64", 64, False, "bwd_dh")):
+        # the reverse walk's launches: V block 32 (32k) and 64 (2k .. 16k: the larger shared memory)
+        for job, bv in (("bwd_dh", 32), ("bwd_dh_bv64", 64)):
             yield (f"{tag}.{job}", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(bv, BV), USE_G=dh_gated, USE_DHT=True,
-                                                          STORE_DH0=True, DOT_PREC=prec, PREFETCH_DV=prefetch),
-                   *table(d.LAUNCH, entry, s))
+                                                          STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), USE_G=use_g,
                                                              DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
                                                              DS_UNMASKED=d.DQKWG_DS_UNMASKED, HEADS_FASTEST=d.HEADS_FASTEST),

@@ -80,8 +80,6 @@ LAUNCH = {
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
     "bwd_dh": dict(num_warps=4, num_stages=3),
-    # DH_WALK_DEEP: the [BT, K] rows four chunks deep, do / dv through registers
-    "bwd_dh_deep": dict(num_warps=4, num_stages=4),
     # the forward state walk at V block 64 (many (batch, head) pairs) and 32 (long sequences): 4 warps
     # at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at block 32 -6.6 / -4.6% (32k),
     # sweep 2026-12-01 03:14; the walks at 8 warps lost (H200 2026-12-02 04:09; again with two segments, block 64
@@ -147,6 +145,10 @@ UNGATED_DH_ZERO_GATE = True
 # (delta_rule), +9.3 / +5.8% (gated). history (and the walk in transition form, screened and not
 # built): docs/benchmarks/kernel_decisions/delta.md#walk_min_per_sm
 WALK_MIN_PER_SM = 0.5
+# The forward walk's own ``min_per_sm`` (None: WALK_MIN_PER_SM). In segments its programs share the GPU with
+# the WY and output kernels, while the reverse walk (one segment) runs alone: at 32k, block 64 (64
+# programs) leaves 68 SMs to the kernels beside the forward walk. Off (None) until timed.
+FWD_WALK_MIN_PER_SM = None
 
 
 # The state walks in segments of chunks on a high-priority stream, the per-chunk kernels before
@@ -170,12 +172,6 @@ WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 # the backward's buffers allocated as needed again (3 or 4 segments: +0.1..+1.9%; train_ab_1204_bwd_segments.md).
 # history: docs/benchmarks/kernel_decisions/delta.md#bwd_walk_segments
 BWD_WALK_SEGMENTS = 1
-# The reverse walk where the walks take V block 32 (32k tokens in a 64k-token batch) with its ``do`` /
-# ``dv`` tiles prefetched into registers (``PREFETCH_DV``) and its q / k / w rows staged 4 chunks deep
-# (``LAUNCH["bwd_dh_deep"]``; 3 at 56 KB a stage is all that fits through shared memory otherwise). Alone
-# on the GPU (one segment) the walk is bound by its loads' lead: at 2 stages instead of 3 the whole step took
-# 7.5-8.0% longer at 32k (H200 2026-12-04 17:25, train_ab_1204_dh_bv16.md). Off until timed.
-DH_WALK_DEEP = False
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
 
@@ -189,6 +185,14 @@ def _dqkwg_launch(use_g: bool, x: torch.Tensor) -> dict:
 def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
     """V block of the delta walks (``tiles.walk_bv`` at ``WALK_MIN_PER_SM``)."""
     return _tiles_walk_bv(x, chains, V, min_per_sm=WALK_MIN_PER_SM)
+
+
+def fwd_walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
+    """V block of the forward walk: ``walk_bv``'s (which tests and sweeps replace to force both walks'
+    block), or ``tiles.walk_bv`` at ``FWD_WALK_MIN_PER_SM`` where that is set."""
+    if FWD_WALK_MIN_PER_SM is None:
+        return walk_bv(x, chains, V)
+    return _tiles_walk_bv(x, chains, V, min_per_sm=FWD_WALK_MIN_PER_SM)
 
 
 # Removed after losing (H200 sweeps 2026-12-01 03:04 and 05:40): ``FUSED_FWD_O`` and ``FUSED_DV_LOCAL``
@@ -306,7 +310,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_TF32_MERGES": (False, True),
             "PAIR_DECAY_FACTORED": (False, True), "DQKWG_DG_FROM_ROWS": (False, True), "KKT_CUMSUM": (False, True),
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
-            "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "DH_WALK_DEEP": (False, True), "SKIP_UPPER_BLOCKS": (False, True),
+            "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
             "HEADS_FASTEST": (False, True)}
 
@@ -734,14 +738,12 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr, PREFETCH_DV: tl.constexpr = False):
+                   DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (the
     gradient of the state after chunk ``C1 - 1``) to ``dh0`` (before chunk ``C0``; it may be
     ``dht``'s buffer). ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``PREFETCH_DV``: the [BT, BV] ``do`` and ``dv``
-    tiles loaded one chunk ahead into registers instead of through the loop's shared-memory
-    pipeline, which then stages only the [BT, K] rows (``DH_WALK_DEEP``)."""
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -755,9 +757,6 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    if PREFETCH_DV:
-        b_do_next = _load_rows(do, i_b, i_h, (C1 - 1) * BT, T, H, V, i_v * BV, BT, BV)
-        b_dv_next = _load_rows(dv, i_b, i_h, (C1 - 1) * BT, T, H, V, i_v * BV, BT, BV)
     for i_r in range(C1 - C0):
         i_t = C1 - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
@@ -765,14 +764,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
         # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
-        if PREFETCH_DV:
-            b_do = b_do_next.to(tl.float32)
-            b_dv = b_dv_next.to(tl.float32)
-            i_n = tl.maximum(i_t - 1, C0)  # the last step reloads its own chunk: in bounds, unused
-            b_do_next = _load_rows(do, i_b, i_h, i_n * BT, T, H, V, i_v * BV, BT, BV)
-            b_dv_next = _load_rows(dv, i_b, i_h, i_n * BT, T, H, V, i_v * BV, BT, BV)
-        else:
-            b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
             b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
@@ -780,10 +772,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
             b_dh *= tl.exp(g_last)
         else:
             b_do = b_do * scale
-        if PREFETCH_DV:
-            b_dv2 = b_dv + b_kdh
-        else:  # loaded here, after the gate terms, as before PREFETCH_DV: the kept walk's code unchanged
-            b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
+        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
         _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
@@ -1129,7 +1118,7 @@ def fwd_h(k, w, u, gc, h0, output_final_state):
     """``(h, vn, ht | None)`` from one walk over every chunk (the backward's recomputation)."""
     B, T, H, K = k.shape
     h, vn, ht = _walk_buffers(k, u, output_final_state)
-    BV = walk_bv(k, B * H, u.shape[-1])  # the sequential walk: grid (V/BV, B*H), full K per program
+    BV = fwd_walk_bv(k, B * H, u.shape[-1])  # the sequential walk: grid (V/BV, B*H), full K per program
     _fwd_h_walk(k, w, u, gc, h, vn, h0, ht, BV, 0, h.shape[1])
     return h, vn, ht
 
@@ -1154,7 +1143,7 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
-    BV = walk_bv(k, B * H, V)
+    BV = fwd_walk_bv(k, B * H, V)
     segments = _segments(NT, _cdiv(V, BV) * B * H, k)
     if len(segments) == 1:
         # the walk's and the output's buffers allocated after the WY kernels are launched (as
@@ -1208,7 +1197,6 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
     BV = walk_bv(q, B * H, V)
-    deep = DH_WALK_DEEP and BV == 32
     segments = _segments(NT, _cdiv(V, BV) * B * H, q, backward=True)[::-1]  # walk order: the last chunks first
     one = len(segments) == 1
 
@@ -1224,8 +1212,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
             q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
-            DOT_PREC=prec, PREFETCH_DV=deep,
-            **(_launch(LAUNCH, "bwd_dh_deep", q) if deep else _launch(LAUNCH, "bwd_dh", q)))
+            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[_chunk_grid(c1 - c0, B, H, NK)](

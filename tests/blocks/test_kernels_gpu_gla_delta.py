@@ -486,26 +486,6 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 
 @interpreter
-@pytest.mark.parametrize("on", [False, True])
-@pytest.mark.parametrize("T", [70, 300])
-def test_interpreter_delta_reverse_walk_prefetches_do_dv_where_deep(on, T, monkeypatch):
-    """``DH_WALK_DEEP``: where the walks' V block is 32 the reverse walk takes ``do`` / ``dv`` one chunk
-    ahead through registers (``PREFETCH_DV``; its own launch entry), over 2 and 5 chunks, with the same
-    results as the reference (the last step's in-bounds reload unused)."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "DH_WALK_DEEP", on)
-    spy = _LaunchSpy(delta._bwd_dh_kernel)
-    monkeypatch.setattr(delta, "_bwd_dh_kernel", spy)
-    with checked_memory():
-        errs = run_case(chunk_kernel("gated_delta_rule"), "gated_delta_rule", (1, T, 2, 16, 32), torch.float32,
-                        "random", True, "cpu")
-    assert max(errs.values()) < 2e-5, errs
-    # off CUDA walk_bv gives V's power of 2: 32 here
-    assert [(kw["BV"], kw["PREFETCH_DV"]) for _, kw in spy.calls] == [(32, on)]
-
-
-@interpreter
 @pytest.mark.parametrize("backward", [1, 2, None])
 def test_interpreter_delta_reverse_walk_takes_its_own_segment_count(backward, monkeypatch):
     """``BWD_WALK_SEGMENTS``: the reverse walk in that many segments (None: ``WALK_SEGMENTS``, as the
