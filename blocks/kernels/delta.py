@@ -84,7 +84,11 @@ LAUNCH = {
     # at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at block 32 -6.6 / -4.6% (32k),
     # sweep 2026-12-01 03:14; the walks at 8 warps lost (H200 2026-12-02 04:09; again with two segments, block 64
     # or 32, +1..+13%, and at 2 warps +4..+19% at 32k: 2026-12-04 16:28 / 16:34, train_ab_1204_walk_warps*.md)
-    "fwd_h": dict(num_warps=4, num_stages=None),
+    # block 64 at 3 stages (it had the dtype's 2): per step queued at 2k / 4k / 8k / 16k gated 0.0 / 0.0 / -0.3 /
+    # -0.6%, delta_rule -0.5 / +0.1 / -0.5 / -1.1% (H200 2026-12-04 18:22), at 8k / 16k -0.3 / -0.7% and
+    # -0.5 / -1.3% (18:21; train_ab_1204_fwd_h_stages{,_2}.md): where a program has an SM to itself the walk is
+    # bound by its loads' lead, as the reverse walk (its 2 stages: +8%); 4 stages a tie with 3
+    "fwd_h": dict(num_warps=4, num_stages=3),
     "fwd_h_bv32": dict(num_warps=4, num_stages=3),
     # (the ungated bwd_dqkwg at 2 stages lost +1.7 / +2.5 / +4.3 / +3.6% per step at 1k / 2k / 8k /
     # 32k: H200 2026-12-02 05:36, docs/benchmarks/train_ab_1202_epilogue.md)
@@ -145,10 +149,6 @@ UNGATED_DH_ZERO_GATE = True
 # (delta_rule), +9.3 / +5.8% (gated). history (and the walk in transition form, screened and not
 # built): docs/benchmarks/kernel_decisions/delta.md#walk_min_per_sm
 WALK_MIN_PER_SM = 0.5
-# The forward walk's own ``min_per_sm`` (None: WALK_MIN_PER_SM). In segments its programs share the GPU with
-# the WY and output kernels, while the reverse walk (one segment) runs alone: at 32k, block 64 (64
-# programs) leaves 68 SMs to the kernels beside the forward walk. Off (None) until timed.
-FWD_WALK_MIN_PER_SM = None
 
 
 # The state walks in segments of chunks on a high-priority stream, the per-chunk kernels before
@@ -185,14 +185,6 @@ def _dqkwg_launch(use_g: bool, x: torch.Tensor) -> dict:
 def walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
     """V block of the delta walks (``tiles.walk_bv`` at ``WALK_MIN_PER_SM``)."""
     return _tiles_walk_bv(x, chains, V, min_per_sm=WALK_MIN_PER_SM)
-
-
-def fwd_walk_bv(x: torch.Tensor, chains: int, V: int) -> int:
-    """V block of the forward walk: ``walk_bv``'s (which tests and sweeps replace to force both walks'
-    block), or ``tiles.walk_bv`` at ``FWD_WALK_MIN_PER_SM`` where that is set."""
-    if FWD_WALK_MIN_PER_SM is None:
-        return walk_bv(x, chains, V)
-    return _tiles_walk_bv(x, chains, V, min_per_sm=FWD_WALK_MIN_PER_SM)
 
 
 # Removed after losing (H200 sweeps 2026-12-01 03:04 and 05:40): ``FUSED_FWD_O`` and ``FUSED_DV_LOCAL``
@@ -1118,7 +1110,7 @@ def fwd_h(k, w, u, gc, h0, output_final_state):
     """``(h, vn, ht | None)`` from one walk over every chunk (the backward's recomputation)."""
     B, T, H, K = k.shape
     h, vn, ht = _walk_buffers(k, u, output_final_state)
-    BV = fwd_walk_bv(k, B * H, u.shape[-1])  # the sequential walk: grid (V/BV, B*H), full K per program
+    BV = walk_bv(k, B * H, u.shape[-1])  # the sequential walk: grid (V/BV, B*H), full K per program
     _fwd_h_walk(k, w, u, gc, h, vn, h0, ht, BV, 0, h.shape[1])
     return h, vn, ht
 
@@ -1143,7 +1135,7 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = _cdiv(T, BT)
-    BV = fwd_walk_bv(k, B * H, V)
+    BV = walk_bv(k, B * H, V)
     segments = _segments(NT, _cdiv(V, BV) * B * H, k)
     if len(segments) == 1:
         # the walk's and the output's buffers allocated after the WY kernels are launched (as
