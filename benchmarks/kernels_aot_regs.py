@@ -246,6 +246,10 @@ def divisibility_hints(fn, sig: dict[str, str]) -> set[str]:
 def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int,
                 maxnreg: int | None = None):
     names = fn.arg_names
+    # a constexpr parameter with a default (one a new switch adds as ``NAME: tl.constexpr = False``) takes it
+    # unless given, as a launch that leaves it out does: callers list only the constexprs they set
+    defaults = {p.name: p.default for p in getattr(fn, "params", ()) if p.is_constexpr and p.has_default}
+    constexprs = {**{n: v for n, v in defaults.items() if n not in constexprs}, **constexprs}
     sig = {n: ("constexpr" if n in constexprs else types[n]) for n in names}
     hinted = divisibility_hints(fn, sig)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in hinted}

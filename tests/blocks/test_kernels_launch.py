@@ -581,6 +581,30 @@ print(*aot.pipelining(k), aot.resources(k)["REG"])
     assert int(copies) > 0 and int(carried) > 1 and int(regs) > 0, out
 
 
+def test_aot_tool_fills_constexprs_left_at_their_defaults(tmp_path):
+    """``kernels_aot_regs.compile_one`` takes a defaulted constexpr's default when the job does not
+    list it (a switch added as ``NAME: tl.constexpr = False`` once broke every job of its kernel), and
+    a listed value still wins. In a subprocess without ``TRITON_INTERPRET``."""
+    (tmp_path / "defaulted_kernel.py").write_text(
+        "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        "def scale_kernel(x, BLOCK: tl.constexpr, TRIPLE: tl.constexpr = False):\n"
+        "    o = tl.arange(0, BLOCK)\n"
+        "    v = tl.load(x + o)\n"
+        "    tl.store(x + o, v * 3.0 if TRIPLE else v + 1.0)\n")
+    code = f"""
+import sys
+sys.path.insert(0, {str(tmp_path)!r})
+import kernels_aot_regs as aot
+from defaulted_kernel import scale_kernel
+types = {{"x": "*fp32"}}
+plain = aot.compile_one(scale_kernel, types, dict(BLOCK=128), 4, 1, 90)
+tripled = aot.compile_one(scale_kernel, types, dict(BLOCK=128, TRIPLE=True), 4, 1, 90)
+print("mul.f32" in tripled.asm["ptx"], "add.f32" in plain.asm["ptx"] and "mul.f32" not in plain.asm["ptx"])
+"""
+    out = run_python(code, {"TRITON_INTERPRET": None})
+    assert out.split() == ["True", "True"], out
+
+
 def test_aot_tool_loops_leave_out_the_retry_paths_of_barrier_waits():
     """``kernels_aot_regs.sass_loops`` (``--loops``): a loop's body once, and a barrier wait's
     out-of-line retry path (after the kernel's body, branching back into the loop: as ptxas lays
