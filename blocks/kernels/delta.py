@@ -86,8 +86,9 @@ LAUNCH = {
     # or 32, +1..+13%, and at 2 warps +4..+19% at 32k: 2026-12-04 16:28 / 16:34, train_ab_1204_walk_warps*.md)
     # block 64 at 3 stages (it had the dtype's 2): per step queued at 2k / 4k / 8k / 16k gated 0.0 / 0.0 / -0.3 /
     # -0.6%, delta_rule -0.5 / +0.1 / -0.5 / -1.1% (H200 2026-12-04 18:22), at 8k / 16k -0.3 / -0.7% and
-    # -0.5 / -1.3% (18:21; train_ab_1204_fwd_h_stages{,_2}.md): where a program has an SM to itself the walk is
-    # bound by its loads' lead, as the reverse walk (its 2 stages: +8%); 4 stages a tie with 3
+    # -0.5 / -1.3% (18:21; train_ab_1204_fwd_h_stages{,_2,_short}.md; 512 / 1k within -0.4..+0.3%): where a
+    # program has an SM to itself the walk is bound by its loads' lead, as the reverse walk (its 2 stages: +8%);
+    # 4 stages a tie with 3
     "fwd_h": dict(num_warps=4, num_stages=3),
     "fwd_h_bv32": dict(num_warps=4, num_stages=3),
     # (the ungated bwd_dqkwg at 2 stages lost +1.7 / +2.5 / +4.3 / +3.6% per step at 1k / 2k / 8k /
