@@ -14,7 +14,8 @@ kernel module: an upper-case setting, switch or not (a Python literal, e.g. ``WA
 ``WALK_OVERLAP_BELOW_PER_SM=1000.0``), ``walk_bv=N`` (the family module's walks at V block N) or
 ``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N`` / ``LAUNCH.entry.maxnreg=N`` (a cap on registers
 per thread, ptxas ``.maxnreg``; ``None`` removes an entry's cap or takes the stages from the dtype). ``--host-profile`` also writes a
-cProfile of the first variant's step launches per family and length. Prints a markdown table (ms per step
+cProfile of the first variant's step launches per family and length; ``--graph`` also times each
+variant's step replayed from a CUDA graph (what the queued steps would take without the host). Prints a markdown table (ms per step
 synced and queued, Mtok/s, the host's time to launch one step, the SM clock after the queued steps, ratios to the first
 variant synced and queued) and writes ``train_ab.{json,md}``.
 """
@@ -34,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 import torch  # noqa: E402
 
 from gpu_common import (  # noqa: E402
-    TOKENS, checked_families, checked_lengths, cuda_time, gpu_state, host_seconds, keep_gpu_busy, write_report,
+    TOKENS, checked_families, checked_lengths, cuda_time, gpu_state, graph_time, host_seconds, keep_gpu_busy,
+    write_report,
 )
 
 
@@ -108,8 +110,11 @@ def host_profile(run, steps: int = 20, top: int = 25, busy=None) -> str:
     return text.getvalue()
 
 
-def time_length(family: str, T: int, variants: list[str], rounds: int, profile_dir: Path | None = None) -> list[dict]:
-    """One row per variant: median ms per step over ``rounds`` round-robin passes, synced and queued."""
+def time_length(family: str, T: int, variants: list[str], rounds: int, profile_dir: Path | None = None,
+                graph: bool = False) -> list[dict]:
+    """One row per variant: median ms per step over ``rounds`` round-robin passes, synced and queued;
+    with ``graph`` also the step captured in a CUDA graph and replayed (``graph_time``: no host time at
+    all, so queued - graph is what the host's launches still cost the queued steps)."""
     from kernel_launch_sweep import step
 
     run = step(family, T)  # the registered kernel's fwd + bwd on the sweep's inputs
@@ -121,9 +126,10 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
             torch.cuda.synchronize()
         profile_dir.mkdir(parents=True, exist_ok=True)
         (profile_dir / f"host_profile_{family}_{T}.txt").write_text(text)
-    times: dict[str, dict[str, list[float]]] = {v: {"synced": [], "queued": [], "host": [], "sm_mhz": []}
-                                                for v in variants}
+    times: dict[str, dict[str, list[float]]] = {v: {"synced": [], "queued": [], "host": [], "sm_mhz": [],
+                                                    "graph": []} for v in variants}
     errors: dict[str, str] = {}
+    graph_errors: dict[str, str] = {}
     for _ in range(rounds):
         for v in variants:
             if v in errors:
@@ -135,6 +141,11 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
                     state = gpu_state()  # right after the queued steps
                     times[v]["sm_mhz"] += [state["sm_mhz"]] if state else []
                     times[v]["host"].append(host_seconds(run, reps=5) * 1e3)
+                    if graph and v not in graph_errors:
+                        try:
+                            times[v]["graph"].append(graph_time(run, steps=2, reps=5) * 1e3)
+                        except Exception as exc:  # noqa: BLE001 - the row keeps its other columns
+                            graph_errors[v] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             except Exception as exc:  # noqa: BLE001 - reported in the variant's row, the others go on
                 errors[v] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     rows = []
@@ -147,28 +158,39 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
                      "host_ms": statistics.median(times[v]["host"]),
                      "mtok_s": TOKENS / ms / 1e3, "queued_mtok_s": TOKENS / qms / 1e3,
                      "passes_ms": times[v]["synced"],
-                     "sm_mhz": statistics.median(times[v]["sm_mhz"]) if times[v]["sm_mhz"] else None})
+                     "sm_mhz": statistics.median(times[v]["sm_mhz"]) if times[v]["sm_mhz"] else None,
+                     **({"graph_ms": statistics.median(times[v]["graph"])} if times[v]["graph"] else {}),
+                     **({"graph_error": graph_errors[v]} if v in graph_errors else {})})
     return rows
 
 
 def table(rows: list[dict]) -> str:
     """The report's table; the last two columns are each variant's ms over the first variant's at
     the same family and length, synced and queued (read queued ratios from the second), and ``SM
-    MHz`` the median SM clock right after its queued steps (NVML; ``-`` without it)."""
+    MHz`` the median SM clock right after its queued steps (NVML; ``-`` without it). Rows timed with
+    ``--graph`` add ``ms graph`` (the step replayed from a CUDA graph) and queued over graph."""
+    graphed = any("graph_ms" in r or "graph_error" in r for r in rows)
+    extra_head = " ms graph | queued / graph |" if graphed else ""
     out = ["| family | T | variant | ms synced | Mtok/s | ms queued | Mtok/s queued | host ms | SM MHz | "
-           "vs first (synced) | vs first (queued) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "vs first (synced) | vs first (queued) |" + extra_head,
+           "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if graphed else "")]
     base: dict[tuple, tuple[float, float]] = {}
     for r in rows:
         key = (r["family"], r["T"])
         if "error" in r:
-            out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['error']} ||||||||")
+            out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['error']} ||||||||" + ("||" if graphed else ""))
             continue
         ms0, qms0 = base.setdefault(key, (r["ms"], r["queued_ms"]))
         clock = f"{r['sm_mhz']:.0f}" if r.get("sm_mhz") else "-"
-        out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['ms']:.3f} | {r['mtok_s']:.2f} | "
-                   f"{r['queued_ms']:.3f} | {r['queued_mtok_s']:.2f} | {r['host_ms']:.3f} | {clock} | "
-                   f"{r['ms'] / ms0:.3f} | {r['queued_ms'] / qms0:.3f} |")
+        line = (f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['ms']:.3f} | {r['mtok_s']:.2f} | "
+                f"{r['queued_ms']:.3f} | {r['queued_mtok_s']:.2f} | {r['host_ms']:.3f} | {clock} | "
+                f"{r['ms'] / ms0:.3f} | {r['queued_ms'] / qms0:.3f} |")
+        if graphed:
+            if "graph_ms" in r:
+                line += f" {r['graph_ms']:.3f} | {r['queued_ms'] / r['graph_ms']:.3f} |"
+            else:
+                line += f" {r.get('graph_error', '-')} | - |"
+        out.append(line)
     return "\n".join(out)
 
 
@@ -182,6 +204,9 @@ def main(argv=None) -> int:
     ap.add_argument("--host-profile", action="store_true",
                     help="also write host_profile_<family>_<T>.txt to --out: cProfile of 20 launches of the "
                          "first variant's step, the GPU kept busy")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time each variant's step captured in a CUDA graph (no host time): the column "
+                         "'ms graph' and queued / graph")
     a = ap.parse_args(argv)
     families = checked_families(ap, a.families)
     lengths = checked_lengths(ap, a.lengths)
@@ -204,7 +229,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     for family in families:
         for T in lengths:
-            rows += time_length(family, T, variants, a.rounds, Path(a.out) if a.host_profile else None)
+            rows += time_length(family, T, variants, a.rounds, Path(a.out) if a.host_profile else None, a.graph)
             print(table([r for r in rows if r["family"] == family and r["T"] == T]).split("\n", 2)[-1], flush=True)
     write_report("train_ab", "Training-step A/B", table(rows), rows, a.out, argv, extra=f", {time.time() - t0:.0f} s")
     return 0

@@ -1541,6 +1541,22 @@ def test_train_ab_table_gives_synced_and_queued_ratios_and_the_clock():
     assert "CompilationError: boom" in lines[4] and lines[4].count("|") == lines[0].count("|")
 
 
+def test_train_ab_table_adds_the_graph_columns_only_when_a_row_has_them():
+    """``train_ab.table`` with ``--graph`` rows: ``ms graph`` and queued over graph per row, a failed
+    capture's error in its cell; tables without graph timings keep their columns."""
+    ab = _benchmark("train_ab")
+    base = {"family": "gated_delta_rule", "T": 32768, "ms": 4.8, "queued_ms": 4.5, "mtok_s": 1.0,
+            "queued_mtok_s": 1.0, "host_ms": 2.0, "sm_mhz": 1980.0}
+    rows = [dict(base, variant="-", graph_ms=4.2), dict(base, variant="A=1", graph_error="RuntimeError: capture")]
+    rows.append({"family": "gated_delta_rule", "T": 32768, "variant": "B=2", "error": "CompilationError: boom"})
+    lines = ab.table(rows).splitlines()
+    assert lines[0].endswith("| vs first (queued) | ms graph | queued / graph |")
+    assert lines[2].endswith("| 1.000 | 1.000 | 4.200 | 1.071 |")
+    assert lines[3].endswith("| RuntimeError: capture | - |")
+    assert all(line.count("|") == lines[0].count("|") for line in lines[2:])
+    assert "graph" not in ab.table([dict(base, variant="-")])
+
+
 def test_train_ab_host_profile_names_where_the_host_time_goes():
     """``train_ab.host_profile``: a cProfile of repeated launches, sorted by own time; here of a
     function that spends its time in a named helper. ``--host-profile`` needs ``--out``."""
