@@ -2,7 +2,8 @@
 (bf16, 16 heads of 128, 64k tokens per batch), from a ``torch.profiler`` trace.
 
     python benchmarks/step_gaps.py [--families delta_rule,gated_delta_rule] [--lengths 2048,32768]
-                                   [--steps 5] [--min-gap-us 2] [--out DIR]
+                                   [--steps 5] [--min-gap-us 2] [--timeline] [--out DIR]
+    python benchmarks/step_gaps.py --from-traces DIR [--timeline]   # no GPU: from --traces files
 
 Each step runs between two ``torch.cuda.synchronize()`` calls, as ``gpu_common.cuda_time`` times a
 "synced" step. From the trace (CUDA activity only: the runtime / driver calls and the kernels,
@@ -14,7 +15,9 @@ latency or stream waits with the launch already queued), and the kernels that fo
 largest waits (every idle interval counts in the sums; ``--min-gap-us`` only limits the list, and
 copies and memsets are not kernels, so they count as idle). The steps' wall time is also timed with CUDA events outside the profiler
 (``cuda_time``, synced and queued) to show what the profiler itself adds.
-Prints a markdown table; ``--out`` also gets ``step_gaps.{json,md}``.
+``--timeline`` adds, per case, the median-wall step's kernels in start order with their stream,
+start and end (what ran beside what, e.g. the walks' segments on their own stream, and how long each
+took there). Prints markdown; ``--out`` also gets ``step_gaps.{json,md}``.
 """
 from __future__ import annotations
 
@@ -53,6 +56,49 @@ def step_windows(events: list[dict]) -> list[tuple[float, float]]:
     return [(t0, t1) for t0, t1 in windows if bisect.bisect_left(starts, t0) < bisect.bisect_right(starts, t1)]
 
 
+def _step_kernels(events: list[dict], window: tuple[float, float]) -> tuple[dict, list[dict]]:
+    """``({correlation id: launch call}, [kernel events in start order])`` of the kernels launched inside
+    the host ``window``; ValueError where there is none."""
+    t0, t1 = window
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in LAUNCH_CATS and _is_launch(e.get("name", ""))
+                and t0 <= e["ts"] <= t1 and "correlation" in e.get("args", {})}
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"
+                      and e.get("args", {}).get("correlation") in launches), key=lambda e: e["ts"])
+    if not kernels:
+        n_kernels = sum(e.get("cat") == "kernel" for e in events)
+        raise ValueError(f"no kernel launched inside the step's window ({len(launches)} launch calls there, "
+                         f"{n_kernels} kernels in the trace: was CUDA activity traced?)")
+    return launches, kernels
+
+
+def timeline(events: list[dict]) -> list[dict]:
+    """The kernels of the step whose wall time is the median (as ``summarize`` picks it), in start
+    order: ``{"kernel", "stream", "start_us", "end_us", "grid"}``, times from that step's first kernel's
+    start. Shows what ran beside what (the walks' segments on their own stream) and for how long, which
+    the per-kernel sums of ``kernel_breakdown`` cannot."""
+    windows = step_windows(events)
+    if not windows:
+        raise ValueError("no step (launches between two synchronizes) in the trace")
+    walls = [step_gaps(events, w)["wall_us"] for w in windows]
+    window = sorted(zip(walls, windows))[len(windows) // 2][1]
+    _, kernels = _step_kernels(events, window)
+    first = kernels[0]["ts"]
+    return [{"kernel": k.get("name", "?")[:80], "stream": k.get("args", {}).get("stream"),
+             "start_us": round(k["ts"] - first, 1), "end_us": round(k["ts"] + k.get("dur", 0.0) - first, 1),
+             "grid": k.get("args", {}).get("grid")} for k in kernels]
+
+
+def timeline_table(family: str, T, rows: list[dict]) -> str:
+    """``timeline``'s rows as a markdown section."""
+    out = [f"### {family}, T = {T}: the median-wall step's kernels (us from its first kernel's start)", "",
+           "| kernel | stream | start | end | us | grid |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['kernel'].strip('_')} | {r['stream']} | {r['start_us']:.1f} | {r['end_us']:.1f} | "
+                   f"{r['end_us'] - r['start_us']:.1f} | {r['grid']} |")
+    return "\n".join(out)
+
+
 def step_gaps(events: list[dict], window: tuple[float, float], min_gap_us: float = 2.0, top: int = 5) -> dict:
     """One step's GPU timeline from chrome-trace ``events`` (kineto's: ``ts`` / ``dur`` in us on one
     clock for host calls and kernels, ``args.correlation`` linking a kernel to its launch call).
@@ -65,16 +111,8 @@ def step_gaps(events: list[dict], window: tuple[float, float], min_gap_us: float
     ``busy_us`` the union of kernel intervals, gaps of at least ``min_gap_us`` between them
     (``top`` largest listed), "host" when the launch of the kernel after the gap returned after the
     GPU had gone idle."""
-    t0, t1 = window
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") in LAUNCH_CATS and _is_launch(e.get("name", ""))
-                and t0 <= e["ts"] <= t1 and "correlation" in e.get("args", {})}
-    kernels = sorted((e for e in events if e.get("cat") == "kernel"
-                      and e.get("args", {}).get("correlation") in launches), key=lambda e: e["ts"])
-    if not kernels:
-        n_kernels = sum(e.get("cat") == "kernel" for e in events)
-        raise ValueError(f"no kernel launched inside the step's window ({len(launches)} launch calls there, "
-                         f"{n_kernels} kernels in the trace: was CUDA activity traced?)")
+    t0, _ = window
+    launches, kernels = _step_kernels(events, window)
     calls = sorted(launches.values(), key=lambda e: e["ts"])
     spacing = [b["ts"] - a["ts"] for a, b in zip(calls, calls[1:])]
     busy = 0.0
@@ -137,7 +175,8 @@ def profile_steps(run, steps: int, cpu_ops: bool = False) -> list[dict]:
         return json.loads(path.read_text())["traceEvents"]
 
 
-def measure(family: str, T: int, steps: int, min_gap_us: float, trace_dir: Path | None = None) -> dict:
+def measure(family: str, T: int, steps: int, min_gap_us: float, trace_dir: Path | None = None,
+            with_timeline: bool = False) -> dict:
     from kernel_launch_sweep import step
 
     run = step(family, T)  # the registered kernel's fwd + bwd on the sweep's inputs
@@ -160,7 +199,8 @@ def measure(family: str, T: int, steps: int, min_gap_us: float, trace_dir: Path 
         raise RuntimeError(f"found {len(windows)} windows with launches between synchronizes for {steps} steps")
     per_step = [step_gaps(events, w, min_gap_us) for w in windows]
     return {"family": family, "T": T, "synced_ms": synced * 1e3, "queued_ms": queued * 1e3,
-            "cpu_ops_traced": cpu_ops, **summarize(per_step)}
+            "cpu_ops_traced": cpu_ops, **summarize(per_step),
+            **({"timeline": timeline(events)} if with_timeline else {})}
 
 
 def table(rows: list[dict]) -> str:
@@ -183,9 +223,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def from_traces(folder: Path, min_gap_us: float) -> list[dict]:
+def report_body(rows: list[dict]) -> str:
+    """The table, then each row's ``timeline`` section where it has one."""
+    sections = [timeline_table(r["family"], r["T"], r["timeline"]) for r in rows if r.get("timeline")]
+    return "\n\n".join([table(rows)] + sections)
+
+
+def from_traces(folder: Path, min_gap_us: float, with_timeline: bool = False) -> list[dict]:
     """Rows of every ``trace_<family>_<T>.json.gz`` in ``folder`` (written by ``--traces``): the
-    same figures, without the event timings, and no GPU needed."""
+    same figures, without the event timings, and no GPU needed; ``with_timeline``: each row's
+    ``timeline`` too."""
     rows = []
     for path in sorted(folder.glob("trace_*_*.json.gz")):
         family, _, T = path.name[len("trace_"):-len(".json.gz")].rpartition("_")
@@ -193,7 +240,8 @@ def from_traces(folder: Path, min_gap_us: float) -> list[dict]:
             events = json.load(f)["traceEvents"]
         try:
             per_step = [step_gaps(events, w, min_gap_us) for w in step_windows(events)]
-            rows.append({"family": family, "T": int(T), **summarize(per_step)})
+            rows.append({"family": family, "T": int(T), **summarize(per_step),
+                         **({"timeline": timeline(events)} if with_timeline else {})})
         except (ValueError, statistics.StatisticsError) as exc:
             rows.append({"family": family, "T": T, "error": f"{path.name}: {exc}"[:200]})
     return rows
@@ -210,14 +258,16 @@ def main(argv=None) -> int:
                     help="also write each case's trace to --out as trace_<family>_<T>.json.gz (chrome://tracing, Perfetto)")
     ap.add_argument("--from-traces", default="", metavar="DIR",
                     help="no GPU: the table from the trace_<family>_<T>.json.gz files in DIR (--families, --lengths ignored)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also print the median-wall step's kernels of each case in start order (stream, start, end)")
     a = ap.parse_args(argv)
     if a.min_gap_us < 0:
         ap.error("--min-gap-us: must not be negative")
     if a.from_traces:
-        rows = from_traces(Path(a.from_traces), a.min_gap_us)
+        rows = from_traces(Path(a.from_traces), a.min_gap_us, a.timeline)
         if not rows:
             ap.error(f"--from-traces: no trace_<family>_<T>.json.gz in {a.from_traces}")
-        print(table(rows))
+        print(report_body(rows))
         return 0
     families = checked_families(ap, a.families)
     lengths = checked_lengths(ap, a.lengths, whole_batches=True)
@@ -232,11 +282,12 @@ def main(argv=None) -> int:
     for family in families:
         for T in lengths:
             try:
-                rows.append(measure(family, T, a.steps, a.min_gap_us, Path(a.out) if a.traces else None))
+                rows.append(measure(family, T, a.steps, a.min_gap_us, Path(a.out) if a.traces else None,
+                                    a.timeline))
             except Exception as exc:  # noqa: BLE001 - reported in its row, the other rows go on
                 rows.append({"family": family, "T": T, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
             print(table(rows[-1:]).split("\n", 2)[-1], flush=True)
-    write_report("step_gaps", "GPU idle time in synced training steps", table(rows), rows, a.out, argv)
+    write_report("step_gaps", "GPU idle time in synced training steps", report_body(rows), rows, a.out, argv)
     return 0
 
 

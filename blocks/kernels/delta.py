@@ -173,11 +173,6 @@ WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 # the backward's buffers allocated as needed again (3 or 4 segments: +0.1..+1.9%; train_ab_1204_bwd_segments.md).
 # history: docs/benchmarks/kernel_decisions/delta.md#bwd_walk_segments
 BWD_WALK_SEGMENTS = 1
-# With the reverse walk in more than one segment: the kernels after it (``bwd_dqkwg``, ``wy_bwd``) launched
-# once over every chunk after the walk's last segment instead of per segment (whose first launches, beside the
-# walk's next segment, find no room in its SMs' shared memory), so that only ``bwd_dv_local``'s later segments
-# run beside the walk (32 KB of shared memory per program: they fit beside its 177 KB). No effect in one segment.
-BWD_DEFER_AFTER_WALK = False
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
 
@@ -310,7 +305,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
-            "HEADS_FASTEST": (False, True), "BWD_DEFER_AFTER_WALK": (False, True)}
+            "HEADS_FASTEST": (False, True)}
 
 
 @triton.jit
@@ -1255,10 +1250,6 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
     if one:
-        wy_bwd(0, NT)
-    elif BWD_DEFER_AFTER_WALK:  # the current stream waits for every segment before run returns
-        _overlap.run(segments, dv_local, walk, lambda c0, c1: None, q)
-        dqkwg(0, NT)
         wy_bwd(0, NT)
     else:
         # every buffer exists before the first walk (``overlap.run``'s contract)

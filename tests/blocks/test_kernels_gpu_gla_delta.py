@@ -509,31 +509,6 @@ def test_interpreter_delta_reverse_walk_takes_its_own_segment_count(backward, mo
 
 @interpreter
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-def test_interpreter_delta_kernels_after_a_segmented_reverse_walk_deferred(family, monkeypatch):
-    """``BWD_DEFER_AFTER_WALK`` with the reverse walk in two segments: ``bwd_dv_local`` still per segment,
-    ``bwd_dqkwg`` and ``wy_bwd`` once over every chunk after the walk; the same bits as one segment."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "KEEP_H", True)
-    shape = (1, 300, 2, 32, 16)  # 5 chunks
-    ref = segmented_outputs(family, shape, torch.float32, "cpu", 1, monkeypatch)
-    monkeypatch.setattr(delta, "BWD_DEFER_AFTER_WALK", True)
-    spies = {name: _LaunchSpy(getattr(delta, name)) for name in
-             ("_bwd_dv_local_kernel", "_bwd_dh_kernel", "_bwd_dqkwg_kernel", "_wy_bwd_kernel")}
-    for name, spy in spies.items():
-        monkeypatch.setattr(delta, name, spy)
-    got = segmented_outputs(family, shape, torch.float32, "cpu", 1, monkeypatch, bwd_segments=2)
-    # chunk ranges: the reverse walk's [C0, C1) are its 13th / 14th arguments, the others' C0 follows T
-    assert [args[13:15] for args, _ in spies["_bwd_dh_kernel"].calls] == [(2, 5), (0, 2)]
-    assert [args[7] for args, _ in spies["_bwd_dv_local_kernel"].calls] == [2, 0]
-    assert [args[16] for args, _ in spies["_bwd_dqkwg_kernel"].calls] == [0]
-    assert [args[15] for args, _ in spies["_wy_bwd_kernel"].calls] == [0]
-    for i, (a, b) in enumerate(zip(got, ref)):
-        assert torch.equal(a, b), f"{family} BWD_DEFER_AFTER_WALK: output {i} differs"
-
-
-@interpreter
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
 @pytest.mark.parametrize("form", ["two kernels", "fused"])
 def test_interpreter_delta_program_orders_give_the_same_bits(family, form, monkeypatch):
     """``delta.HEADS_FASTEST`` reorders which program of a per-chunk kernel's grid takes which

@@ -1822,6 +1822,38 @@ def test_step_gaps_reads_a_real_h200_trace():
     assert gaps.main(["--from-traces", str(folder)]) == 0
 
 
+def test_step_gaps_timeline_shows_what_ran_beside_the_walks(capsys):
+    """``step_gaps --timeline`` on a trace the H200 host wrote (2026-12-04 19:17, ``--traces``: five synced
+    steps of gated_delta_rule at 32k, the forward walk in two segments on its own stream, the reverse walk
+    in one): the median-wall step's 12 kernels in start order, each walk segment beside the per-chunk
+    kernels of the other segment, and the reverse walk alone on the main stream, ~0.8 ms."""
+    import gzip
+
+    gaps = _benchmark("step_gaps")
+    folder = ROOT / "tests" / "blocks" / "data" / "step_gaps_1204"
+    with gzip.open(folder / "trace_gated_delta_rule_32768.json.gz", "rt") as f:
+        events = json.load(f)["traceEvents"]
+    rows = gaps.timeline(events)
+    names = [r["kernel"].strip("_") for r in rows]
+    assert names == ["kkt_solve_kernel", "wu_kernel", "kkt_solve_kernel", "fwd_h_kernel", "wu_kernel",
+                     "fwd_o_kernel", "fwd_h_kernel", "fwd_o_kernel", "bwd_dv_local_kernel", "bwd_dh_kernel",
+                     "bwd_dqkwg_kernel", "wy_bwd_kernel"]
+    assert rows[0]["start_us"] == 0.0 and all(a["start_us"] <= b["start_us"] for a, b in zip(rows, rows[1:]))
+    walk_stream = rows[3]["stream"]
+    assert rows[6]["stream"] == walk_stream and all(r["stream"] != walk_stream for i, r in enumerate(rows)
+                                                    if i not in (3, 6))
+    first_walk, second_kkt_solve, second_wu = rows[3], rows[2], rows[4]
+    assert second_kkt_solve["end_us"] > first_walk["start_us"] and second_wu["start_us"] < first_walk["end_us"]
+    reverse = rows[9]
+    assert 750 < reverse["end_us"] - reverse["start_us"] < 850
+    assert rows[8]["end_us"] <= reverse["start_us"] <= rows[10]["start_us"]  # alone: nothing beside it
+    assert round(rows[-1]["end_us"]) == 4528
+    assert gaps.main(["--from-traces", str(folder), "--timeline"]) == 0
+    out = capsys.readouterr().out
+    assert "### gated_delta_rule, T = 32768: the median-wall step's kernels" in out and "| bwd_dh_kernel | 7 |" in out
+    assert "### " not in gaps.report_body(gaps.from_traces(folder, 2.0))  # no section without --timeline
+
+
 def test_checked_families_and_lengths_are_the_scripts_one_line_errors(capsys):
     """``gpu_common.checked_families`` / ``checked_lengths``, the ``--families`` and length options of
     ``train_ab.py``, ``step_gaps.py``, ``walk_forms.py``, ``triton_launch_cost.py``,
