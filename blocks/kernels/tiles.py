@@ -277,3 +277,64 @@ def dot_operand(x, ref, LOWP: tl.constexpr):
     if LOWP:
         x = x.to(ref.dtype.element_ty)
     return x
+
+
+# A walk's step loads the same tile shapes at a chunk that moves by BT rows: ``load_rows`` rebuilds every
+# element's row offset ``(row0 + r) * H * D`` and its row mask each step (sm_90: integer multiply / compare /
+# select instructions, ~40% of the delta walks' executed instructions at 32k, Nsight Compute 2026-12-04). The
+# ``step_*`` forms move the chunk in the scalar base only, so the per-element offsets ``r * H * D + d`` are
+# the same every step, and build a mask only from what the caller says can fall outside: ``ROWS`` (a chunk cut
+# short by ``T``) and ``COLS`` (``col0 + BD > D``).
+
+
+@triton.jit
+def step_mask(row0, T, D: tl.constexpr, col0, BR: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr,
+              COLS: tl.constexpr, TRANS: tl.constexpr):
+    """The ``[BR, BD]`` (``TRANS``: ``[BD, BR]``) mask of a step tile: rows ``< T - row0`` where ``ROWS``,
+    columns ``< D - col0`` where ``COLS``; only called when one of them is set. (One assignment per
+    constexpr branch and one return: Triton compiles only the branch taken, but checks every ``return``.)"""
+    m_r = tl.arange(0, BR) < (T - row0 if ROWS else BR)
+    m_d = tl.arange(0, BD) < (D - col0 if COLS else BD)
+    if TRANS:
+        m = m_r[None, :] & m_d[:, None]
+    else:
+        m = m_r[:, None] & m_d[None, :]
+    return m
+
+
+@triton.jit
+def step_ptrs(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr, BD: tl.constexpr,
+              TRANS: tl.constexpr):
+    """Pointers to ``x[b, row0:row0+BR, h, col0:col0+BD]`` of ``x: [B, T, H, D]`` (``TRANS``: transposed,
+    ``[BD, BR]``): a scalar base (int64) plus loop-invariant int32 offsets."""
+    base = x + (i_b * T * H + i_h) * D + row0 * (H * D) + col0
+    o_r = tl.arange(0, BR)
+    o_d = tl.arange(0, BD)
+    if TRANS:
+        p = base + (o_r[None, :] * (H * D) + o_d[:, None])
+    else:
+        p = base + (o_r[:, None] * (H * D) + o_d[None, :])
+    return p
+
+
+@triton.jit
+def step_load(x, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr, BD: tl.constexpr,
+              ROWS: tl.constexpr, COLS: tl.constexpr, TRANS: tl.constexpr):
+    """``load_rows`` (``TRANS``: ``delta._load_cols``, ``[BD, BR]``) for a walk's step: zeros where masked."""
+    p = step_ptrs(x, i_b, i_h, row0, T, H, D, col0, BR, BD, TRANS)
+    if ROWS or COLS:
+        val = tl.load(p, mask=step_mask(row0, T, D, col0, BR, BD, ROWS, COLS, TRANS), other=0.)
+    else:
+        val = tl.load(p)
+    return val
+
+
+@triton.jit
+def step_store(x, val, i_b, i_h, row0, T, H: tl.constexpr, D: tl.constexpr, col0, BR: tl.constexpr,
+               BD: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """``store_rows`` for a walk's step (``val: [BR, BD]`` cast to ``x``'s dtype)."""
+    p = step_ptrs(x, i_b, i_h, row0, T, H, D, col0, BR, BD, False)
+    if ROWS or COLS:
+        tl.store(p, val.to(x.dtype.element_ty), mask=step_mask(row0, T, D, col0, BR, BD, ROWS, COLS, False))
+    else:
+        tl.store(p, val.to(x.dtype.element_ty))
