@@ -121,12 +121,11 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.wu", d._wu_kernel, dict(C, BK=min(64, BK), BV=min(64, BV), USE_G=use_g, LOWP=lowp, DOT_PREC=prec,
                                                      SKIP_UPPER=d.SKIP_UPPER_BLOCKS, HEADS_FASTEST=d.HEADS_FASTEST),
                *table(d.LAUNCH, "wu", s))
-        walk = dict(WHOLE=d.WALK_WHOLE_CHUNKS, COLS=False)  # the benchmark's head dims: no column masks
         yield (f"{tag}.fwd_h", d._fwd_h_kernel, dict(C, BK=BK, BV=min(32, BV), USE_G=use_g, USE_H0=True, STORE_HT=True,
-                                                     DOT_PREC=prec, **walk), *table(d.LAUNCH, "fwd_h_bv32", s))
+                                                     DOT_PREC=prec), *table(d.LAUNCH, "fwd_h_bv32", s))
         # V block 64: 2k .. 16k tokens per sequence in a 64k-token batch (``delta.walk_bv``)
         yield (f"{tag}.fwd_h_bv64", d._fwd_h_kernel, dict(C, BK=BK, BV=min(64, BV), USE_G=use_g, USE_H0=True,
-                                                          STORE_HT=True, DOT_PREC=prec, **walk), *table(d.LAUNCH, "fwd_h", s))
+                                                          STORE_HT=True, DOT_PREC=prec), *table(d.LAUNCH, "fwd_h", s))
         yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
                                                      HEADS_FASTEST=d.HEADS_FASTEST), *table(d.LAUNCH, "fwd_o", s))
         yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
@@ -136,8 +135,7 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         # the reverse walk's launches: V block 32 (32k) and 64 (2k .. 16k: the larger shared memory)
         for job, bv in (("bwd_dh", 32), ("bwd_dh_bv64", 64)):
             yield (f"{tag}.{job}", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(bv, BV), USE_G=dh_gated, USE_DHT=True,
-                                                          STORE_DH0=True, DOT_PREC=prec, **walk),
-                   *table(d.LAUNCH, "bwd_dh", s))
+                                                          STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), USE_G=use_g,
                                                              DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
                                                              DS_UNMASKED=d.DQKWG_DS_UNMASKED, HEADS_FASTEST=d.HEADS_FASTEST),

@@ -52,7 +52,6 @@ from .tiles import seq as _seq, state_dtype as _state_dtype, store_rows as _stor
 from .tiles import walk_bv as _tiles_walk_bv
 from .tiles import block_lower as _block_lower, load_rows_where as _load_rows_where
 from .tiles import store_rows_where as _store_rows_where
-from .tiles import step_load as _step_load, step_store as _step_store
 from .tiles import chunk_grid as _tiles_chunk_grid, chunk_ids as _chunk_ids, tile_ids as _tile_ids
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
@@ -299,13 +298,6 @@ KKT_SOLVE_FUSED = True
 # 1.093 / 1.094 ms, wy_bwd 0.777 / 0.774 at 2k / 8k, with the order's first form, 13:43).
 # history: docs/benchmarks/kernel_decisions/delta.md#heads_fastest
 HEADS_FASTEST = True
-# The state walks' steps over whole chunks without row masks, their tiles' per-element offsets the same every
-# step (``tiles.step_load``: the chunk moves in the scalar base), a chunk cut short by ``T`` in a masked step of
-# its own (the forward walk's last, the reverse walk's first); column masks only where ``K`` or ``V`` is not a
-# multiple of the walk's blocks. Asked by Nsight Compute's source counters at 32k (2026-12-04 19:19,
-# docs/benchmarks/ncu/ncu_source_1204_walks/): ~40% of the reverse walk's executed instructions were integer
-# address and mask arithmetic, one warp per scheduler issuing each in turn. The same bits either way.
-WALK_WHOLE_CHUNKS = True
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
@@ -313,7 +305,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
-            "HEADS_FASTEST": (False, True), "WALK_WHOLE_CHUNKS": (False, True)}
+            "HEADS_FASTEST": (False, True)}
 
 
 @triton.jit
@@ -327,18 +319,6 @@ def _load_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     g_last = tl.load(base + last * H).to(tl.float32)
     b_g = tl.load(base + o_t * H, mask=m_t, other=0.).to(tl.float32)
     return tl.where(m_t, b_g, g_last), g_last
-
-
-@triton.jit
-def _step_gc(gc, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, ROWS: tl.constexpr):
-    """``_load_gc`` for a walk's step; without ``ROWS`` the chunk is whole: no mask, no padding."""
-    if ROWS:
-        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-    else:
-        base = _seq(gc, i_b, i_h, T, H) + i_t * BT * H
-        b_g = tl.load(base + tl.arange(0, BT) * H).to(tl.float32)
-        g_last = tl.load(base + (BT - 1) * H).to(tl.float32)
-    return b_g, g_last
 
 
 @triton.jit
@@ -649,77 +629,14 @@ def _wu_kernel(k, v, beta, gc, Ai, w, u, T, C0,
         _store_rows(u, tl.dot(b_T, b_x, input_precision=DOT_PREC), i_b, i_h, r0, T, H, V, i_v * BV, BT, BV)
 
 
-@triton.jit
-def _state_store(x, b_s, i_b, i_h, i_t, NT, p_kv, m_kv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 COLS: tl.constexpr):
-    """Chunk ``i_t``'s ``[BK, BV]`` state slice into ``x: [B, NT, H, K, V]`` (masked only where ``COLS``)."""
-    p = x + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv
-    if COLS:
-        tl.store(p, b_s.to(x.dtype.element_ty), mask=m_kv)
-    else:
-        tl.store(p, b_s.to(x.dtype.element_ty))
-
-
-@triton.jit
-def _fwd_h_step(k, w, u, gc, h, vn, b_h, i_t, i_b, i_h, i_v, T, NT, p_kv, m_kv,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr, ROWS: tl.constexpr,
-                COLS: tl.constexpr):
-    """One step of ``_fwd_h_kernel`` at ``WALK_WHOLE_CHUNKS``: stores chunk ``i_t``'s start state and ``vn``,
-    returns the state after it (``[BK, BV]`` float32). ``ROWS``: the chunk may be cut short by ``T``."""
-    _state_store(h, b_h, i_b, i_h, i_t, NT, p_kv, m_kv, H, K, V, COLS)
-    r0 = i_t * BT
-    b_w = _step_load(w, i_b, i_h, r0, T, H, K, 0, BT, BK, ROWS, COLS, False)  # [BT, BK]
-    b_u = _step_load(u, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV, ROWS, COLS, False).to(tl.float32)
-    b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
-    _step_store(vn, b_vn, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV, ROWS, COLS)
-    b_kT = _step_load(k, i_b, i_h, r0, T, H, K, 0, BT, BK, ROWS, COLS, True)  # [BK, BT]
-    if USE_G:
-        b_g, g_last = _step_gc(gc, i_b, i_h, i_t, T, H, BT, ROWS)
-        b_h *= tl.exp(g_last)
-        b_vn = b_vn * tl.exp(g_last - b_g)[:, None]
-    b_h += tl.dot(b_kT, b_vn.to(b_kT.dtype), input_precision=DOT_PREC)
-    return b_h
-
-
-@triton.jit
-def _bwd_dh_step(q, k, w, gc, do, dv, dv2, dh, b_dh, scale, i_t, i_b, i_h, i_v, T, NT, p_kv, m_kv,
-                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                 BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr, ROWS: tl.constexpr,
-                 COLS: tl.constexpr):
-    """One step of ``_bwd_dh_kernel`` at ``WALK_WHOLE_CHUNKS``: stores chunk ``i_t``'s ``dh`` and ``dv2``,
-    returns the gradient of the state before it (``[BK, BV]`` float32)."""
-    _state_store(dh, b_dh, i_b, i_h, i_t, NT, p_kv, m_kv, H, K, V, COLS)
-    r0 = i_t * BT
-    b_k = _step_load(k, i_b, i_h, r0, T, H, K, 0, BT, BK, ROWS, COLS, False)  # [BT, BK]
-    b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
-    b_do = _step_load(do, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV, ROWS, COLS, False).to(tl.float32)
-    if USE_G:
-        b_g, g_last = _step_gc(gc, i_b, i_h, i_t, T, H, BT, ROWS)
-        b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
-        b_do = b_do * (scale * tl.exp(b_g))[:, None]
-        b_dh *= tl.exp(g_last)
-    else:
-        b_do = b_do * scale
-    b_dv2 = _step_load(dv, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV, ROWS, COLS, False).to(tl.float32) + b_kdh
-    _step_store(dv2, b_dv2, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV, ROWS, COLS)
-    b_qT = _step_load(q, i_b, i_h, r0, T, H, K, 0, BT, BK, ROWS, COLS, True)  # [BK, BT]
-    b_wT = _step_load(w, i_b, i_h, r0, T, H, K, 0, BT, BK, ROWS, COLS, True)
-    b_dh += tl.dot(b_qT, b_do.to(b_qT.dtype), input_precision=DOT_PREC)
-    b_dh -= tl.dot(b_wT, b_dv2.to(b_wT.dtype), input_precision=DOT_PREC)
-    return b_dh
-
-
 @_jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
 def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  WHOLE: tl.constexpr = False, COLS: tl.constexpr = True):
+                  USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: walk chunks ``C0 .. C1 - 1`` in order from ``h0`` (the state
     before chunk ``C0``); ``h[b, t, h]`` = state before chunk t, ``vn = u - w h`` (the values
-    written, U); ``ht``: the state after chunk ``C1 - 1`` (it may be ``h0``'s buffer). ``WHOLE``
-    (``WALK_WHOLE_CHUNKS``): the whole chunks' steps unmasked (``COLS``: but for columns past ``K`` / ``V``)."""
+    written, U); ``ht``: the state after chunk ``C1 - 1`` (it may be ``h0``'s buffer)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -733,27 +650,18 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    if WHOLE:
-        c_whole = tl.minimum(C1, T // BT)  # chunks below are whole; only the last can be cut short
-        for i_t in range(C0, c_whole):
-            b_h = _fwd_h_step(k, w, u, gc, h, vn, b_h, i_t, i_b, i_h, i_v, T, NT, p_kv, m_kv,
-                              H, K, V, BT, BK, BV, USE_G, DOT_PREC, False, COLS)
-        if c_whole < C1:
-            b_h = _fwd_h_step(k, w, u, gc, h, vn, b_h, c_whole, i_b, i_h, i_v, T, NT, p_kv, m_kv,
-                              H, K, V, BT, BK, BV, USE_G, DOT_PREC, True, COLS)
-    else:
-        for i_t in range(C0, C1):
-            tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
-            b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
-            b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
-            b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
-            _store_rows(vn, b_vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-            b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
-            if USE_G:
-                b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-                b_h *= tl.exp(g_last)
-                b_vn = b_vn * tl.exp(g_last - b_g)[:, None]
-            b_h += tl.dot(b_kT, b_vn.to(b_kT.dtype), input_precision=DOT_PREC)
+    for i_t in range(C0, C1):
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
+        b_w = _load_rows(w, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
+        b_u = _load_rows(u, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_vn = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)  # [BT, BV]
+        _store_rows(vn, b_vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_kT = _load_cols(k, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
+        if USE_G:
+            b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+            b_h *= tl.exp(g_last)
+            b_vn = b_vn * tl.exp(g_last - b_g)[:, None]
+        b_h += tl.dot(b_kT, b_vn.to(b_kT.dtype), input_precision=DOT_PREC)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
@@ -823,12 +731,12 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr, WHOLE: tl.constexpr = False, COLS: tl.constexpr = True):
+                   DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (the
     gradient of the state after chunk ``C1 - 1``) to ``dh0`` (before chunk ``C0``; it may be
     ``dht``'s buffer). ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``WHOLE`` / ``COLS`` as ``_fwd_h_kernel``'s."""
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -842,36 +750,27 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    if WHOLE:
-        c_whole = tl.minimum(C1, T // BT)
-        if c_whole < C1:  # the chunk cut short by T comes first, walking backwards
-            b_dh = _bwd_dh_step(q, k, w, gc, do, dv, dv2, dh, b_dh, scale, c_whole, i_b, i_h, i_v, T, NT, p_kv, m_kv,
-                                H, K, V, BT, BK, BV, USE_G, DOT_PREC, True, COLS)
-        for i_r in range(c_whole - C0):
-            b_dh = _bwd_dh_step(q, k, w, gc, do, dv, dv2, dh, b_dh, scale, c_whole - 1 - i_r, i_b, i_h, i_v, T, NT,
-                                p_kv, m_kv, H, K, V, BT, BK, BV, USE_G, DOT_PREC, False, COLS)
-    else:
-        for i_r in range(C1 - C0):
-            i_t = C1 - 1 - i_r
-            tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-            # the chunk-position factors scale the [BT, BV] operands and results, not the [BT, K]
-            # tiles: fewer float32 temporaries live in registers
-            b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
-            b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
-            b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
-            if USE_G:
-                b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-                b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
-                b_do = b_do * (scale * tl.exp(b_g))[:, None]
-                b_dh *= tl.exp(g_last)
-            else:
-                b_do = b_do * scale
-            b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
-            _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-            b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
-            b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
-            b_dh += tl.dot(b_qT, b_do.to(b_qT.dtype), input_precision=DOT_PREC)
-            b_dh -= tl.dot(b_wT, b_dv2.to(b_wT.dtype), input_precision=DOT_PREC)
+    for i_r in range(C1 - C0):
+        i_t = C1 - 1 - i_r
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+        # the chunk-position factors scale the [BT, BV] operands and results, not the [BT, K]
+        # tiles: fewer float32 temporaries live in registers
+        b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
+        b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
+        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        if USE_G:
+            b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+            b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
+            b_do = b_do * (scale * tl.exp(b_g))[:, None]
+            b_dh *= tl.exp(g_last)
+        else:
+            b_do = b_do * scale
+        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
+        _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
+        b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
+        b_dh += tl.dot(b_qT, b_do.to(b_qT.dtype), input_precision=DOT_PREC)
+        b_dh -= tl.dot(b_wT, b_dv2.to(b_wT.dtype), input_precision=DOT_PREC)
     if STORE_DH0:
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
@@ -1189,12 +1088,6 @@ def wu(k, v, beta, gc, Ai):
     return w, u
 
 
-def _walk_cols_masked(K: int, V: int, BV: int) -> bool:
-    """Whether a walk's tiles need column masks: ``K`` below its block (``pow2(K)``) or ``V`` not a multiple
-    of ``BV``."""
-    return _pow2(K) != K or V % BV != 0
-
-
 def _fwd_h_walk(k, w, u, gc, h, vn, h_in, h_out, BV, c0, c1):
     """The forward state walk over chunks ``c0 .. c1 - 1`` from ``h_in`` (None: zero) to ``h_out``
     (None: not stored), both ``[B, H, K, V]`` float32 and possibly one buffer."""
@@ -1203,7 +1096,6 @@ def _fwd_h_walk(k, w, u, gc, h, vn, h_in, h_out, BV, c0, c1):
     _fwd_h_kernel[(_cdiv(V, BV), B * H)](
         k, w, u, gc, h, vn, h_in, h_out, T, h.shape[1], c0, c1, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
         USE_G=gc is not None, USE_H0=h_in is not None, STORE_HT=h_out is not None, DOT_PREC=_prec(k),
-        WHOLE=WALK_WHOLE_CHUNKS, COLS=_walk_cols_masked(K, V, BV),
         **(_launch(LAUNCH, "fwd_h", k) if BV > 32 else _launch(LAUNCH, "fwd_h_bv32", k)))
 
 
@@ -1313,7 +1205,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
             q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
-            DOT_PREC=prec, WHOLE=WALK_WHOLE_CHUNKS, COLS=_walk_cols_masked(K, V, BV), **_launch(LAUNCH, "bwd_dh", q))
+            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[_chunk_grid(c1 - c0, B, H, NK)](

@@ -486,33 +486,6 @@ def test_interpreter_delta_walk_segments_give_the_same_bits(family, monkeypatch)
 
 
 @interpreter
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("shape", [(2, 300, 2, 32, 16), (2, 256, 2, 32, 16), (2, 200, 2, 24, 20)])
-def test_interpreter_delta_walks_over_whole_chunks_give_the_same_bits(family, shape, monkeypatch):
-    """``WALK_WHOLE_CHUNKS``: the walks' unmasked steps over whole chunks and a masked step for a chunk cut
-    short (the forward walk's last, the reverse walk's first) give the masked walks' bits: two sequences (a
-    row read past ``T`` would be the next sequence's, not zero), ``T`` a multiple of the chunk or not, head
-    dims below their blocks (column masks), the walks in one segment or five (one holding only the cut-short
-    chunk); every access inside its tensor."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "KEEP_H", True)
-    monkeypatch.setattr(delta, "WALK_WHOLE_CHUNKS", False)
-    ref = segmented_outputs(family, shape, torch.float32, "cpu", 1, monkeypatch)
-    monkeypatch.setattr(delta, "WALK_WHOLE_CHUNKS", True)
-    for segments in (1, 5):
-        spies = {name: _LaunchSpy(getattr(delta, name)) for name in ("_fwd_h_kernel", "_bwd_dh_kernel")}
-        for name, spy in spies.items():
-            monkeypatch.setattr(delta, name, spy)
-        with checked_memory():
-            got = segmented_outputs(family, shape, torch.float32, "cpu", segments, monkeypatch, bwd_segments=segments)
-        for spy in spies.values():
-            assert spy.calls and all(kw["WHOLE"] and kw["COLS"] == (shape[3] == 24) for _, kw in spy.calls)
-        for i, (a, b) in enumerate(zip(got, ref)):
-            assert torch.equal(a, b), f"{family} {shape} segments={segments}: output {i} differs"
-
-
-@interpreter
 @pytest.mark.parametrize("backward", [1, 2, None])
 def test_interpreter_delta_reverse_walk_takes_its_own_segment_count(backward, monkeypatch):
     """``BWD_WALK_SEGMENTS``: the reverse walk in that many segments (None: ``WALK_SEGMENTS``, as the
