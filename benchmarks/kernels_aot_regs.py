@@ -80,7 +80,7 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
         dt = "bf16" if act == "bf16" else "fp16"
         key_l, val_l = dgw.layouts(torch.bfloat16 if act == "bf16" else torch.float16, 32)
         types.update({f"{n}_desc": f"tensordesc<{dt}[{dgw.BT}, {dgw.KH}],{key_l!r}>" for n in ("q", "k", "w")},
-                     **{f"{n}_desc": f"tensordesc<{dt}[{dgw.BT}, 32],{val_l!r}>" for n in ("do", "dv")})
+                     **{f"{n}_desc": f"tensordesc<{dt}[{dgw.BT}, 32],{val_l!r}>" for n in ("do", "dv", "dv2", "dh")})
     if fn is sk._skinny_kernel:  # the decode GEMMs: rows of activations, the norm weight in their dtype
         types.update({n: f"*{act}" for n in ("x", "w", "out", "res", "xg", "gamma")},
                      ss_in="*fp32", ss_out="*fp32", tickets="*i32", eps_in="fp32",

@@ -9,18 +9,20 @@ dependent steps, and Triton 3.6 waits for each of a step's three warpgroup-MMA g
 depend on the step's ``dh``; here it is issued asynchronously right after ``k dh`` and left in flight
 (``warpgroup_mma_wait(num_outstanding=2)``) while ``k dh``'s result becomes ``dv2``, and ``- w^T dv2`` is
 accumulated onto it. The chunk's rows come by TMA into a 3-stage ring (mbarriers), two chunks ahead, as the
-Triton kernel's pipelined copies do.
+Triton kernel's pipelined copies do; ``dh`` and ``dv2`` leave by TMA from the shared-memory tiles the dots read.
 
 Per step (chunk ``i_t``, walking from ``C1 - 1`` down to ``C0``), state ``dh`` ``[K, BV]`` float32 in registers
 as two key halves of 64 rows:
 
-* store ``dh`` (bf16) to ``dh[b, i_t]`` and to shared memory (the B operand of ``k dh``);
+* ``dh`` (bf16) to shared memory (the B operand of ``k dh``), stored from there to ``dh[b, i_t]`` by TMA;
 * ``kdh = k dh`` (async), then ``dh *= exp(G_C)``, ``do * scale exp(G)`` to shared memory and
   ``dh += q^T (do scale exp(G))`` (async, left in flight);
-* wait for ``kdh``; ``dv2 = dv + kdh exp(G_C - G)``, stored; ``dh += w^T (-dv2)`` (async); wait for all.
+* wait for ``kdh``; ``dv2 = dv + kdh exp(G_C - G)`` to shared memory (stored by TMA, and negated for the dot);
+  ``dh += w^T (-dv2)`` (async); wait for all.
 
-Limits (``eligible``): CUDA on sm_90, 16-bit inputs, ``K = 128``, ``V`` a multiple of the value block, every
-chunk whole (``T % 64 == 0``: a TMA box cannot stop at a sequence's end inside the flattened rows), int32
+Limits (``eligible``): CUDA on sm_90, 16-bit inputs, ``K = 128``, value block 32 (the walk of long sequences;
+at 64 the ring and the staging tiles need more than an SM's shared memory), ``V`` a multiple of it, every chunk
+whole (``T % 64 == 0``: a TMA box cannot stop at a sequence's end inside the flattened rows), int32
 offsets. Elsewhere ``delta`` launches the Triton kernel. Gluon kernels do not run in Triton's interpreter: the
 checks are GPU tests (``tests/blocks/test_kernels_gpu_dh_walk_gluon.py``) and an sm_90 compile on CPU
 (``benchmarks/kernels_aot_regs.py --kernels bwd_dh_gluon``).
@@ -40,6 +42,7 @@ try:  # Gluon ships with Triton >= 3.5; without it this form is simply not eligi
     # the TMA load's name: ``async_copy_global_to_shared`` in Triton 3.6 (the H200 host's), ``async_load`` from 3.7
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # likewise: ``barrier`` from 3.7
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global  # ``async_store`` from 3.7
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
@@ -59,7 +62,7 @@ def eligible(q: torch.Tensor, V: int, BV: int) -> bool:
     if torch.cuda.get_device_capability(q.device)[0] != 9:  # warpgroup MMA is Hopper's
         return False
     B, T, H, K = q.shape
-    return (T % BT == 0 and K == 2 * KH and BV in (32, 64) and V % BV == 0
+    return (T % BT == 0 and K == 2 * KH and BV == 32 and V % BV == 0
             and B * T * H * max(K, V) < 2 ** 31 and B * (T // BT) * H * K * V < 2 ** 31)
 
 
@@ -84,7 +87,8 @@ if HAVE_GLUON:
             _tma_load(dv_desc, [row, vcol], bar, dv_s.index(stage))
 
     @gluon.jit(do_not_specialize=["T", "NT", "C0", "C1"])  # one compile for every length
-    def _bwd_dh_gluon_kernel(q_desc, k_desc, w_desc, do_desc, dv_desc, gc, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
+    def _bwd_dh_gluon_kernel(q_desc, k_desc, w_desc, do_desc, dv_desc, dv2_desc, dh_desc, gc, dht, dh0, scale, T, NT,
+                             C0, C1,
                              H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
                              USE_G: gl.constexpr, USE_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
                              num_warps: gl.constexpr):
@@ -106,6 +110,7 @@ if HAVE_GLUON:
         dh_s = gl.allocate_shared_memory(dtype, [2, _KH, BV], val_l)  # the B operand of k dh
         dos_s = gl.allocate_shared_memory(dtype, [_BT, BV], val_l)  # do scale exp(G): of q^T do
         dv2_s = gl.allocate_shared_memory(dtype, [_BT, BV], val_l)  # -dv2: of w^T dv2
+        dv2p_s = gl.allocate_shared_memory(dtype, [_BT, BV], val_l)  # dv2, stored from here by TMA
         bars = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(_STAGES):
             mbarrier.init(bars.index(i), count=1)
@@ -136,13 +141,14 @@ if HAVE_GLUON:
                 g_row = gc + i_b * T * H + i_h  # the gate's cumsum of (b, h): + t * H
                 b_g = gl.load(g_row + (i_t * _BT + o_t) * H)
                 g_last = gl.load(g_row + (i_t * _BT + _BT - 1) * H)
-            p_dh = dh + ((i_b * NT + i_t) * H + i_h) * K * V
-            gl.store(p_dh + p_a, dh_a.to(dtype))
-            gl.store(p_dh + p_b, dh_b.to(dtype))
+            tma.store_wait(0)  # the last step's stores have read dh_s and dv2p_s
             dh_s.index(0).store(dh_a.to(dtype))
             dh_s.index(1).store(dh_b.to(dtype))
             fence_async_shared()
             _cta_barrier()  # dh_s written by every warp; every warp done with the stage refilled next
+            dh_row = (((i_b * NT + i_t) * H + i_h) * K).to(gl.int32)
+            _tma_store(dh_desc, [dh_row, i_v * BV], dh_s.index(0))
+            _tma_store(dh_desc, [dh_row + _KH, i_v * BV], dh_s.index(1))
             _issue_loads(i_r + _STAGES - 1, n, C1, bars, q_desc, k_desc, w_desc, do_desc, dv_desc, q_s, k_s, w_s,
                          do_s, dv_s, row_b, i_h.to(gl.int32), i_v, H, K, V, BV)
             mbarrier.wait(bars.index(stage), (i_r // _STAGES) & 1)
@@ -166,13 +172,15 @@ if HAVE_GLUON:
             if USE_G:
                 kdh = kdh * gl.exp(g_last - b_g)[:, None]
             b_dv2 = dv_s.index(stage).load(mma).to(gl.float32) + kdh
-            gl.store(dv2 + ((row_b + i_t * _BT + o_t) * H + i_h)[:, None] * V + o_v[None, :], b_dv2.to(dtype))
+            dv2p_s.store(b_dv2.to(dtype))
             dv2_s.store((-b_dv2).to(dtype))
             fence_async_shared()
             _cta_barrier()
+            _tma_store(dv2_desc, [row_b + i_t * _BT, (i_h * V).to(gl.int32) + i_v * BV], dv2p_s)
             dh_a = warpgroup_mma(w_s.index(stage * 2).permute((1, 0)), dv2_s, dh_a, is_async=True)
             dh_b = warpgroup_mma(w_s.index(stage * 2 + 1).permute((1, 0)), dv2_s, dh_b, is_async=True)
             dh_a, dh_b = warpgroup_mma_wait(num_outstanding=0, deps=(dh_a, dh_b))
+        tma.store_wait(0)
         if STORE_DH0:
             gl.store(dh0 + i_bh * K * V + p_a, dh_a)
             gl.store(dh0 + i_bh * K * V + p_b, dh_b)
@@ -198,7 +206,8 @@ def bwd_dh(q, k, w, gc, do, dv, dv2, dh, d_in, d_out, scale, c0, c1, BV):
     V = do.shape[-1]
     key_l, val_l = layouts(q.dtype, BV)
     descs = [TensorDescriptor(x, [B * T, H * K], [H * K, 1], [BT, KH], key_l) for x in (q, k, w)]
-    descs += [TensorDescriptor(x, [B * T, H * V], [H * V, 1], [BT, BV], val_l) for x in (do, dv)]
+    descs += [TensorDescriptor(x, [B * T, H * V], [H * V, 1], [BT, BV], val_l) for x in (do, dv, dv2)]
+    descs.append(TensorDescriptor(dh, [dh.numel() // V, V], [V, 1], [KH, BV], val_l))  # [B*NT*H*K, V] rows
     _bwd_dh_gluon_kernel[(V // BV, B * H)](
-        *descs, gc, dv2, dh, d_in, d_out, scale, T, T // BT, c0, c1, H=H, K=K, V=V, BV=BV, USE_G=gc is not None,
+        *descs, gc, d_in, d_out, scale, T, T // BT, c0, c1, H=H, K=K, V=V, BV=BV, USE_G=gc is not None,
         USE_DHT=d_in is not None, STORE_DH0=d_out is not None, num_warps=4)
