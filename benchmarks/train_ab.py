@@ -114,7 +114,8 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
                 graph: bool = False) -> list[dict]:
     """One row per variant: median ms per step over ``rounds`` round-robin passes, synced and queued;
     with ``graph`` also the step captured in a CUDA graph and replayed (``graph_time``: no host time at
-    all, so queued - graph is what the host's launches still cost the queued steps)."""
+    all, and a graph's kernels start closer to each other, so queued - graph is what the host's pace and
+    the stream launches' own gaps cost the queued steps together)."""
     from kernel_launch_sweep import step
 
     run = step(family, T)  # the registered kernel's fwd + bwd on the sweep's inputs
