@@ -7,7 +7,7 @@ dependent steps, and Triton 3.6 waits for each of a step's three warpgroup-MMA g
 ``w^T dv2``) right after issuing it (sm_90 SASS: ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` after each;
 ``docs/benchmarks/kernel_decisions/delta.md``, "Measured: where gated 32k's step goes"). ``q^T do`` does not
 depend on the step's ``dh``; here it is issued asynchronously right after ``k dh`` and left in flight
-(``warpgroup_mma_wait(num_outstanding=2)``) while ``k dh``'s result becomes ``dv2``, and ``- w^T dv2`` is
+(``warpgroup_mma_wait(num_outstanding=1)``) while ``k dh``'s result becomes ``dv2``, and ``- w^T dv2`` is
 accumulated onto it. The chunk's rows come by TMA into a 3-stage ring (mbarriers), two chunks ahead, as the
 Triton kernel's pipelined copies do; ``dh`` and ``dv2`` leave by TMA from the shared-memory tiles the dots read.
 
