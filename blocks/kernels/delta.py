@@ -175,8 +175,9 @@ WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 BWD_WALK_SEGMENTS = 1
 # The reverse walk hand-scheduled in Gluon (``dh_walk_gluon``: its ``q^T do`` dot left in flight while the step's
 # ``k dh`` becomes ``dv2``, where Triton waits for each of the step's three dots at once; rows in and out by TMA)
-# where ``dh_walk_gluon.eligible`` holds (sm_90, 16-bit, K = 128, V block 32: the long sequences, where the walk
-# runs alone; whole chunks). False: the Triton kernel everywhere.
+# where ``dh_walk_gluon.eligible`` holds (sm_90, 16-bit, K = 128, whole chunks): True at the walk's own V block,
+# 64 also at block 64 where the Triton walk takes 32 (the long sequences: half the programs re-reading q / k / w
+# rows from L2). False: the Triton kernel everywhere.
 DH_WALK_GLUON = False
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
@@ -310,7 +311,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
-            "HEADS_FASTEST": (False, True), "DH_WALK_GLUON": (False, True)}
+            "HEADS_FASTEST": (False, True), "DH_WALK_GLUON": (False, True, 64)}
 
 
 @triton.jit
@@ -1195,9 +1196,11 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
     BV = walk_bv(q, B * H, V)
+    if DH_WALK_GLUON == 64 and BV == 32 and _dh_walk_gluon.eligible(q, V, 64):
+        BV = 64  # the long sequences' walk at block 64: half the programs, each with two warpgroups
+    gluon_walk = bool(DH_WALK_GLUON) and _dh_walk_gluon.eligible(q, V, BV)
     segments = _segments(NT, _cdiv(V, BV) * B * H, q, backward=True)[::-1]  # walk order: the last chunks first
     one = len(segments) == 1
-    gluon_walk = DH_WALK_GLUON and _dh_walk_gluon.eligible(q, V, BV)
 
     def dv_local(c0, c1):
         _bwd_dv_local_kernel[_chunk_grid(c1 - c0, B, H, _cdiv(V, BVo))](

@@ -22,9 +22,8 @@ elementwise work on it split by value columns. Per step (chunk ``i_t``, walking 
 * wait for ``kdh``; ``dv2 = dv + kdh exp(G_C - G)`` to shared memory (stored by TMA, and negated for the dot);
   ``dh += w^T (-dv2)`` (async); wait for all.
 
-Limits (``eligible``): CUDA on sm_90, 16-bit inputs, ``K = 128``, value block 32 (the walk of long sequences;
-at 64 the ring and the staging tiles need more than an SM's shared memory), ``V`` a multiple of it, every chunk
-whole (``T % 64 == 0``: a TMA box cannot stop at a sequence's end inside the flattened rows), int32
+Limits (``eligible``): CUDA on sm_90, 16-bit inputs, ``K = 128``, value block 32 or 64 (224 KB of shared
+memory at 64), ``V`` a multiple of it, every chunk whole (``T % 64 == 0``: a TMA box cannot stop at a sequence's end inside the flattened rows), int32
 offsets. Elsewhere ``delta`` launches the Triton kernel. Gluon kernels do not run in Triton's interpreter: the
 checks are GPU tests (``tests/blocks/test_kernels_gpu_dh_walk_gluon.py``) and an sm_90 compile on CPU
 (``benchmarks/kernels_aot_regs.py --kernels bwd_dh_gluon``).
@@ -64,7 +63,7 @@ def eligible(q: torch.Tensor, V: int, BV: int) -> bool:
     if torch.cuda.get_device_capability(q.device)[0] != 9:  # warpgroup MMA is Hopper's
         return False
     B, T, H, K = q.shape
-    return (T % BT == 0 and K == 2 * KH and BV == 32 and V % BV == 0
+    return (T % BT == 0 and K == 2 * KH and BV in (32, 64) and V % BV == 0
             and B * T * H * max(K, V) < 2 ** 31 and B * (T // BT) * H * K * V < 2 ** 31)
 
 
@@ -112,7 +111,6 @@ if HAVE_GLUON:
         dh_s = gl.allocate_shared_memory(dtype, [K, BV], sta_l)
         dos_s = gl.allocate_shared_memory(dtype, [_BT, BV], val_l)
         dv2_s = gl.allocate_shared_memory(dtype, [_BT, BV], val_l)
-        dv2p_s = gl.allocate_shared_memory(dtype, [_BT, BV], val_l)
         bars = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(_STAGES):
             mbarrier.init(bars.index(i), count=1)
@@ -165,11 +163,13 @@ if HAVE_GLUON:
             if USE_G:
                 kdh = kdh * gl.exp(g_last - b_g)[:, None]
             b_dv2 = dv_s.index(stage).load(ch_l).to(gl.float32) + kdh
-            dv2p_s.store(b_dv2.to(dtype))
+            # dv2 leaves from this stage's do tile, read into registers before the barrier above; the stage is
+            # refilled only after the next step's store_wait
+            do_s.index(stage).store(b_dv2.to(dtype))
             dv2_s.store((-b_dv2).to(dtype))
             fence_async_shared()
             _cta_barrier()
-            _tma_store(dv2_desc, [row_b + i_t * _BT, (i_h * V).to(gl.int32) + i_v * BV], dv2p_s)
+            _tma_store(dv2_desc, [row_b + i_t * _BT, (i_h * V).to(gl.int32) + i_v * BV], do_s.index(stage))
             b_dh = warpgroup_mma(w_s.index(stage).permute((1, 0)), dv2_s, b_dh, is_async=True)
             b_dh = warpgroup_mma_wait(num_outstanding=0, deps=(b_dh,))
         tma.store_wait(0)

@@ -72,13 +72,13 @@ def _close(a, b, what):
 
 @hopper
 @pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("BV", [32, 64])
 @pytest.mark.parametrize("B,T,c0,c1,with_dht", [(2, 256, 0, 4, True), (1, 1024, 3, 11, False), (3, 128, 1, 2, True),
                                                  (2, 2048, 0, 32, True)])
-def test_gluon_walk_matches_the_triton_walk(gated, B, T, c0, c1, with_dht):
+def test_gluon_walk_matches_the_triton_walk(gated, BV, B, T, c0, c1, with_dht):
     """``dh`` of every walked chunk, ``dv2`` of its rows and the carried gradient out (``dh0``) as the Triton
-    kernel gives them (value block 32), for chunk ranges from the start, the middle and the end of the
+    kernel gives them (value blocks 32 and 64), for chunk ranges from the start, the middle and the end of the
     sequences, with a carried gradient in or none, gated or not; chunks outside the range left untouched."""
-    BV = 32
     x = _inputs(B, T, gated, seed=5)
     scale = K ** -0.5
     carry = x["dht"] if with_dht else None
@@ -96,11 +96,12 @@ def test_gluon_walk_matches_the_triton_walk(gated, B, T, c0, c1, with_dht):
 
 @hopper
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("setting", [True, 64])
 @pytest.mark.parametrize("B,T", [(2, 1024), (1, 4096), (1, 1000)])
-def test_ops_gradients_with_the_gluon_walk(family, B, T, monkeypatch):
+def test_ops_gradients_with_the_gluon_walk(family, setting, B, T, monkeypatch):
     """The kernel ops' gradients (and output, final state) with ``DH_WALK_GLUON`` on against off; the Gluon
-    walk is taken where ``eligible`` holds (not at ``T = 1000``, a chunk cut short; these few heads walk at
-    V block 32)."""
+    walk is taken where ``eligible`` holds (not at ``T = 1000``, a chunk cut short), at the walk's V block (32
+    for these few heads) or, with 64, at 64."""
     from blocks.kernels import delta, dh_walk_gluon
 
     calls = []
@@ -133,22 +134,22 @@ def test_ops_gradients_with_the_gluon_walk(family, B, T, monkeypatch):
 
     ref = run(False)
     assert not calls
-    got = run(True)
-    assert bool(calls) == (T % 64 == 0) and all(bv == 32 for bv in calls)
+    got = run(setting)
+    assert bool(calls) == (T % 64 == 0) and all(bv == (64 if setting == 64 else 32) for bv in calls)
     for i, (a, b) in enumerate(zip(got, ref)):
         _close(a, b, f"{family} output {i}")
 
 
 @needs_triton
 def test_eligible_names_what_the_gluon_walk_takes():
-    """``eligible``: CUDA sm_90 16-bit inputs, K = 128, whole chunks, V block 32 and V a multiple of it; a CPU
-    tensor never (so the interpreter tests always run the Triton walk)."""
+    """``eligible``: CUDA sm_90 16-bit inputs, K = 128, whole chunks, V block 32 or 64 and V a multiple of it;
+    a CPU tensor never (so the interpreter tests always run the Triton walk)."""
     from blocks.kernels import dh_walk_gluon
 
     assert not dh_walk_gluon.eligible(torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16), 128, 32)
     if HOPPER:
         q = torch.zeros(1, 128, 2, 128, dtype=torch.bfloat16, device="cuda")
-        assert dh_walk_gluon.eligible(q, 128, 32) and not dh_walk_gluon.eligible(q, 128, 64)
+        assert dh_walk_gluon.eligible(q, 128, 32) and dh_walk_gluon.eligible(q, 128, 64)
         assert not dh_walk_gluon.eligible(q.float(), 128, 32)
         assert not dh_walk_gluon.eligible(q[:, :100], 128, 32)  # a chunk cut short
         assert not dh_walk_gluon.eligible(q[..., :64], 128, 32)  # K = 64
