@@ -43,7 +43,6 @@ from triton.compiler import ASTSource  # noqa: E402
 from blocks.kernels import decode_attention as da  # noqa: E402
 from blocks.kernels import decode_mixer as dm  # noqa: E402
 from blocks.kernels import delta as d  # noqa: E402
-from blocks.kernels import dh_walk_gluon as dgw  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
 from blocks.kernels import skinny as sk  # noqa: E402
@@ -76,12 +75,6 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
     types.update(T="i32", NT="i32", B="i32", C0="i32", C1="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
                  **{n: "i32" for n in ("sp_b", "sa_b", "sb_b", "sg_b", "sg_h", "H", "C")},
                  **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
-    if dgw.HAVE_GLUON and fn is dgw._bwd_dh_gluon_kernel:  # its TMA descriptors: [64, 128] key, [64, 32] value, [128, 32] state tiles
-        dt = "bf16" if act == "bf16" else "fp16"
-        key_l, val_l, sta_l = dgw.layouts(torch.bfloat16 if act == "bf16" else torch.float16, 32)
-        types.update({f"{n}_desc": f"tensordesc<{dt}[{dgw.BT}, 128],{key_l!r}>" for n in ("q", "k", "w")},
-                     **{f"{n}_desc": f"tensordesc<{dt}[{dgw.BT}, 32],{val_l!r}>" for n in ("do", "dv", "dv2")},
-                     dh_desc=f"tensordesc<{dt}[128, 32],{sta_l!r}>")
     if fn is sk._skinny_kernel:  # the decode GEMMs: rows of activations, the norm weight in their dtype
         types.update({n: f"*{act}" for n in ("x", "w", "out", "res", "xg", "gamma")},
                      ss_in="*fp32", ss_out="*fp32", tickets="*i32", eps_in="fp32",
@@ -140,9 +133,6 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                *table(d.LAUNCH, "bwd_dv_local", s))
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         # the reverse walk's launches: V block 32 (32k) and 64 (2k .. 16k: the larger shared memory)
-        if act == "bf16" and dgw.HAVE_GLUON:  # its Hopper form (delta.DH_WALK_GLUON) at V block 32, 16-bit only
-            yield (f"{tag}.bwd_dh_gluon", dgw._bwd_dh_gluon_kernel,
-                   dict(H=H, K=K, V=V, BV=32, USE_G=dh_gated, USE_DHT=True, STORE_DH0=True, num_warps=8), 8, 1, None)
         for job, bv in (("bwd_dh", 32), ("bwd_dh_bv64", 64)):
             yield (f"{tag}.{job}", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(bv, BV), USE_G=dh_gated, USE_DHT=True,
                                                           STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))

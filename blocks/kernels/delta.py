@@ -44,7 +44,7 @@ import triton.language as tl
 
 from blocks.ops.utils import check_gate, check_qkv
 
-from . import dh_walk_gluon as _dh_walk_gluon, low_memory_from_env, overlap as _overlap, register_kernel
+from . import low_memory_from_env, overlap as _overlap, register_kernel
 from .fitted import jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
@@ -173,12 +173,6 @@ WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 # the backward's buffers allocated as needed again (3 or 4 segments: +0.1..+1.9%; train_ab_1204_bwd_segments.md).
 # history: docs/benchmarks/kernel_decisions/delta.md#bwd_walk_segments
 BWD_WALK_SEGMENTS = 1
-# The reverse walk hand-scheduled in Gluon (``dh_walk_gluon``: its ``q^T do`` dot left in flight while the step's
-# ``k dh`` becomes ``dv2``, where Triton waits for each of the step's three dots at once; rows in and out by TMA)
-# where ``dh_walk_gluon.eligible`` holds (sm_90, 16-bit, K = 128, whole chunks): True at the walk's own V block,
-# 64 also at block 64 where the Triton walk takes 32 (the long sequences: half the programs re-reading q / k / w
-# rows from L2). False: the Triton kernel everywhere.
-DH_WALK_GLUON = False
 WALK_OVERLAP_BELOW_PER_SM = 1.0
 
 
@@ -311,7 +305,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
-            "HEADS_FASTEST": (False, True), "DH_WALK_GLUON": (False, True, 64)}
+            "HEADS_FASTEST": (False, True)}
 
 
 @triton.jit
@@ -1196,9 +1190,6 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     BKf = _pow2(K)
     BVo = min(128, _pow2(V))
     BV = walk_bv(q, B * H, V)
-    if DH_WALK_GLUON == 64 and BV == 32 and _dh_walk_gluon.eligible(q, V, 64):
-        BV = 64  # the long sequences' walk at block 64: half the programs, each with two warpgroups
-    gluon_walk = bool(DH_WALK_GLUON) and _dh_walk_gluon.eligible(q, V, BV)
     segments = _segments(NT, _cdiv(V, BV) * B * H, q, backward=True)[::-1]  # walk order: the last chunks first
     one = len(segments) == 1
 
@@ -1211,9 +1202,6 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     def walk(c0, c1, i):
         d_in = dht if i == 0 else carry
         d_out = dh0 if i == len(segments) - 1 else carry
-        if gluon_walk:
-            _dh_walk_gluon.bwd_dh(q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, c0, c1, BV)
-            return
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
             q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
