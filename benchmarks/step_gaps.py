@@ -72,16 +72,18 @@ def _step_kernels(events: list[dict], window: tuple[float, float]) -> tuple[dict
     return launches, kernels
 
 
-def timeline(events: list[dict]) -> list[dict]:
+def timeline(events: list[dict], windows: list[tuple[float, float]] | None = None,
+             per_step: list[dict] | None = None) -> list[dict]:
     """The kernels of the step whose wall time is the median (as ``summarize`` picks it), in start
     order: ``{"kernel", "stream", "start_us", "end_us", "grid"}``, times from that step's first kernel's
     start. Shows what ran beside what (the walks' segments on their own stream) and for how long, which
-    the per-kernel sums of ``kernel_breakdown`` cannot."""
-    windows = step_windows(events)
+    the per-kernel sums of ``kernel_breakdown`` cannot. ``windows`` / ``per_step``: the trace's
+    ``step_windows`` and their ``step_gaps`` where the caller has them (else found here)."""
+    windows = step_windows(events) if windows is None else windows
     if not windows:
         raise ValueError("no step (launches between two synchronizes) in the trace")
-    walls = [step_gaps(events, w)["wall_us"] for w in windows]
-    window = sorted(zip(walls, windows))[len(windows) // 2][1]
+    per_step = [step_gaps(events, w) for w in windows] if per_step is None else per_step
+    window = sorted(zip((s["wall_us"] for s in per_step), windows))[len(windows) // 2][1]
     _, kernels = _step_kernels(events, window)
     first = kernels[0]["ts"]
     return [{"kernel": k.get("name", "?")[:80], "stream": k.get("args", {}).get("stream"),
@@ -200,7 +202,7 @@ def measure(family: str, T: int, steps: int, min_gap_us: float, trace_dir: Path 
     per_step = [step_gaps(events, w, min_gap_us) for w in windows]
     return {"family": family, "T": T, "synced_ms": synced * 1e3, "queued_ms": queued * 1e3,
             "cpu_ops_traced": cpu_ops, **summarize(per_step),
-            **({"timeline": timeline(events)} if with_timeline else {})}
+            **({"timeline": timeline(events, windows, per_step)} if with_timeline else {})}
 
 
 def table(rows: list[dict]) -> str:
@@ -239,9 +241,10 @@ def from_traces(folder: Path, min_gap_us: float, with_timeline: bool = False) ->
         with gzip.open(path, "rt") as f:
             events = json.load(f)["traceEvents"]
         try:
-            per_step = [step_gaps(events, w, min_gap_us) for w in step_windows(events)]
+            windows = step_windows(events)
+            per_step = [step_gaps(events, w, min_gap_us) for w in windows]
             rows.append({"family": family, "T": int(T), **summarize(per_step),
-                         **({"timeline": timeline(events)} if with_timeline else {})})
+                         **({"timeline": timeline(events, windows, per_step)} if with_timeline else {})})
         except (ValueError, statistics.StatisticsError) as exc:
             rows.append({"family": family, "T": T, "error": f"{path.name}: {exc}"[:200]})
     return rows
