@@ -130,6 +130,13 @@ DQKWG_BK = 64
 # Sweep 2026-11-30 15:20 (H200): fwd+bwd -10.3 / -11.2% (delta_rule, 2k / 32k), -10.4 / -11.6%
 # (gated).
 KEEP_H = not LOW_MEMORY
+# Keep every chunk's intra-chunk scores ``P = scale mask(q k^T) * exp(G_i - G_j)`` from the forward
+# (``_fwd_o_kernel`` forms them anyway; ``[B, T, H, 64]`` in the activations' dtype, 2 KB per token and
+# layer at 16 heads in bf16) for the backward's ``dU = P^T do``, as gla's ``KEEP_A``: "dv_local":
+# ``_bwd_dv_local_kernel`` reads ``P`` (8 KB per chunk and head) instead of ``q, k`` (32 KB) and forms no
+# ``k q^T`` dot nor pair decay; "walk": the reverse walk forms ``P^T do`` itself (one [BT, BT] x [BT, BV]
+# dot per step, off its chain) and ``_bwd_dv_local_kernel`` is not launched; False: formed again.
+KEEP_P = False if LOW_MEMORY else "dv_local"
 # Removed after losing in H200 sweeps: ``WY_BWD_SPLIT``, ``UNGATED_WALK_BV``, ``FUSED_WY_FWD``.
 # history: docs/benchmarks/kernel_decisions/delta.md#removed-wy_bwd_split-ungated_walk_bv-fused_wy_fwd
 # The WY kernels (``_wu_kernel``, ``_wy_bwd_kernel``) take their dot operands in the activations'
@@ -305,7 +312,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
-            "HEADS_FASTEST": (False, True)}
+            "HEADS_FASTEST": (False, True), "KEEP_P": (False, "dv_local", "walk")}
 
 
 @triton.jit
@@ -667,12 +674,14 @@ def _fwd_h_kernel(k, w, u, gc, h, vn, h0, ht, T, NT, C0, C1,
 
 
 @_jit(do_not_specialize=["T", "NT", "C0"])  # one compile for every length
-def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT, C0,
+def _fwd_o_kernel(q, k, vn, gc, h, o, p, scale, T, NT, C0,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                  HEADS_FASTEST: tl.constexpr):
-    """Grid ``_chunk_grid(NT, B, H, V/BV)``: ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)``."""
+                  HEADS_FASTEST: tl.constexpr, STORE_P: tl.constexpr):
+    """Grid ``_chunk_grid(NT, B, H, V/BV)``: ``o = scale (exp(G) * (q h) + (mask(q k^T) * exp(G_i - G_j)) U)``.
+    ``STORE_P``: the first value block's program also writes the chunk's ``P = scale mask(q k^T) *
+    exp(G_i - G_j)`` into ``p: [B, T, H, BT]`` (row i: query, column j: key; ``KEEP_P``)."""
     i_v, i_t, i_b, i_h = _tile_ids((V + BV - 1) // BV, C0, H, HEADS_FASTEST)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
@@ -695,32 +704,39 @@ def _fwd_o_kernel(q, k, vn, gc, h, o, scale, T, NT, C0,
         b_A = b_A * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_A, False,
                                 gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
     b_A = tl.where(m_A, b_A, 0.)
+    if STORE_P:
+        if i_v == 0:
+            _store_rows(p, b_A * scale, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)
     b_vn = _load_rows(vn, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
     b_o = (b_o + tl.dot(b_A.to(b_vn.dtype), b_vn, input_precision=DOT_PREC)) * scale
     _store_rows(o, b_o, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
 
 
 @_jit(do_not_specialize=["T", "C0"])  # one compile for every length
-def _bwd_dv_local_kernel(q, k, gc, do, dv, scale, T, C0,
+def _bwd_dv_local_kernel(q, k, gc, p, do, dv, scale, T, C0,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                         HEADS_FASTEST: tl.constexpr):
+                         HEADS_FASTEST: tl.constexpr, FROM_P: tl.constexpr):
     """Grid ``_chunk_grid(NT, B, H, V/BV)``: ``dU`` through the intra-chunk output, ``P^T do`` with
-    ``P = scale mask(q k^T) * exp(G_i - G_j)`` (stored in ``dv``'s dtype)."""
+    ``P = scale mask(q k^T) * exp(G_i - G_j)`` (stored in ``dv``'s dtype); ``FROM_P``: ``P`` read from
+    the forward's ``p: [B, T, H, BT]`` (``KEEP_P``) instead of formed from ``q, k`` and the gate."""
     i_v, i_t, i_b, i_h = _tile_ids((V + BV - 1) // BV, C0, H, HEADS_FASTEST)
-    b_At = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i]
-    for i_k in range(tl.cdiv(K, BK)):
-        b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
-        b_At += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
-    o_i = tl.arange(0, BT)
-    m_ji = o_i[None, :] >= o_i[:, None]
-    if USE_G:
-        b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
-        b_At = b_At * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_ji, True,
-                                  gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
-    b_At = tl.where(m_ji, b_At * scale, 0.)
+    if FROM_P:
+        b_At = _load_cols(p, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT)  # [j, i]
+    else:
+        b_At = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i]
+        for i_k in range(tl.cdiv(K, BK)):
+            b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+            b_q = _load_rows(q, i_b, i_h, i_t * BT, T, H, K, i_k * BK, BT, BK)
+            b_At += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
+        o_i = tl.arange(0, BT)
+        m_ji = o_i[None, :] >= o_i[:, None]
+        if USE_G:
+            b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
+            b_At = b_At * _pair_decay(b_g, _load_g_cols(gc, i_b, i_h, i_t * BT, T, H, BT), m_ji, True,
+                                      gc, i_b, i_h, i_t * BT, T, H, BT, PAIR_FACTORED)
+        b_At = tl.where(m_ji, b_At * scale, 0.)
     b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
     b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
     _store_rows(dv, b_dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
@@ -731,12 +747,13 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr):
+                   DOT_PREC: tl.constexpr, DV_FROM_P: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (the
     gradient of the state after chunk ``C1 - 1``) to ``dh0`` (before chunk ``C0``; it may be
     ``dht``'s buffer). ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``DV_FROM_P``: ``dv`` is the forward's
+    ``P: [B, T, H, BT]`` (``KEEP_P``) and the walk forms ``P^T do`` itself (no ``_bwd_dv_local_kernel``)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -757,7 +774,12 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
         # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
-        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        if DV_FROM_P:
+            b_dvl = tl.dot(_load_cols(dv, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT), b_do, input_precision=DOT_PREC)
+        else:
+            b_dvl = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_do = b_do.to(tl.float32)
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
             b_kdh = b_kdh * tl.exp(g_last - b_g)[:, None]
@@ -765,7 +787,7 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
             b_dh *= tl.exp(g_last)
         else:
             b_do = b_do * scale
-        b_dv2 = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32) + b_kdh
+        b_dv2 = b_dvl + b_kdh
         _store_rows(dv2, b_dv2, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
         b_qT = _load_cols(q, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)  # [BK, BT]
         b_wT = _load_cols(w, i_b, i_h, i_t * BT, T, H, K, 0, BK, BT)
@@ -1116,19 +1138,26 @@ def fwd_h(k, w, u, gc, h0, output_final_state):
     return h, vn, ht
 
 
-def _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1):
-    """The output of chunks ``c0 .. c1 - 1`` into ``o``."""
+def _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1, p=None):
+    """The output of chunks ``c0 .. c1 - 1`` into ``o`` (and their scores ``P`` into ``p`` unless None)."""
     B, T, H, K = q.shape
     V = vn.shape[-1]
     BK, BV = min(64, _pow2(K)), min(128, _pow2(V))
     _fwd_o_kernel[_chunk_grid(c1 - c0, B, H, _cdiv(V, BV))](
-        q, k, vn, gc, h, o, scale, T, h.shape[1], c0, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        q, k, vn, gc, h, o, p, scale, T, h.shape[1], c0, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         USE_G=gc is not None, DOT_PREC=_prec(q), PAIR_FACTORED=PAIR_DECAY_FACTORED, HEADS_FASTEST=HEADS_FASTEST,
-        **_launch(LAUNCH, "fwd_o", q))
+        STORE_P=p is not None, **_launch(LAUNCH, "fwd_o", q))
+
+
+def _p_buffer(q: torch.Tensor) -> torch.Tensor | None:
+    """``p [B, T, H, BT]`` (empty, ``q``'s dtype) for the chunks' scores under ``KEEP_P``, else None."""
+    B, T, H, _ = q.shape
+    return q.new_empty(B, T, H, BT) if KEEP_P else None
 
 
 def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
-    """The forward: ``(o [B, T, H, V], Ai, w, u, h, vn, ht | None)``. The state walk runs in
+    """The forward: ``(o [B, T, H, V], Ai, w, u, h, vn, ht | None, p [B, T, H, BT] | None)``
+    (``p``: the chunks' scores, with ``KEEP_P``). The state walk runs in
     segments beside the WY kernels before it and the output kernel after it when it has few
     programs (``overlap``). ``g``: the gate, from which ``_kkt_kernel`` fills the empty ``gc``
     (``KKT_CUMSUM``); else ``gc`` is already filled (or None: ungated)."""
@@ -1144,8 +1173,10 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
         # step that starts from an idle GPU
         Ai, w, u = wy_fwd(k, v, beta, gc, g)
         h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
-        return fwd_o(q, k, vn, gc, h, scale), Ai, w, u, h, vn, ht
+        p = _p_buffer(q)
+        return fwd_o(q, k, vn, gc, h, scale, p), Ai, w, u, h, vn, ht, p
     A, Ai, w, u = _wy_buffers(k, v)
+    p = _p_buffer(q)
     h, vn, ht = _walk_buffers(k, u, output_final_state)
     o = torch.empty_like(vn)
     carry = k.new_empty(B, H, K, V, dtype=torch.float32)
@@ -1160,21 +1191,23 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
         _fwd_h_walk(k, w, u, gc, h, vn, h0 if i == 0 else carry, ht if i == len(segments) - 1 else carry,
                     BV, c0, c1)
 
-    _overlap.run(segments, wy, walk, lambda c0, c1: _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1), k)
-    return o, Ai, w, u, h, vn, ht
+    _overlap.run(segments, wy, walk, lambda c0, c1: _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1, p), k)
+    return o, Ai, w, u, h, vn, ht, p
 
 
-def fwd_o(q, k, vn, gc, h, scale):
-    """The output of every chunk (``o`` like ``vn``)."""
+def fwd_o(q, k, vn, gc, h, scale, p=None):
+    """The output of every chunk (``o`` like ``vn``); the chunks' scores into ``p`` unless None."""
     o = torch.empty_like(vn)
-    _fwd_o_kernels(q, k, vn, gc, h, o, scale, 0, h.shape[1])
+    _fwd_o_kernels(q, k, vn, gc, h, o, scale, 0, h.shape[1], p)
     return o
 
 
-def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_kept=None):
+def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_kept=None, p=None,
+        p_use="dv_local"):
     """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32).
-    ``w, u``: the forward's (``u`` only matters without ``h_kept``), ``h_kept`` its ``(h, vn)``;
-    what is missing is recomputed. In more than one segment (``BWD_WALK_SEGMENTS``, or
+    ``w, u``: the forward's (``u`` only matters without ``h_kept``), ``h_kept`` its ``(h, vn)``,
+    ``p`` its chunk scores (``KEEP_P``), read by ``_bwd_dv_local_kernel`` or, ``p_use="walk"``, by the
+    reverse walk; what is missing is recomputed. In more than one segment (``BWD_WALK_SEGMENTS``, or
     ``WALK_SEGMENTS`` when it is None) the reverse state walk runs in segments (from the last chunks)
     beside the kernels before and after it when it has few programs (``overlap``); in one segment
     each buffer is allocated just before its first kernel and the transient ones freed after their
@@ -1192,20 +1225,23 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     BV = walk_bv(q, B * H, V)
     segments = _segments(NT, _cdiv(V, BV) * B * H, q, backward=True)[::-1]  # walk order: the last chunks first
     one = len(segments) == 1
+    walk_p = p is not None and p_use == "walk"
 
     def dv_local(c0, c1):
+        if walk_p:  # the walk forms P^T do
+            return
         _bwd_dv_local_kernel[_chunk_grid(c1 - c0, B, H, _cdiv(V, BVo))](
-            q, k, gc, do, dv_loc, scale, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
+            q, k, gc, p, do, dv_loc, scale, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
             USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, HEADS_FASTEST=HEADS_FASTEST,
-            **_launch(LAUNCH, "bwd_dv_local", q))
+            FROM_P=p is not None, **_launch(LAUNCH, "bwd_dv_local", q))
 
     def walk(c0, c1, i):
         d_in = dht if i == 0 else carry
         d_out = dh0 if i == len(segments) - 1 else carry
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
-            q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
-            BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
-            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
+            q, k, w, gc_dh, do, p if walk_p else dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K,
+            V=V, BT=BT, BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None,
+            STORE_DH0=d_out is not None, DOT_PREC=prec, DV_FROM_P=walk_p, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[_chunk_grid(c1 - c0, B, H, NK)](
@@ -1225,7 +1261,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
     # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their
     # memory traffic (4 x [B, T, H, D]: written once, read up to three times).
-    dv_loc = torch.empty_like(v)
+    dv_loc = None if walk_p else torch.empty_like(v)
     if one:
         dv_local(0, NT)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
@@ -1237,7 +1273,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     carry = None if one else q.new_empty(B, H, K, V, dtype=torch.float32)
     if one:
         walk(0, NT, 0)
-        dv_loc = gc_dh = None
+        dv_loc = gc_dh = p = None
     dq = torch.empty_like(q)
     dk_p, dw = torch.empty_like(k), torch.empty_like(k)
     BKs = min(DQKWG_BK, BKf)  # the key split (DQKWG_BK); warps and stages from LAUNCH (swept)
@@ -1268,23 +1304,26 @@ class ChunkDeltaRule(torch.autograd.Function):
             gc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
         else:
             gc = chunk_cumsum(g) if g is not None else None
-        o, Ai, w, u, h, vn, ht = forward(q, k, v, gc, beta, h0, scale, output_final_state,
-                                         g if kkt_cumsum else None)
+        o, Ai, w, u, h, vn, ht, p = forward(q, k, v, gc, beta, h0, scale, output_final_state,
+                                            g if kkt_cumsum else None)
         # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64]; fla keeps its
         # inverse too, in the activations' dtype, as WY_INPUT_DTYPE_DOTS does; rebuilding it costs
         # two kernels) and, with KEEP_WU, w (and u, which only the state walk reads: not with
         # KEEP_H). The chunk states and U are recomputed by the state walk unless KEEP_H (a
         # [B, T/64, H, K, V] tensor per layer).
-        ctx.kept = (KEEP_WU, KEEP_H)  # as at forward time: the switches may change before backward
+        # KEEP_P: the chunks' scores P, read by the backward's first kernel or its reverse walk.
+        ctx.kept = (KEEP_WU, KEEP_H, KEEP_P)  # as at forward time: the switches may change before backward
         kept_wu = ((w,) if KEEP_H else (w, u)) if KEEP_WU else ()
-        ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *kept_wu, *((h, vn) if KEEP_H else ()))
+        ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *kept_wu, *((h, vn) if KEEP_H else ()),
+                              *((p,) if KEEP_P else ()))
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g, beta, gc, Ai, h0, *kept = ctx.saved_tensors
-        keep_wu, keep_h = ctx.kept
+        keep_wu, keep_h, keep_p = ctx.kept
+        p = kept.pop() if keep_p else None
         w = kept[0] if keep_wu else None
         u = kept[1] if keep_wu and not keep_h else None
         h_kept = tuple(kept[-2:]) if keep_h else None
@@ -1293,7 +1332,7 @@ class ChunkDeltaRule(torch.autograd.Function):
             dht = dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[6]
         dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, Ai, h0, do, dht, ctx.scale, need_dh0,
-                                         w, u, h_kept)
+                                         w, u, h_kept, p, keep_p or "dv_local")
         dg = dg.to(g.dtype) if dg is not None else None
         return dq, dk, dv, dg, dbeta.to(beta.dtype), None, dh0, None
 

@@ -314,6 +314,28 @@ def test_gpu_walks_at_both_value_blocks(family, block_v, monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("keep_p", [False, "dv_local", "walk"])
+@pytest.mark.parametrize("block_v", [32, 64])
+def test_gpu_delta_keep_p_forms(family, keep_p, block_v, monkeypatch):
+    """Each ``delta.KEEP_P`` form (the backward's ``P^T do`` from ``P`` formed again, read by
+    ``_bwd_dv_local_kernel``, or formed in the reverse walk) at both walk V blocks, in bf16, against
+    the reference, in one segment and in three."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "KEEP_P", keep_p)
+    monkeypatch.setattr(delta, "walk_bv", fixed_walk_bv(block_v))
+    monkeypatch.setattr(delta, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
+    for segments in (1, 3):
+        monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
+        monkeypatch.setattr(delta, "BWD_WALK_SEGMENTS", None)
+        for decay, with_h0 in CASES[:2] if family == "gated_delta_rule" else CASES[:1]:
+            errs = run_case(chunk_kernel(family), family, (2, 300, 2, 128, 128), torch.bfloat16, decay, with_h0, "cuda")
+            bad = {n: e for n, e in errs.items() if e > TOL[torch.bfloat16]}
+            assert not bad, f"{family} KEEP_P={keep_p} BV={block_v} segments={segments} {decay}: {bad} (all: {errs})"
+
+
+@gpu
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
 def test_gpu_delta_rules_with_correlated_keys(family):
     """Keys of pairwise cosine ~0.9 with beta ~1: TF32 in the chunk inverse's diagonal blocks gave
     an O(0.1-1) error there (CPU emulation, benchmarks/solve_tril_precision.py); the kernels solve
@@ -548,6 +570,37 @@ def test_gpu_delta_program_orders_give_the_same_bits(family, monkeypatch):
     got = segmented_outputs(family, shape, torch.bfloat16, "cuda", 2, monkeypatch)
     for i, (a, b) in enumerate(zip(got, ref)):
         assert torch.equal(a, b), f"{family}: output {i} differs by {(a.float() - b.float()).abs().max().item():.3g}"
+
+
+@interpreter
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("keep_p", [False, "dv_local", "walk"])
+@pytest.mark.parametrize("segments", [1, 3])
+def test_interpreter_delta_keep_p_reads_the_forwards_scores(family, keep_p, segments, monkeypatch):
+    """``delta.KEEP_P``: ``_fwd_o_kernel`` stores the chunks' scores ``P`` (``STORE_P``) and the
+    backward's ``P^T do`` reads them, in ``_bwd_dv_local_kernel`` ("dv_local": ``FROM_P``) or in the
+    reverse walk ("walk": ``DV_FROM_P``, no ``_bwd_dv_local_kernel`` launch); False forms them again.
+    Each against the float64 reference, in one segment and in three (a partial last chunk: T=300,
+    5 chunks); float16 inputs keep ``P`` in float16."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "KEEP_P", keep_p)
+    monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
+    monkeypatch.setattr(delta, "BWD_WALK_SEGMENTS", None)
+    monkeypatch.setattr(delta, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
+    spies = {name: _LaunchSpy(getattr(delta, name)) for name in ("_fwd_o_kernel", "_bwd_dv_local_kernel", "_bwd_dh_kernel")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(delta, name, spy)
+    with checked_memory():
+        errs = run_case(chunk_kernel(family), family, (1, 300, 2, 32, 16), torch.float32, "random", True, "cpu")
+    assert max(errs.values()) < 2e-5, errs
+    assert {kw["STORE_P"] for _, kw in spies["_fwd_o_kernel"].calls} == {bool(keep_p)}
+    dv_local = spies["_bwd_dv_local_kernel"].calls
+    assert {kw["FROM_P"] for _, kw in dv_local} == (set() if keep_p == "walk" else {keep_p == "dv_local"})
+    assert len(spies["_bwd_dh_kernel"].calls) == segments
+    assert {kw["DV_FROM_P"] for _, kw in spies["_bwd_dh_kernel"].calls} == {keep_p == "walk"}
+    errs = run_case(chunk_kernel(family), family, (1, 130, 2, 32, 48), torch.float16, "random", True, "cpu")
+    assert max(errs.values()) < 3e-3, errs
 
 
 @interpreter
