@@ -572,7 +572,7 @@ def test_aot_tool_reports_whether_a_loop_was_pipelined():
     code = """
 import kernels_aot_regs as aot
 from blocks.kernels import delta
-cx = dict(H=16, K=128, V=128, BT=64, BK=128, BV=32, USE_G=True, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32")
+cx = dict(H=16, K=128, V=128, BT=64, BK=128, BV=32, USE_G=True, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", DV_FROM_P=False)
 k = aot.compile_one(delta._bwd_dh_kernel, aot.arg_types("bf16"), cx, 4, 3, 90)
 print(*aot.pipelining(k), aot.resources(k)["REG"])
 """
