@@ -128,18 +128,17 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.fwd_h_bv64", d._fwd_h_kernel, dict(C, BK=BK, BV=min(64, BV), USE_G=use_g, USE_H0=True,
                                                           STORE_HT=True, DOT_PREC=prec), *table(d.LAUNCH, "fwd_h", s))
         yield (f"{tag}.fwd_o", d._fwd_o_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
-                                                     HEADS_FASTEST=d.HEADS_FASTEST, STORE_P=bool(d.KEEP_P)),
+                                                     HEADS_FASTEST=d.HEADS_FASTEST, STORE_P=d.KEEP_P),
                *table(d.LAUNCH, "fwd_o", s))
         yield (f"{tag}.bwd_dv_local", d._bwd_dv_local_kernel, dict(C, BK=min(64, BK), BV=min(128, BV), USE_G=use_g,
                                                                    DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, HEADS_FASTEST=d.HEADS_FASTEST,
-                                                                   FROM_P=d.KEEP_P == "dv_local"),
+                                                                   FROM_P=d.KEEP_P),
                *table(d.LAUNCH, "bwd_dv_local", s))
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         # the reverse walk's launches: V block 32 (32k) and 64 (2k .. 16k: the larger shared memory)
         for job, bv in (("bwd_dh", 32), ("bwd_dh_bv64", 64)):
             yield (f"{tag}.{job}", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(bv, BV), USE_G=dh_gated, USE_DHT=True,
-                                                          STORE_DH0=True, DOT_PREC=prec, DV_FROM_P=d.KEEP_P == "walk"),
-                   *table(d.LAUNCH, "bwd_dh", s))
+                                                          STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), USE_G=use_g,
                                                              DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
                                                              DS_UNMASKED=d.DQKWG_DS_UNMASKED, HEADS_FASTEST=d.HEADS_FASTEST),

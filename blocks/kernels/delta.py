@@ -132,11 +132,13 @@ DQKWG_BK = 64
 KEEP_H = not LOW_MEMORY
 # Keep every chunk's intra-chunk scores ``P = scale mask(q k^T) * exp(G_i - G_j)`` from the forward
 # (``_fwd_o_kernel`` forms them anyway; ``[B, T, H, 64]`` in the activations' dtype, 2 KB per token and
-# layer at 16 heads in bf16) for the backward's ``dU = P^T do``, as gla's ``KEEP_A``: "dv_local":
-# ``_bwd_dv_local_kernel`` reads ``P`` (8 KB per chunk and head) instead of ``q, k`` (32 KB) and forms no
-# ``k q^T`` dot nor pair decay; "walk": the reverse walk forms ``P^T do`` itself (one [BT, BT] x [BT, BV]
-# dot per step, off its chain) and ``_bwd_dv_local_kernel`` is not launched; False: formed again.
-KEEP_P = False if LOW_MEMORY else "dv_local"
+# layer at 16 heads in bf16) for the backward's ``dU = P^T do``, as gla's ``KEEP_A``: ``_bwd_dv_local_kernel``
+# reads ``P`` (8 KB per chunk and head) instead of ``q, k`` (32 KB) and forms no ``k q^T`` dot nor pair
+# decay. Off: formed again. Per step graph-replayed at 2k / 16k / 32k: gated -2.0 / -1.8 / -1.8%, delta_rule
+# -1.7 / -1.5 / -1.7% (H200 2026-12-04 20:44, train_ab_1204_keep_p.md); the reverse walk forming ``P^T do``
+# itself (no ``_bwd_dv_local_kernel``) lost there, +2.4% at 32k (gated).
+# history: docs/benchmarks/kernel_decisions/delta.md#keep_p
+KEEP_P = not LOW_MEMORY
 # Removed after losing in H200 sweeps: ``WY_BWD_SPLIT``, ``UNGATED_WALK_BV``, ``FUSED_WY_FWD``.
 # history: docs/benchmarks/kernel_decisions/delta.md#removed-wy_bwd_split-ungated_walk_bv-fused_wy_fwd
 # The WY kernels (``_wu_kernel``, ``_wy_bwd_kernel``) take their dot operands in the activations'
@@ -312,7 +314,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
-            "HEADS_FASTEST": (False, True), "KEEP_P": (False, "dv_local", "walk")}
+            "HEADS_FASTEST": (False, True), "KEEP_P": (False, True)}
 
 
 @triton.jit
@@ -747,13 +749,12 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr, DV_FROM_P: tl.constexpr):
+                   DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (the
     gradient of the state after chunk ``C1 - 1``) to ``dh0`` (before chunk ``C0``; it may be
     ``dht``'s buffer). ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``DV_FROM_P``: ``dv`` is the forward's
-    ``P: [B, T, H, BT]`` (``KEEP_P``) and the walk forms ``P^T do`` itself (no ``_bwd_dv_local_kernel``)."""
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -774,11 +775,10 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
         # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
+        # dv loaded beside do, both converted after (sm_90 at V block 64: 2328 SASS instructions against
+        # 2344 for the loads where used; the form of the 2026-12-04 21:00 run, not timed apart)
         b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        if DV_FROM_P:
-            b_dvl = tl.dot(_load_cols(dv, i_b, i_h, i_t * BT, T, H, BT, 0, BT, BT), b_do, input_precision=DOT_PREC)
-        else:
-            b_dvl = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        b_dvl = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_do = b_do.to(tl.float32)
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
@@ -1202,12 +1202,11 @@ def fwd_o(q, k, vn, gc, h, scale, p=None):
     return o
 
 
-def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_kept=None, p=None,
-        p_use="dv_local"):
+def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_kept=None, p=None):
     """All input gradients: ``(dq, dk, dv, dbeta, dg | None, dh0 | None)`` (dg/dbeta float32).
     ``w, u``: the forward's (``u`` only matters without ``h_kept``), ``h_kept`` its ``(h, vn)``,
-    ``p`` its chunk scores (``KEEP_P``), read by ``_bwd_dv_local_kernel`` or, ``p_use="walk"``, by the
-    reverse walk; what is missing is recomputed. In more than one segment (``BWD_WALK_SEGMENTS``, or
+    ``p`` its chunk scores (``KEEP_P``), read by ``_bwd_dv_local_kernel``; what is missing is
+    recomputed. In more than one segment (``BWD_WALK_SEGMENTS``, or
     ``WALK_SEGMENTS`` when it is None) the reverse state walk runs in segments (from the last chunks)
     beside the kernels before and after it when it has few programs (``overlap``); in one segment
     each buffer is allocated just before its first kernel and the transient ones freed after their
@@ -1225,11 +1224,8 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     BV = walk_bv(q, B * H, V)
     segments = _segments(NT, _cdiv(V, BV) * B * H, q, backward=True)[::-1]  # walk order: the last chunks first
     one = len(segments) == 1
-    walk_p = p is not None and p_use == "walk"
 
     def dv_local(c0, c1):
-        if walk_p:  # the walk forms P^T do
-            return
         _bwd_dv_local_kernel[_chunk_grid(c1 - c0, B, H, _cdiv(V, BVo))](
             q, k, gc, p, do, dv_loc, scale, T, c0, H=H, K=K, V=V, BT=BT, BK=min(64, BKf), BV=BVo,
             USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED, HEADS_FASTEST=HEADS_FASTEST,
@@ -1239,9 +1235,9 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         d_in = dht if i == 0 else carry
         d_out = dh0 if i == len(segments) - 1 else carry
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
-            q, k, w, gc_dh, do, p if walk_p else dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K,
-            V=V, BT=BT, BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None,
-            STORE_DH0=d_out is not None, DOT_PREC=prec, DV_FROM_P=walk_p, **_launch(LAUNCH, "bwd_dh", q))
+            q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
+            BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
+            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[_chunk_grid(c1 - c0, B, H, NK)](
@@ -1261,7 +1257,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
     # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their
     # memory traffic (4 x [B, T, H, D]: written once, read up to three times).
-    dv_loc = None if walk_p else torch.empty_like(v)
+    dv_loc = torch.empty_like(v)
     if one:
         dv_local(0, NT)
     dh = q.new_empty(B, NT, H, K, V, dtype=_state_dtype(q))
@@ -1311,7 +1307,7 @@ class ChunkDeltaRule(torch.autograd.Function):
         # two kernels) and, with KEEP_WU, w (and u, which only the state walk reads: not with
         # KEEP_H). The chunk states and U are recomputed by the state walk unless KEEP_H (a
         # [B, T/64, H, K, V] tensor per layer).
-        # KEEP_P: the chunks' scores P, read by the backward's first kernel or its reverse walk.
+        # KEEP_P: the chunks' scores P, read by the backward's first kernel (bwd_dv_local).
         ctx.kept = (KEEP_WU, KEEP_H, KEEP_P)  # as at forward time: the switches may change before backward
         kept_wu = ((w,) if KEEP_H else (w, u)) if KEEP_WU else ()
         ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *kept_wu, *((h, vn) if KEEP_H else ()),
@@ -1332,7 +1328,7 @@ class ChunkDeltaRule(torch.autograd.Function):
             dht = dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[6]
         dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, Ai, h0, do, dht, ctx.scale, need_dh0,
-                                         w, u, h_kept, p, keep_p or "dv_local")
+                                         w, u, h_kept, p)
         dg = dg.to(g.dtype) if dg is not None else None
         return dq, dk, dv, dg, dbeta.to(beta.dtype), None, dh0, None
 

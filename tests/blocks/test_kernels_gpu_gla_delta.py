@@ -314,12 +314,11 @@ def test_gpu_walks_at_both_value_blocks(family, block_v, monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("keep_p", [False, "dv_local", "walk"])
+@pytest.mark.parametrize("keep_p", [False, True])
 @pytest.mark.parametrize("block_v", [32, 64])
 def test_gpu_delta_keep_p_forms(family, keep_p, block_v, monkeypatch):
-    """Each ``delta.KEEP_P`` form (the backward's ``P^T do`` from ``P`` formed again, read by
-    ``_bwd_dv_local_kernel``, or formed in the reverse walk) at both walk V blocks, in bf16, against
-    the reference, in one segment and in three."""
+    """``delta.KEEP_P`` on and off (the backward's ``P^T do`` from the forward's kept ``P`` or from ``P``
+    formed again) at both walk V blocks, in bf16, against the reference, in one segment and in three."""
     from blocks.kernels import delta
 
     monkeypatch.setattr(delta, "KEEP_P", keep_p)
@@ -574,13 +573,12 @@ def test_gpu_delta_program_orders_give_the_same_bits(family, monkeypatch):
 
 @interpreter
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("keep_p", [False, "dv_local", "walk"])
+@pytest.mark.parametrize("keep_p", [False, True])
 @pytest.mark.parametrize("segments", [1, 3])
 def test_interpreter_delta_keep_p_reads_the_forwards_scores(family, keep_p, segments, monkeypatch):
     """``delta.KEEP_P``: ``_fwd_o_kernel`` stores the chunks' scores ``P`` (``STORE_P``) and the
-    backward's ``P^T do`` reads them, in ``_bwd_dv_local_kernel`` ("dv_local": ``FROM_P``) or in the
-    reverse walk ("walk": ``DV_FROM_P``, no ``_bwd_dv_local_kernel`` launch); False forms them again.
-    Each against the float64 reference, in one segment and in three (a partial last chunk: T=300,
+    backward's ``_bwd_dv_local_kernel`` reads them for ``P^T do`` (``FROM_P``); off, it forms them again.
+    Either against the float64 reference, in one segment and in three (a partial last chunk: T=300,
     5 chunks); float16 inputs keep ``P`` in float16."""
     from blocks.kernels import delta
 
@@ -588,17 +586,14 @@ def test_interpreter_delta_keep_p_reads_the_forwards_scores(family, keep_p, segm
     monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
     monkeypatch.setattr(delta, "BWD_WALK_SEGMENTS", None)
     monkeypatch.setattr(delta, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
-    spies = {name: _LaunchSpy(getattr(delta, name)) for name in ("_fwd_o_kernel", "_bwd_dv_local_kernel", "_bwd_dh_kernel")}
+    spies = {name: _LaunchSpy(getattr(delta, name)) for name in ("_fwd_o_kernel", "_bwd_dv_local_kernel")}
     for name, spy in spies.items():
         monkeypatch.setattr(delta, name, spy)
     with checked_memory():
         errs = run_case(chunk_kernel(family), family, (1, 300, 2, 32, 16), torch.float32, "random", True, "cpu")
     assert max(errs.values()) < 2e-5, errs
-    assert {kw["STORE_P"] for _, kw in spies["_fwd_o_kernel"].calls} == {bool(keep_p)}
-    dv_local = spies["_bwd_dv_local_kernel"].calls
-    assert {kw["FROM_P"] for _, kw in dv_local} == (set() if keep_p == "walk" else {keep_p == "dv_local"})
-    assert len(spies["_bwd_dh_kernel"].calls) == segments
-    assert {kw["DV_FROM_P"] for _, kw in spies["_bwd_dh_kernel"].calls} == {keep_p == "walk"}
+    for name, flag in (("_fwd_o_kernel", "STORE_P"), ("_bwd_dv_local_kernel", "FROM_P")):
+        assert [kw[flag] for _, kw in spies[name].calls] == [keep_p] * segments, name
     errs = run_case(chunk_kernel(family), family, (1, 130, 2, 32, 48), torch.float16, "random", True, "cpu")
     assert max(errs.values()) < 3e-3, errs
 

@@ -276,10 +276,10 @@ def test_sweep_only_restricts_the_variants_to_the_named_entries(sweep, monkeypat
 @pytest.mark.parametrize("env, kept", [("1", False), ("", True)])
 def test_low_memory_environment_turns_every_keep_off(env, kept):
     code = ("from blocks.kernels import delta, gla, scalar_decay; "
-            "print(delta.KEEP_WU, delta.KEEP_H, gla.KEEP_H, gla.KEEP_A, scalar_decay.KEEP_H, delta.WALK_SEGMENTS > 1, "
-            "gla.WALK_SEGMENTS > 1)")
+            "print(delta.KEEP_WU, delta.KEEP_H, delta.KEEP_P, gla.KEEP_H, gla.KEEP_A, scalar_decay.KEEP_H, "
+            "delta.WALK_SEGMENTS > 1, gla.WALK_SEGMENTS > 1)")
     out = run_python(code, {"ARCHSEARCH_LOW_MEMORY_KERNELS": env})
-    assert out.split() == [str(kept)] * 7  # segmented walks hold more transient memory
+    assert out.split() == [str(kept)] * 8  # segmented walks hold more transient memory
 
 
 def test_benchmarks_record_the_switches_they_ran_with():
@@ -572,7 +572,7 @@ def test_aot_tool_reports_whether_a_loop_was_pipelined():
     code = """
 import kernels_aot_regs as aot
 from blocks.kernels import delta
-cx = dict(H=16, K=128, V=128, BT=64, BK=128, BV=32, USE_G=True, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", DV_FROM_P=False)
+cx = dict(H=16, K=128, V=128, BT=64, BK=128, BV=32, USE_G=True, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32")
 k = aot.compile_one(delta._bwd_dh_kernel, aot.arg_types("bf16"), cx, 4, 3, 90)
 print(*aot.pipelining(k), aot.resources(k)["REG"])
 """
