@@ -20,10 +20,10 @@ Kernels (each per chunk and parallel unless said): ``_kkt_kernel`` builds ``A`` 
 substitution, merged with 16x16 dots), both in one program per chunk (``_kkt_solve_kernel``,
 ``KKT_SOLVE_FUSED``); ``_wu_kernel`` forms ``w, u``; ``_fwd_h`` walks the chunks of a
 (batch, head, V slice) in order *inside the kernel*, storing every chunk-start state and ``U``;
-``_fwd_o`` computes every chunk's output. The backward takes the forward's ``Ai`` and, by default,
-its ``w``, chunk states and ``U`` (``KEEP_WU``, ``KEEP_H``; else recomputed); a reverse walk
-``_bwd_dh`` carries the state gradient and produces
-``dU``; ``_bwd_dqkwg`` gives ``dq`` and the parts of ``dk, dw, dG`` through
+``_fwd_o`` computes every chunk's output (and keeps its scores ``P``). The backward takes the forward's
+``Ai`` and, by default, its ``w``, chunk states, ``U`` and ``P`` (``KEEP_WU``, ``KEEP_H``, ``KEEP_P``; else
+recomputed); ``_bwd_dv_local`` forms the intra-chunk ``P^T do``; a reverse walk ``_bwd_dh`` carries the
+state gradient and produces ``dU``; ``_bwd_dqkwg`` gives ``dq`` and the parts of ``dk, dw, dG`` through
 ``o`` and the state; ``_wy_bwd`` back-propagates through ``Tm`` (``dA = -Tm^T dTm Tm^T``) into
 ``dk, dv, dbeta`` and turns the chunk-local ``dG`` into ``dg`` by a reverse cumsum.
 
@@ -110,8 +110,8 @@ LAUNCH = {
     "bwd_dqkwg_gated_bv32": dict(num_warps=4, num_stages=4),
     "wy_bwd_gated": dict(num_warps=4, num_stages=4),
 }
-# ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU and KEEP_H off: the backward
-# then recomputes what they keep (measured: +8% and +11% per fwd+bwd step; 16 KB less saved
+# ARCHSEARCH_LOW_MEMORY_KERNELS=1 in the environment turns KEEP_WU, KEEP_H and KEEP_P off: the backward
+# then recomputes what they keep (measured: +8%, +11% and +2% per fwd+bwd step; 18 KB less saved
 # activations per token and layer at 16 heads of 128 in bf16).
 LOW_MEMORY = low_memory_from_env()
 # Keep the forward's w (and u, unless KEEP_H makes it unneeded) for the backward instead of
