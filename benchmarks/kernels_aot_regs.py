@@ -71,6 +71,7 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
         types["Ai"] = f"*{act}"
     if g.KEEP_A and g.WHOLE_CHUNK and fn is not None and getattr(fn, "fn", fn).__module__ == g.__name__:
         types["A"] = f"*{act}"
+    types["tickets"] = "*i32"  # split-K and per-chunk tickets
     types.update(inv_freq="*fp32", pos_ptr="*i64", valid="*u8", part="*fp32", part_ml="*fp32", cap="i32",
                  scale_log2="fp32")
     types.update(T="i32", NT="i32", B="i32", C0="i32", C1="i32", scale="fp32", s_in="*fp32", s_out="*fp32", eps="fp32",
@@ -148,6 +149,14 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                                                        ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS,
                                                        HEADS_FASTEST=d.HEADS_FASTEST),
                *table(d.LAUNCH, "wy_bwd_gated" if use_g else "wy_bwd", s))
+        # DQKWG_WY_FUSED: both in one kernel, at bwd_dqkwg's launch settings
+        nk = triton.cdiv(K, min(d.DQKWG_BK, BK))
+        yield (f"{tag}.bwd_dqkwg_wy", d._bwd_dqkwg_wy_kernel,
+               dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), NK=nk, WY_BK=min(32, BK), WY_BV=min(32, BV),
+                    USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
+                    DS_UNMASKED=d.DQKWG_DS_UNMASKED, HEADS_FASTEST=d.HEADS_FASTEST, LOWP=lowp,
+                    ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS),
+               *table(d.LAUNCH, ("bwd_dqkwg_gated" if use_g else "bwd_dqkwg") + ("_bv32" if d.DQKWG_BV == 32 else ""), s))
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"
         yield (f"{tag}.fwd_h", sd._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g, USE_H0=True,

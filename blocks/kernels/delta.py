@@ -307,6 +307,12 @@ KKT_SOLVE_FUSED = True
 # 1.093 / 1.094 ms, wy_bwd 0.777 / 0.774 at 2k / 8k, with the order's first form, 13:43).
 # history: docs/benchmarks/kernel_decisions/delta.md#heads_fastest
 HEADS_FASTEST = True
+# ``_bwd_dqkwg_kernel`` and ``_wy_bwd_kernel`` as one kernel (``_bwd_dqkwg_wy_kernel``): the last of a
+# chunk's key-slice programs to finish (a ticket per chunk) does the chunk's WY backward, reading the
+# slices' ``dk`` / ``dw`` parts (written, not re-read from DRAM: 8 KB per token at 16 heads in bf16) and the
+# chunk's ``k`` / ``dv2`` rows while they are in L2. Off: two kernels. Built 2026-12-04 (interpreter tests,
+# sm_90 compiles), not yet timed on a GPU: ready for ``train_ab.py --variants="-;DQKWG_WY_FUSED=True"``.
+DQKWG_WY_FUSED = False
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
@@ -314,7 +320,8 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
-            "HEADS_FASTEST": (False, True), "KEEP_P": (False, True)}
+            "HEADS_FASTEST": (False, True), "KEEP_P": (False, True),
+            "DQKWG_WY_FUSED": (False, True)}
 
 
 @triton.jit
@@ -808,6 +815,17 @@ def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT
     of the chunk-local ``dG`` goes to ``dG[i_k]`` (the slices' shares add up: every term is a sum
     over key channels). Splitting K (``DQKWG_BK`` = 64) keeps the float32 accumulators at [BT, 64] each."""
     i_k, i_t, i_b, i_h = _tile_ids((K + BK - 1) // BK, C0, H, HEADS_FASTEST)
+    _dqkwg_tile(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, i_k, i_t, i_b, i_h,
+                H, K, V, BT, BK, BV, USE_G, DOT_PREC, PAIR_FACTORED, DG_FROM_ROWS, DS_UNMASKED)
+
+
+@triton.jit
+def _dqkwg_tile(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, i_k, i_t, i_b, i_h,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
+                DG_FROM_ROWS: tl.constexpr, DS_UNMASKED: tl.constexpr):
+    """``_bwd_dqkwg_kernel``'s work for key slice ``i_k`` of chunk ``i_t`` of sequence ``i_b``, head ``i_h``."""
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = i_k * BK + tl.arange(0, BK)
@@ -1004,6 +1022,17 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     ``NK_G`` key-slice shares are summed here). Two passes over key slices of ``BK`` keep the live
     float32 tiles at [BT, BT] / [BT, BK]: ``_wy_bwd_da``, then ``_wy_bwd_dk``."""
     i_t, i_b, i_h = _chunk_ids(tl.program_id(0), tl.program_id(1), C0, H, HEADS_FASTEST)
+    _wy_bwd_chunk(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
+                  H, K, V, BT, BK, BV, NK_G, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, ROWSUMS_COMBINED, SKIP_UPPER)
+
+
+@triton.jit
+def _wy_bwd_chunk(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
+                  USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
+                  PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr):
+    """``_wy_bwd_kernel``'s work for chunk ``i_t`` of sequence ``i_b``, head ``i_h``."""
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP, SKIP_UPPER)
@@ -1016,6 +1045,30 @@ def _wy_bwd_kernel(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, 
     if USE_G:
         # row sums minus column sums of dA * beta * k k^T, plus the term through w
         _wy_bwd_dg(b_rdg, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
+
+@_jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
+def _bwd_dqkwg_wy_kernel(q, k, v, vn, beta, gc, Ai, h, do, dh, dv2, dq, dk_in, dw, dG, dk, dv, dbeta, dg, tickets,
+                         scale, T, NT, B, C0,
+                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr,
+                         WY_BK: tl.constexpr, WY_BV: tl.constexpr,
+                         USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
+                         DG_FROM_ROWS: tl.constexpr, DS_UNMASKED: tl.constexpr, HEADS_FASTEST: tl.constexpr,
+                         LOWP: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr):
+    """``DQKWG_WY_FUSED``: ``_bwd_dqkwg_kernel``'s grid and work (``NK`` key slices of a chunk, in ``dq``,
+    ``dk_in``, ``dw``, ``dG``), then the last of a chunk's ``NK`` programs to finish (a ticket per chunk in
+    ``tickets: [B, NT, H]`` int32, zero before the launch) does ``_wy_bwd_kernel``'s work for the chunk
+    (into ``dk, dv, dbeta, dg``), reading the slices' ``dk_in`` / ``dw`` / ``dG`` and the ``k`` / ``dv2``
+    rows just read while they are still in L2 instead of a second kernel reading them from DRAM."""
+    i_k, i_t, i_b, i_h = _tile_ids(NK, C0, H, HEADS_FASTEST)
+    _dqkwg_tile(q, k, vn, gc, h, do, dh, dv2, dq, dk_in, dw, dG, scale, T, NT, B, i_k, i_t, i_b, i_h,
+                H, K, V, BT, BK, BV, USE_G, DOT_PREC, PAIR_FACTORED, DG_FROM_ROWS, DS_UNMASKED)
+    tl.debug_barrier()  # every thread's stores before the ticket (its release covers them)
+    if tl.atomic_add(tickets + (i_b * NT + i_t) * H + i_h, 1, sem="acq_rel") == NK - 1:
+        _wy_bwd_chunk(k, v, beta, gc, Ai, dw, dv2, dk_in, dG, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
+                      H, K, V, BT, WY_BK, WY_BV, NK, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, ROWSUMS_COMBINED,
+                      SKIP_UPPER)
+
 
 # --- host side -------------------------------------------------------------------------------
 def _lowp(x: torch.Tensor) -> bool:
@@ -1246,6 +1299,15 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
             DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED, HEADS_FASTEST=HEADS_FASTEST,
             **_dqkwg_launch(use_g, q))
 
+    def dqkwg_wy(c0, c1):
+        _bwd_dqkwg_wy_kernel[_chunk_grid(c1 - c0, B, H, NK)](
+            q, k, v, vn, beta, gc, Ai, h, do, dh, dv2, dq, dk_p, dw, dG, dk, dv, dbeta, dg, tickets, scale, T, NT, B,
+            c0, H=H, K=K, V=V, BT=BT, BK=BKs, BV=min(DQKWG_BV, _pow2(V)), NK=NK, WY_BK=min(32, BKf),
+            WY_BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
+            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED, HEADS_FASTEST=HEADS_FASTEST,
+            LOWP=_lowp(q), ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=SKIP_UPPER_BLOCKS,
+            **_dqkwg_launch(use_g, q))
+
     def wy_bwd(c0, c1):
         _wy_bwd_kernel[_chunk_grid(c1 - c0, B, H)](
             k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, H=H, K=K, V=V, BT=BT,
@@ -1275,17 +1337,27 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     BKs = min(DQKWG_BK, BKf)  # the key split (DQKWG_BK); warps and stages from LAUNCH (swept)
     NK = _cdiv(K, BKs)
     dG = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device) if use_g else None
+
+    def final_buffers():
+        """``dk, dv`` like the inputs, ``dbeta`` and ``dg`` (gated only) float32 ``[B, T, H]``, empty."""
+        return (torch.empty_like(k), torch.empty_like(v), torch.empty(B, T, H, dtype=torch.float32, device=q.device),
+                torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None)
+
+    fused = DQKWG_WY_FUSED
+    if fused:  # the fused kernel writes the final gradients too: their buffers before its launch
+        dk, dv, dbeta, dg = final_buffers()
+        tickets = torch.zeros(B * NT * H, dtype=torch.int32, device=q.device)
     if one:
-        dqkwg(0, NT)
+        (dqkwg_wy if fused else dqkwg)(0, NT)
         h = dh = vn = None
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dbeta = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
-    dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None
+    if not fused:
+        dk, dv, dbeta, dg = final_buffers()
     if one:
-        wy_bwd(0, NT)
+        if not fused:
+            wy_bwd(0, NT)
     else:
         # every buffer exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, dv_local, walk, lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q)
+        _overlap.run(segments, dv_local, walk, dqkwg_wy if fused else lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q)
     return dq, dk, dv, dbeta, dg, dh0
 
 

@@ -335,6 +335,25 @@ def test_gpu_delta_keep_p_forms(family, keep_p, block_v, monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("segments", [1, 3])
+def test_gpu_delta_dqkwg_wy_fused(family, segments, monkeypatch):
+    """``delta.DQKWG_WY_FUSED`` (the WY backward by the last key-slice program of each chunk, by ticket)
+    against the reference in bf16 and float32, in one segment and in three."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "DQKWG_WY_FUSED", True)
+    monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
+    monkeypatch.setattr(delta, "BWD_WALK_SEGMENTS", None)
+    monkeypatch.setattr(delta, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
+    for dtype in (torch.bfloat16, torch.float32):
+        for decay, with_h0 in CASES[:2] if family == "gated_delta_rule" else CASES[:1]:
+            errs = run_case(chunk_kernel(family), family, (2, 300, 2, 128, 128), dtype, decay, with_h0, "cuda")
+            bad = {n: e for n, e in errs.items() if e > TOL[dtype]}
+            assert not bad, f"{family} fused segments={segments} {dtype} {decay}: {bad} (all: {errs})"
+
+
+@gpu
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
 def test_gpu_delta_rules_with_correlated_keys(family):
     """Keys of pairwise cosine ~0.9 with beta ~1: TF32 in the chunk inverse's diagonal blocks gave
     an O(0.1-1) error there (CPU emulation, benchmarks/solve_tril_precision.py); the kernels solve
@@ -596,6 +615,37 @@ def test_interpreter_delta_keep_p_reads_the_forwards_scores(family, keep_p, segm
         assert [kw[flag] for _, kw in spies[name].calls] == [keep_p] * segments, name
     errs = run_case(chunk_kernel(family), family, (1, 130, 2, 32, 48), torch.float16, "random", True, "cpu")
     assert max(errs.values()) < 3e-3, errs
+
+
+@interpreter
+@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("segments", [1, 3])
+def test_interpreter_delta_dqkwg_wy_fused_gives_the_same_bits(family, segments, monkeypatch):
+    """``delta.DQKWG_WY_FUSED``: ``_bwd_dqkwg_wy_kernel`` (the key-slice programs of ``_bwd_dqkwg_kernel``,
+    then the WY backward by the last of each chunk's programs, by ticket) gives every output the two
+    kernels give, bit for bit, in one segment and in three (T=300: a partial last chunk; K=32 at
+    ``DQKWG_BK`` 16: two key slices, so that one program per chunk waits on the other's ticket), and
+    launches no ``_bwd_dqkwg_kernel`` nor ``_wy_bwd_kernel``; each chunk's ticket is taken twice."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "DQKWG_BK", 16)
+    shape = (1, 300, 2, 32, 16)
+    monkeypatch.setattr(delta, "DQKWG_WY_FUSED", False)
+    ref = segmented_outputs(family, shape, torch.float32, "cpu", segments, monkeypatch)
+    monkeypatch.setattr(delta, "DQKWG_WY_FUSED", True)
+    spies = {name: _LaunchSpy(getattr(delta, name))
+             for name in ("_bwd_dqkwg_kernel", "_wy_bwd_kernel", "_bwd_dqkwg_wy_kernel")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(delta, name, spy)
+    with checked_memory():
+        got = segmented_outputs(family, shape, torch.float32, "cpu", segments, monkeypatch)
+    assert not spies["_bwd_dqkwg_kernel"].calls and not spies["_wy_bwd_kernel"].calls
+    calls = spies["_bwd_dqkwg_wy_kernel"].calls
+    assert len(calls) == segments and all(kw["NK"] == 2 for _, kw in calls)
+    tickets = calls[0][0][19]
+    assert tickets.dtype == torch.int32 and tickets.numel() == 5 * 2 and torch.equal(tickets, torch.full_like(tickets, 2))
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
 
 
 @interpreter
