@@ -338,18 +338,18 @@ def test_gpu_delta_keep_p_forms(family, keep_p, block_v, monkeypatch):
 @pytest.mark.parametrize("segments", [1, 3])
 def test_gpu_delta_dqkwg_wy_fused(family, segments, monkeypatch):
     """``delta.DQKWG_WY_FUSED`` (the WY backward by the last key-slice program of each chunk, by ticket)
-    against the reference in bf16 and float32, in one segment and in three."""
+    against the reference in bf16, in one segment and in three (float32 through the interpreter's bit test:
+    the GPU test files already fill their step's 250 s cap)."""
     from blocks.kernels import delta
 
     monkeypatch.setattr(delta, "DQKWG_WY_FUSED", True)
     monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
     monkeypatch.setattr(delta, "BWD_WALK_SEGMENTS", None)
     monkeypatch.setattr(delta, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
-    for dtype in (torch.bfloat16, torch.float32):
-        for decay, with_h0 in CASES[:2] if family == "gated_delta_rule" else CASES[:1]:
-            errs = run_case(chunk_kernel(family), family, (2, 300, 2, 128, 128), dtype, decay, with_h0, "cuda")
-            bad = {n: e for n, e in errs.items() if e > TOL[dtype]}
-            assert not bad, f"{family} fused segments={segments} {dtype} {decay}: {bad} (all: {errs})"
+    for decay, with_h0 in CASES[:2] if family == "gated_delta_rule" else CASES[:1]:
+        errs = run_case(chunk_kernel(family), family, (2, 300, 2, 128, 128), torch.bfloat16, decay, with_h0, "cuda")
+        bad = {n: e for n, e in errs.items() if e > TOL[torch.bfloat16]}
+        assert not bad, f"{family} fused segments={segments} {decay}: {bad} (all: {errs})"
 
 
 @gpu
