@@ -312,6 +312,7 @@ HEADS_FASTEST = True
 # slices' ``dk`` / ``dw`` parts (written, not re-read from DRAM: 8 KB per token at 16 heads in bf16) and the
 # chunk's ``k`` / ``dv2`` rows while they are in L2. Off: two kernels. Built 2026-12-04 (interpreter tests,
 # sm_90 compiles), not yet timed on a GPU: ready for ``train_ab.py --variants="-;DQKWG_WY_FUSED=True"``.
+# history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_wy_fused-built-2026-12-04-not-yet-timed
 DQKWG_WY_FUSED = False
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
