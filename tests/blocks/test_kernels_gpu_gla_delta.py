@@ -312,6 +312,22 @@ def test_gpu_walks_at_both_value_blocks(family, block_v, monkeypatch):
         assert not bad, f"{family} BV={block_v} {decay} h0={with_h0}: {bad} (all: {errs})"
 
 
+def check_delta_segments_bf16(family, label, monkeypatch, segment_counts=(1, 3)):
+    """The delta rule ``family``'s kernel in bf16 against the reference (random decay with ``h0``; the gated
+    rule also strong decay without) with its walks in each of ``segment_counts`` segments, the reverse walk
+    as the forward one; ``label`` names the settings in a failure."""
+    from blocks.kernels import delta
+
+    monkeypatch.setattr(delta, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
+    monkeypatch.setattr(delta, "BWD_WALK_SEGMENTS", None)
+    for segments in segment_counts:
+        monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
+        for decay, with_h0 in CASES[:2] if family == "gated_delta_rule" else CASES[:1]:
+            errs = run_case(chunk_kernel(family), family, (2, 300, 2, 128, 128), torch.bfloat16, decay, with_h0, "cuda")
+            bad = {n: e for n, e in errs.items() if e > TOL[torch.bfloat16]}
+            assert not bad, f"{family} {label} segments={segments} {decay}: {bad} (all: {errs})"
+
+
 @gpu
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
 @pytest.mark.parametrize("keep_p", [False, True])
@@ -323,14 +339,7 @@ def test_gpu_delta_keep_p_forms(family, keep_p, block_v, monkeypatch):
 
     monkeypatch.setattr(delta, "KEEP_P", keep_p)
     monkeypatch.setattr(delta, "walk_bv", fixed_walk_bv(block_v))
-    monkeypatch.setattr(delta, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
-    for segments in (1, 3):
-        monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
-        monkeypatch.setattr(delta, "BWD_WALK_SEGMENTS", None)
-        for decay, with_h0 in CASES[:2] if family == "gated_delta_rule" else CASES[:1]:
-            errs = run_case(chunk_kernel(family), family, (2, 300, 2, 128, 128), torch.bfloat16, decay, with_h0, "cuda")
-            bad = {n: e for n, e in errs.items() if e > TOL[torch.bfloat16]}
-            assert not bad, f"{family} KEEP_P={keep_p} BV={block_v} segments={segments} {decay}: {bad} (all: {errs})"
+    check_delta_segments_bf16(family, f"KEEP_P={keep_p} BV={block_v}", monkeypatch)
 
 
 @gpu
@@ -343,13 +352,7 @@ def test_gpu_delta_dqkwg_wy_fused(family, segments, monkeypatch):
     from blocks.kernels import delta
 
     monkeypatch.setattr(delta, "DQKWG_WY_FUSED", True)
-    monkeypatch.setattr(delta, "WALK_SEGMENTS", segments)
-    monkeypatch.setattr(delta, "BWD_WALK_SEGMENTS", None)
-    monkeypatch.setattr(delta, "WALK_OVERLAP_BELOW_PER_SM", float("inf"))
-    for decay, with_h0 in CASES[:2] if family == "gated_delta_rule" else CASES[:1]:
-        errs = run_case(chunk_kernel(family), family, (2, 300, 2, 128, 128), torch.bfloat16, decay, with_h0, "cuda")
-        bad = {n: e for n, e in errs.items() if e > TOL[torch.bfloat16]}
-        assert not bad, f"{family} fused segments={segments} {decay}: {bad} (all: {errs})"
+    check_delta_segments_bf16(family, "DQKWG_WY_FUSED", monkeypatch, (segments,))
 
 
 @gpu
