@@ -79,7 +79,7 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
                  **{f"s{n}_{d}": "i32" for n in ("q", "k", "v", "beta") for d in ("b", "h")})
     if fn is sk._skinny_kernel:  # the decode GEMMs: rows of activations, the norm weight in their dtype
         types.update({n: f"*{act}" for n in ("x", "w", "out", "res", "xg", "gamma")},
-                     ss_in="*fp32", ss_out="*fp32", tickets="*i32", eps_in="fp32",
+                     ss_in="*fp32", ss_out="*fp32", eps_in="fp32",
                      **{n: "i32" for n in ("M", "N", "K", "HALF", "sxm", "swn", "so_s", "so_m", "T_in", "N_in", "srm",
                                            "sxg")})
     return types
@@ -140,23 +140,18 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         for job, bv in (("bwd_dh", 32), ("bwd_dh_bv64", 64)):
             yield (f"{tag}.{job}", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(bv, BV), USE_G=dh_gated, USE_DHT=True,
                                                           STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
-        yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), USE_G=use_g,
-                                                             DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
-                                                             DS_UNMASKED=d.DQKWG_DS_UNMASKED, HEADS_FASTEST=d.HEADS_FASTEST),
-               *table(d.LAUNCH, ("bwd_dqkwg_gated" if use_g else "bwd_dqkwg") + ("_bv32" if d.DQKWG_BV == 32 else ""), s))
-        yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(C, BK=min(32, BK), BV=min(32, BV), NK_G=triton.cdiv(K, 64),
-                                                       USE_G=use_g, LOWP=lowp, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED,
-                                                       ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS,
-                                                       HEADS_FASTEST=d.HEADS_FASTEST),
+        shared = dict(C, USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, HEADS_FASTEST=d.HEADS_FASTEST)
+        wy_flags = dict(LOWP=lowp, ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS)
+        dqkwg_cx = dict(shared, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
+                        DS_UNMASKED=d.DQKWG_DS_UNMASKED)
+        dqkwg_launch = table(d.LAUNCH, ("bwd_dqkwg_gated" if use_g else "bwd_dqkwg") + ("_bv32" if d.DQKWG_BV == 32 else ""), s)
+        nk = triton.cdiv(K, dqkwg_cx["BK"])
+        yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dqkwg_cx, *dqkwg_launch)
+        yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(shared, BK=min(32, BK), BV=min(32, BV), NK_G=nk, **wy_flags),
                *table(d.LAUNCH, "wy_bwd_gated" if use_g else "wy_bwd", s))
         # DQKWG_WY_FUSED: both in one kernel, at bwd_dqkwg's launch settings
-        nk = triton.cdiv(K, min(d.DQKWG_BK, BK))
         yield (f"{tag}.bwd_dqkwg_wy", d._bwd_dqkwg_wy_kernel,
-               dict(C, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), NK=nk, WY_BK=min(32, BK), WY_BV=min(32, BV),
-                    USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
-                    DS_UNMASKED=d.DQKWG_DS_UNMASKED, HEADS_FASTEST=d.HEADS_FASTEST, LOWP=lowp,
-                    ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS),
-               *table(d.LAUNCH, ("bwd_dqkwg_gated" if use_g else "bwd_dqkwg") + ("_bv32" if d.DQKWG_BV == 32 else ""), s))
+               dict(dqkwg_cx, NK=nk, WY_BK=min(32, BK), WY_BV=min(32, BV), **wy_flags), *dqkwg_launch)
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"
         yield (f"{tag}.fwd_h", sd._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g, USE_H0=True,

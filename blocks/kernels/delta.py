@@ -1293,29 +1293,29 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
             DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
+    # the constexprs of bwd_dqkwg's and wy_bwd's work, which the fused kernel (DQKWG_WY_FUSED) takes both of
+    shared = dict(H=H, K=K, V=V, BT=BT, USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
+                  HEADS_FASTEST=HEADS_FASTEST)
+    wy_flags = dict(LOWP=_lowp(q), ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=SKIP_UPPER_BLOCKS)
+    WY_BK, WY_BV = min(32, BKf), min(32, _pow2(V))
+
+    def dqkwg_cx():
+        return dict(shared, BK=BKs, BV=min(DQKWG_BV, _pow2(V)), DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
+                    DS_UNMASKED=DQKWG_DS_UNMASKED)
+
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[_chunk_grid(c1 - c0, B, H, NK)](
-            q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, H=H, K=K, V=V, BT=BT, BK=BKs,
-            BV=min(DQKWG_BV, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED, HEADS_FASTEST=HEADS_FASTEST,
-            **_dqkwg_launch(use_g, q))
+            q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, **dqkwg_cx(), **_dqkwg_launch(use_g, q))
 
     def dqkwg_wy(c0, c1):
         _bwd_dqkwg_wy_kernel[_chunk_grid(c1 - c0, B, H, NK)](
             q, k, v, vn, beta, gc, Ai, h, do, dh, dv2, dq, dk_p, dw, dG, dk, dv, dbeta, dg, tickets, scale, T, NT, B,
-            c0, H=H, K=K, V=V, BT=BT, BK=BKs, BV=min(DQKWG_BV, _pow2(V)), NK=NK, WY_BK=min(32, BKf),
-            WY_BV=min(32, _pow2(V)), USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
-            DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED, HEADS_FASTEST=HEADS_FASTEST,
-            LOWP=_lowp(q), ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=SKIP_UPPER_BLOCKS,
-            **_dqkwg_launch(use_g, q))
+            c0, **dqkwg_cx(), NK=NK, WY_BK=WY_BK, WY_BV=WY_BV, **wy_flags, **_dqkwg_launch(use_g, q))
 
     def wy_bwd(c0, c1):
         _wy_bwd_kernel[_chunk_grid(c1 - c0, B, H)](
-            k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, H=H, K=K, V=V, BT=BT,
-            BK=min(32, BKf), BV=min(32, _pow2(V)), NK_G=NK, USE_G=use_g, LOWP=_lowp(q), DOT_PREC=prec,
-            PAIR_FACTORED=PAIR_DECAY_FACTORED, ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=SKIP_UPPER_BLOCKS,
-            HEADS_FASTEST=HEADS_FASTEST,
-            **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
+            k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, **shared, BK=WY_BK, BV=WY_BV, NK_G=NK,
+            **wy_flags, **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
 
     # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
     # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their
@@ -1332,7 +1332,7 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     carry = None if one else q.new_empty(B, H, K, V, dtype=torch.float32)
     if one:
         walk(0, NT, 0)
-        dv_loc = gc_dh = p = None
+        dv_loc = gc_dh = None
     dq = torch.empty_like(q)
     dk_p, dw = torch.empty_like(k), torch.empty_like(k)
     BKs = min(DQKWG_BK, BKf)  # the key split (DQKWG_BK); warps and stages from LAUNCH (swept)
@@ -1345,20 +1345,18 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
                 torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None)
 
     fused = DQKWG_WY_FUSED
-    if fused:  # the fused kernel writes the final gradients too: their buffers before its launch
+    if fused or not one:  # the final gradients' buffers before the first kernel that writes them
         dk, dv, dbeta, dg = final_buffers()
-        tickets = torch.zeros(B * NT * H, dtype=torch.int32, device=q.device)
-    if one:
-        (dqkwg_wy if fused else dqkwg)(0, NT)
-        h = dh = vn = None
-    if not fused:
-        dk, dv, dbeta, dg = final_buffers()
-    if one:
-        if not fused:
-            wy_bwd(0, NT)
-    else:
-        # every buffer exists before the first walk (``overlap.run``'s contract)
+    tickets = torch.zeros(B * NT * H, dtype=torch.int32, device=q.device) if fused else None
+    if not one:  # every buffer exists before the first walk (``overlap.run``'s contract)
         _overlap.run(segments, dv_local, walk, dqkwg_wy if fused else lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q)
+    elif fused:
+        dqkwg_wy(0, NT)
+    else:
+        dqkwg(0, NT)
+        h = dh = vn = None  # freed before the final gradients' buffers are allocated
+        dk, dv, dbeta, dg = final_buffers()
+        wy_bwd(0, NT)
     return dq, dk, dv, dbeta, dg, dh0
 
 

@@ -645,7 +645,7 @@ def test_interpreter_delta_dqkwg_wy_fused_gives_the_same_bits(family, segments, 
     assert not spies["_bwd_dqkwg_kernel"].calls and not spies["_wy_bwd_kernel"].calls
     calls = spies["_bwd_dqkwg_wy_kernel"].calls
     assert len(calls) == segments and all(kw["NK"] == 2 for _, kw in calls)
-    tickets = calls[0][0][19]
+    tickets = calls[0][0][delta._bwd_dqkwg_wy_kernel.kernel.arg_names.index("tickets")]
     assert tickets.dtype == torch.int32 and tickets.numel() == 5 * 2 and torch.equal(tickets, torch.full_like(tickets, 2))
     for i, (a, b) in enumerate(zip(got, ref)):
         assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
