@@ -1047,6 +1047,21 @@ def _wy_bwd_chunk(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i
         # row sums minus column sums of dA * beta * k k^T, plus the term through w
         _wy_bwd_dg(b_rdg, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
 
+@triton.jit(noinline=True)
+def _wy_bwd_chunk_apart(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
+                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
+                        USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
+                        PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr):
+    """``_wy_bwd_chunk`` as a function of its own in the compiled code (a call, not inlined), for
+    ``_bwd_dqkwg_wy_kernel``: inlined, ptxas allocated both parts' registers as one body and the gated
+    kernel spilled 160 B per thread in the ``bwd_dqkwg`` part (which alone fits 255 registers exactly);
+    called, none (the ungated kernel 244 -> 222 registers). sm_90, the host's Triton 3.6,
+    ``kernels_aot_regs.py --kernels bwd_dqkwg_wy``, 2026-12-04."""
+    _wy_bwd_chunk(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
+                  H, K, V, BT, BK, BV, NK_G, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, ROWSUMS_COMBINED, SKIP_UPPER)
+
+
 @_jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
 def _bwd_dqkwg_wy_kernel(q, k, v, vn, beta, gc, Ai, h, do, dh, dv2, dq, dk_in, dw, dG, dk, dv, dbeta, dg, tickets,
                          scale, T, NT, B, C0,
@@ -1066,9 +1081,9 @@ def _bwd_dqkwg_wy_kernel(q, k, v, vn, beta, gc, Ai, h, do, dh, dv2, dq, dk_in, d
                 H, K, V, BT, BK, BV, USE_G, DOT_PREC, PAIR_FACTORED, DG_FROM_ROWS, DS_UNMASKED)
     tl.debug_barrier()  # every thread's stores before the ticket (its release covers them)
     if tl.atomic_add(tickets + (i_b * NT + i_t) * H + i_h, 1, sem="acq_rel") == NK - 1:
-        _wy_bwd_chunk(k, v, beta, gc, Ai, dw, dv2, dk_in, dG, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
-                      H, K, V, BT, WY_BK, WY_BV, NK, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, ROWSUMS_COMBINED,
-                      SKIP_UPPER)
+        _wy_bwd_chunk_apart(k, v, beta, gc, Ai, dw, dv2, dk_in, dG, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
+                            H, K, V, BT, WY_BK, WY_BV, NK, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, ROWSUMS_COMBINED,
+                            SKIP_UPPER)
 
 
 # --- host side -------------------------------------------------------------------------------
