@@ -82,6 +82,11 @@ if [[ ,$STEPS, == *,tests,* ]]; then
   fi
   workers=()  # one process if pytest-xdist is missing (slower: compiling dominates)
   $PY -c "import xdist" >/dev/null 2>&1 && workers=(-n 14)
+  # work stealing (pytest-xdist >= 3.2): an idle worker takes queued tests from a busy one, so the
+  # step's wall is not one worker's queue of slow fp32 compiles behind a long test (245 s of a 250 s
+  # cap on 2026-12-04 with the default scheduling, whose longest test took 95 s)
+  $PY -c "import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split('.')[:2])) < (3, 2))" >/dev/null 2>&1 &&
+    workers+=(--dist worksteal)
   select=()
   [ -n "$TESTS_K" ] && select=(-k "$TESTS_K")
   # --durations: the slowest tests in the log, for keeping the step under its cap
