@@ -1,7 +1,8 @@
 """Time a family's training step (fwd + bwd, bf16, 16 heads of 128, 64k tokens per batch) under
 several kernel settings side by side: one process, one set of inputs per length, the variants
 timed round robin (``--rounds`` passes, median per variant), so that they share the GPU's state
-and drift. The launch sweep (``kernel_launch_sweep.py``) times one change at a time in child
+and drift; each pass starts one variant later than the pass before (``round_order``), so that no
+variant always runs first in a pass. The launch sweep (``kernel_launch_sweep.py``) times one change at a time in child
 processes; this compares a few chosen combinations within one call.
 
     python benchmarks/train_ab.py --families delta_rule,gated_delta_rule --lengths 2048,32768 \\
@@ -89,6 +90,15 @@ def applied(family: str, variant: str):
         yield
 
 
+def round_order(variants: list[str], r: int) -> list[str]:
+    """Pass ``r``'s order: ``variants`` rotated by ``r``. The queued timing of whichever variant ran first
+    in a pass read 0.6-1.8% slow in two calls of 2026-12-04 (gone with the order reversed, the
+    graph-replayed timings within 0.2%: docs/benchmarks/kernel_decisions/delta.md, the Gluon walk's
+    section); rotating spreads that over the variants instead of charging it to the baseline."""
+    k = r % len(variants)
+    return variants[k:] + variants[:k]
+
+
 def host_profile(run, steps: int = 20, top: int = 25, busy=None) -> str:
     """cProfile of ``steps`` launches of ``run`` (``busy()`` first, e.g. a sleep kernel that keeps
     the GPU ahead, so the host never waits for it): the ``top`` functions by their own time, as
@@ -131,8 +141,8 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
                                                     "graph": []} for v in variants}
     errors: dict[str, str] = {}
     graph_errors: dict[str, str] = {}
-    for _ in range(rounds):
-        for v in variants:
+    for r in range(rounds):
+        for v in round_order(variants, r):
             if v in errors:
                 continue
             try:

@@ -1526,6 +1526,18 @@ def test_host_orchestration_stubs_the_kernels_and_puts_them_back():
         ho.main(["--families", "nope"])
 
 
+def test_train_ab_passes_start_one_variant_later_each_time():
+    """``train_ab.round_order``: pass ``r`` runs the variants rotated by ``r`` (so that over ``n`` passes each
+    of ``n`` variants runs first once), every variant once per pass, the first pass in the given order."""
+    ab = _benchmark("train_ab")
+    variants = ["-", "A=1", "B=2"]
+    orders = [ab.round_order(variants, r) for r in range(4)]
+    assert orders[0] == variants
+    assert [o[0] for o in orders] == ["-", "A=1", "B=2", "-"]
+    assert all(sorted(o) == sorted(variants) for o in orders)
+    assert ab.round_order(["-"], 5) == ["-"]
+
+
 def test_train_ab_table_gives_synced_and_queued_ratios_and_the_clock():
     """``train_ab.table``: each variant against the first of its family and length, synced and
     queued in their own columns (a queued ratio was once read off the synced column), the SM clock
