@@ -7,6 +7,7 @@ shuffle and barrier counts.
 
     python benchmarks/kernels_aot_regs.py [--arch 90] [--dtype bf16|fp32|both] [--kernels wy,walk] [--warps 4,8] [--stages 1,2,3]
                                           [--set NAME=VALUE,...] [--lines N] [--loops] [--fit-shared KB]
+                                          [--one-more-program]
 
 Triton lowers to PTX and Triton's bundled ptxas assembles it for ``sm_<arch>``; ``cuobjdump
 -res-usage`` (also bundled) reads the resources. A compile error here is one the GPU would hit,
@@ -295,6 +296,41 @@ def programs_per_sm(regs: int, warps: int, smem: int, sm: dict = SM90) -> tuple[
     return limits[limiter], limiter
 
 
+def cap_for_programs(programs: int, warps: int, sm: dict = SM90) -> int:
+    """The largest register cap per thread (``maxnreg``, a multiple of 8) at which ``programs``
+    programs of ``warps`` warps fit an SM by registers (``programs_per_sm``'s per-warp blocks of
+    256). Below ptxas's floor (24) no cap fits them: the caller checks."""
+    per_warp = sm["regs"] // (programs * warps) // 256 * 256
+    return per_warp // 32 // 8 * 8
+
+
+def one_more_program(runs, arch: int) -> None:
+    """``--one-more-program``: per kernel whose programs per SM its registers limit, compiled again at
+    the cap that fits one program more (where shared memory and warps allow it): the spills that
+    cap costs. A cap that spills little is a launch entry to time (``train_ab.py
+    --variants="-;LAUNCH.<entry>.maxnreg=N"``); ``docs/benchmarks/register_caps.md``."""
+    print("| kernel | dtype | warps | stages | regs / programs per SM | cap | regs / stack (B/thread) at the cap | "
+          "programs per SM at the cap | SASS instr |\n|---|---|---|---|---|---|---|---|---|")
+    for act, (name, fn, cx, warps, stages, cap) in runs:
+        kernel = compile_one(fn, arg_types(act, fn), cx, warps, stages, arch, cap)
+        regs, smem = int(resources(kernel).get("REG", 255)), kernel.metadata.shared
+        programs, limit = programs_per_sm(regs, warps, smem)
+        more = cap_for_programs(programs + 1, warps)
+        if limit != "regs" or more < 24 or programs_per_sm(more, warps, smem)[0] <= programs:
+            continue  # not registers, or one more program does not fit for another reason
+        try:
+            capped = compile_one(fn, arg_types(act, fn), cx, warps, stages, arch, more)
+        except Exception as exc:  # noqa: BLE001 - e.g. ptxas: an instruction needs more registers than the cap
+            why = next((ln for ln in str(exc).splitlines() if "ptxas fatal" in ln), str(exc).splitlines()[0])
+            print(f"| {name} | {act} | {warps} | {stages} | {regs} / {programs} | {more} | does not compile: "
+                  f"{why.strip()[:120]} | - | - |", flush=True)
+            continue
+        res = resources(capped)
+        print(f"| {name} | {act} | {warps} | {stages} | {regs} / {programs} | {more} | {res.get('REG')} / "
+              f"{res.get('STACK')} | {programs_per_sm(int(res.get('REG', more)), warps, smem)[0]} | "
+              f"{sass_counts(kernel)[0]} -> {sass_counts(capped)[0]} |", flush=True)
+
+
 def resources(kernel) -> dict[str, str]:
     """``{"REG": .., "STACK": .., "SHARED": ..}`` from ``cuobjdump -res-usage`` of the cubin."""
     fields = {}
@@ -437,6 +473,9 @@ def main() -> int:
                     "kernels whose launch needs more than KB KB of shared memory per program, compiled at fewer "
                     "stages until they fit (what blocks.kernels.fitted does on such a GPU; 99 = consumer GPUs, "
                     "163 = A100); exits 1 if one never fits")
+    ap.add_argument("--one-more-program", action="store_true", help="instead of the resources table: each "
+                    "kernel that its registers limit, compiled at the register cap that fits one more program "
+                    "per SM, with the spills that costs (candidates for LAUNCH.<entry>.maxnreg)")
     opts = ap.parse_args()
     if opts.fit_shared < 0:
         ap.error(f"--fit-shared: must be >= 0 KB, got {opts.fit_shared}")
@@ -462,6 +501,9 @@ def main() -> int:
     runs = ((act, job) for act, job in runs if not keep or any(k in job[0] for k in keep))
     if opts.fit_shared:
         return 1 if print_fit(runs, opts.fit_shared, opts.arch) else 0
+    if opts.one_more_program:
+        one_more_program(runs, opts.arch)
+        return 0
     failures = 0
     print("| kernel | dtype | warps | stages | regs (cap) | stack (B/thread) | shared (B) | programs / SM (limit) | "
           "async copies | loop-carried | SASS instr / SHFL / BAR | compile s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")

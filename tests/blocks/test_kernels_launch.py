@@ -1630,6 +1630,19 @@ def test_aot_tool_counts_programs_per_sm_and_names_the_limit():
     assert aot.programs_per_sm(24, 1, 0) == (32, "programs")
 
 
+def test_aot_tool_finds_the_register_cap_that_fits_one_more_program():
+    """``kernels_aot_regs.cap_for_programs`` (``--one-more-program``): the largest cap (a multiple of 8)
+    at which that many programs fit by registers, consistent with ``programs_per_sm``: 3 programs of
+    4 warps at 168 (the gated ``fwd_o``'s 190 fit 2), 2 of 8 warps at 128."""
+    aot = _benchmark("kernels_aot_regs")
+    assert aot.cap_for_programs(3, 4) == 168 and aot.cap_for_programs(2, 8) == 128 and aot.cap_for_programs(4, 4) == 128
+    assert aot.programs_per_sm(190, 4, 0)[0] == 2
+    for programs, warps in ((2, 4), (3, 4), (5, 4), (2, 8), (3, 2), (6, 2), (1, 16)):
+        cap = aot.cap_for_programs(programs, warps)
+        assert cap % 8 == 0 and aot.programs_per_sm(cap, warps, 0)[0] >= programs
+        assert aot.programs_per_sm(cap + 8, warps, 0)[0] < programs or cap + 8 > 255
+
+
 def test_aot_tool_lists_the_stage_counts_fitted_tries():
     """``kernels_aot_regs.stages_to_fit`` (``--fit-shared``): the shared memory at each stage count
     from the launch's down to the first that fits the limit, or down to one stage when none does."""
