@@ -2,8 +2,8 @@
 several kernel settings side by side: one process, one set of inputs per length, the variants
 timed round robin (``--rounds`` passes, median per variant), so that they share the GPU's state
 and drift; each pass starts one variant later than the pass before (``round_order``), so that no
-variant always runs first in a pass. The launch sweep (``kernel_launch_sweep.py``) times one change at a time in child
-processes; this compares a few chosen combinations within one call.
+variant always runs first in a pass. The launch sweep (``kernel_launch_sweep.py``) times one change
+at a time in child processes; this compares a few chosen combinations within one call.
 
     python benchmarks/train_ab.py --families delta_rule,gated_delta_rule --lengths 2048,32768 \\
         --variants="-;WALK_SEGMENTS=1;WALK_SEGMENTS=8,WALK_OVERLAP_BELOW_PER_SM=1000.0" --out DIR

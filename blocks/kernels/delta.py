@@ -1047,6 +1047,7 @@ def _wy_bwd_chunk(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i
         # row sums minus column sums of dA * beta * k k^T, plus the term through w
         _wy_bwd_dg(b_rdg, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
 
+
 @triton.jit(noinline=True)
 def _wy_bwd_chunk_apart(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
