@@ -152,7 +152,8 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                *table(d.LAUNCH, "wy_bwd_gated" if use_g else "wy_bwd", s))
         # DQKWG_WY_FUSED: both in one kernel, at bwd_dqkwg's launch settings
         yield (f"{tag}.bwd_dqkwg_wy", d._bwd_dqkwg_wy_kernel,
-               dict(dqkwg_cx, NK=nk, WY_BK=min(32, BK), WY_BV=min(32, BV), **wy_flags), *dqkwg_launch)
+               dict(dqkwg_cx, NK=nk, WY_BK=min(32, BK), WY_BV=min(32, BV), WY_STAGES=d.DQKWG_WY_FUSED_STAGES, **wy_flags),
+               *dqkwg_launch)
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"
         yield (f"{tag}.fwd_h", sd._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g, USE_H0=True,

@@ -314,6 +314,13 @@ HEADS_FASTEST = True
 # sm_90 compiles), not yet timed on a GPU: ready for ``train_ab.py --variants="-;DQKWG_WY_FUSED=True"``.
 # history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_wy_fused-built-2026-12-04-not-yet-timed
 DQKWG_WY_FUSED = False
+# Its WY part's loops at their own pipelining stages (``tl.range``'s ``num_stages``; None: the fused kernel's, i.e.
+# ``bwd_dqkwg``'s 2, where the standalone ``wy_bwd`` runs at 4 gated / 3 ungated). sm_90 compiles at 4
+# (``kernels_aot_regs.py --kernels bwd_dqkwg_wy --set DQKWG_WY_FUSED_STAGES=4``): the same shared memory (80 / 96
+# KB: the WY part's buffers fit in ``bwd_dqkwg``'s), 255 / 222 registers, no spills, 38 asynchronous copies against
+# 22. Not timed: for the A/B beside ``DQKWG_WY_FUSED`` (alone, with the fused kernel off, it changes nothing).
+# history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_wy_fused-built-2026-12-04-not-yet-timed
+DQKWG_WY_FUSED_STAGES = None
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
@@ -322,7 +329,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
             "HEADS_FASTEST": (False, True), "KEEP_P": (False, True),
-            "DQKWG_WY_FUSED": (False, True)}
+            "DQKWG_WY_FUSED": (False, True), "DQKWG_WY_FUSED_STAGES": (None, 4)}
 
 
 @triton.jit
@@ -924,19 +931,20 @@ def _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.cons
 def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                BV: tl.constexpr, USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-               PAIR_FACTORED: tl.constexpr):
+               PAIR_FACTORED: tl.constexpr, STAGES: tl.constexpr = None):
     """First half of the WY backward of one chunk: writes the final ``dv``; returns ``dA``
     (``-Ai^T dAi Ai^T`` on A's strictly lower support, times ``exp(G_i - G_j)``, [BT, BT]) and the
     ``dbeta`` term through ``v`` ([BT]), float32. ``dAi = dw X_w^T + du X_u^T`` is summed over key
-    and value slices of ``BK`` / ``BV``."""
+    and value slices of ``BK`` / ``BV``. ``STAGES``: the loops' pipelining stages (None: the
+    kernel's ``num_stages``)."""
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
+    for i_k in tl.range(tl.cdiv(K, BK), num_stages=STAGES):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
         b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
         b_dT += tl.dot(_op(b_dW.to(tl.float32), k, LOWP), tl.trans(_op(b_kf * b_be[:, None], k, LOWP)),
                        input_precision=DOT_PREC)
     b_db = tl.zeros([BT], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
+    for i_v in tl.range(tl.cdiv(V, BV), num_stages=STAGES):
         b_vf = _load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_du = _op(_load_rows(du, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32), k, LOWP)
         b_dXu = tl.dot(tl.trans(b_T), b_du, input_precision=DOT_PREC)
@@ -956,7 +964,8 @@ def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
 @triton.jit
 def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_eg, b_dA, i_b, i_h, r0, T,
                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               LOWP: tl.constexpr, DOT_PREC: tl.constexpr, COMBINED: tl.constexpr, USE_G: tl.constexpr):
+               LOWP: tl.constexpr, DOT_PREC: tl.constexpr, COMBINED: tl.constexpr, USE_G: tl.constexpr,
+               STAGES: tl.constexpr = None):
     """Second half: writes the final ``dk`` key slice by key slice. With ``P = dA k`` and
     ``Q = (beta dA)^T k`` ([BT, BK] per slice), ``dk += beta exp(G) dXw + beta P + Q``. Returns the
     [BT] ``dbeta`` and ``dG`` terms through ``w`` and through ``A``: ``sum_c k (P + exp(G) dXw)`` and
@@ -964,7 +973,7 @@ def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_eg, b_dA, i_b, i_h, r0, T,
     [BT, BT] ``k k^T`` tile; the second only with ``USE_G``, else 0). Summed as the three row sums of
     ``k dXw``, ``k P``, ``k Q`` per key slice and combined after the loop, or, with ``COMBINED``
     (``WY_BWD_ROWSUMS_COMBINED``), combined before the sums: one or two per key slice instead of two
-    or three. ``b_eg``: ``exp(G)`` [BT]."""
+    or three. ``b_eg``: ``exp(G)`` [BT]. ``STAGES``: as ``_wy_bwd_da``'s."""
     b_dAc = _op(b_dA, k, LOWP)
     b_dAbT = _op(tl.trans(b_dA * b_b[:, None]), k, LOWP)
     b_kdXw = tl.zeros([BT], dtype=tl.float32)
@@ -972,7 +981,7 @@ def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_eg, b_dA, i_b, i_h, r0, T,
     b_kQ = tl.zeros([BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
     b_dG = tl.zeros([BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
+    for i_k in tl.range(tl.cdiv(K, BK), num_stages=STAGES):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
         b_kc = _op(b_kf, k, LOWP)
         b_dW = _op(_load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32), k, LOWP)
@@ -1032,15 +1041,17 @@ def _wy_bwd_chunk(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
                   USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-                  PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr):
-    """``_wy_bwd_kernel``'s work for chunk ``i_t`` of sequence ``i_b``, head ``i_h``."""
+                  PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr,
+                  STAGES: tl.constexpr = None):
+    """``_wy_bwd_kernel``'s work for chunk ``i_t`` of sequence ``i_b``, head ``i_h``; ``STAGES``: its loops'
+    pipelining stages (None: the kernel's ``num_stages``)."""
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP, SKIP_UPPER)
     b_dA, b_db = _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
-                            H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC, PAIR_FACTORED)
+                            H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, STAGES)
     b_rdb, b_rdg = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, tl.exp(b_g), b_dA, i_b, i_h, r0, T,
-                              H, K, BT, BK, LOWP, DOT_PREC, ROWSUMS_COMBINED, USE_G)
+                              H, K, BT, BK, LOWP, DOT_PREC, ROWSUMS_COMBINED, USE_G, STAGES)
     b_db += b_rdb
     tl.store(_seq(dbeta, i_b, i_h, T, H) + o_t * H, b_db.to(dbeta.dtype.element_ty), mask=o_t < T)
     if USE_G:
@@ -1053,14 +1064,16 @@ def _wy_bwd_chunk_apart(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta,
                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
                         USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-                        PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr):
+                        PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr,
+                        STAGES: tl.constexpr):
     """``_wy_bwd_chunk`` as a function of its own in the compiled code (a call, not inlined), for
     ``_bwd_dqkwg_wy_kernel``: inlined, ptxas allocated both parts' registers as one body and the gated
     kernel spilled 160 B per thread in the ``bwd_dqkwg`` part (which alone fits 255 registers exactly);
     called, none (the ungated kernel 244 -> 222 registers). sm_90, the host's Triton 3.6,
     ``kernels_aot_regs.py --kernels bwd_dqkwg_wy``, 2026-12-04."""
     _wy_bwd_chunk(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
-                  H, K, V, BT, BK, BV, NK_G, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, ROWSUMS_COMBINED, SKIP_UPPER)
+                  H, K, V, BT, BK, BV, NK_G, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, ROWSUMS_COMBINED, SKIP_UPPER,
+                  STAGES)
 
 
 @_jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
@@ -1071,12 +1084,14 @@ def _bwd_dqkwg_wy_kernel(q, k, v, vn, beta, gc, Ai, h, do, dh, dv2, dq, dk_in, d
                          WY_BK: tl.constexpr, WY_BV: tl.constexpr,
                          USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
                          DG_FROM_ROWS: tl.constexpr, DS_UNMASKED: tl.constexpr, HEADS_FASTEST: tl.constexpr,
-                         LOWP: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr):
+                         LOWP: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr,
+                         WY_STAGES: tl.constexpr = None):
     """``DQKWG_WY_FUSED``: ``_bwd_dqkwg_kernel``'s grid and work (``NK`` key slices of a chunk, in ``dq``,
     ``dk_in``, ``dw``, ``dG``), then the last of a chunk's ``NK`` programs to finish (a ticket per chunk in
     ``tickets: [B, NT, H]`` int32, zero before the launch) does ``_wy_bwd_kernel``'s work for the chunk
     (into ``dk, dv, dbeta, dg``), reading the slices' ``dk_in`` / ``dw`` / ``dG`` and the ``k`` / ``dv2``
-    rows just read while they are still in L2 instead of a second kernel reading them from DRAM."""
+    rows just read while they are still in L2 instead of a second kernel reading them from DRAM. ``WY_STAGES``
+    (``DQKWG_WY_FUSED_STAGES``): the WY part's loops' pipelining stages (None: the kernel's, ``bwd_dqkwg``'s)."""
     i_k, i_t, i_b, i_h = _tile_ids(NK, C0, H, HEADS_FASTEST)
     _dqkwg_tile(q, k, vn, gc, h, do, dh, dv2, dq, dk_in, dw, dG, scale, T, NT, B, i_k, i_t, i_b, i_h,
                 H, K, V, BT, BK, BV, USE_G, DOT_PREC, PAIR_FACTORED, DG_FROM_ROWS, DS_UNMASKED)
@@ -1084,7 +1099,7 @@ def _bwd_dqkwg_wy_kernel(q, k, v, vn, beta, gc, Ai, h, do, dh, dv2, dq, dk_in, d
     if tl.atomic_add(tickets + (i_b * NT + i_t) * H + i_h, 1, sem="acq_rel") == NK - 1:
         _wy_bwd_chunk_apart(k, v, beta, gc, Ai, dw, dv2, dk_in, dG, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
                             H, K, V, BT, WY_BK, WY_BV, NK, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, ROWSUMS_COMBINED,
-                            SKIP_UPPER)
+                            SKIP_UPPER, WY_STAGES)
 
 
 # --- host side -------------------------------------------------------------------------------
@@ -1326,7 +1341,8 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     def dqkwg_wy(c0, c1):
         _bwd_dqkwg_wy_kernel[_chunk_grid(c1 - c0, B, H, NK)](
             q, k, v, vn, beta, gc, Ai, h, do, dh, dv2, dq, dk_p, dw, dG, dk, dv, dbeta, dg, tickets, scale, T, NT, B,
-            c0, **dqkwg_cx(), NK=NK, WY_BK=WY_BK, WY_BV=WY_BV, **wy_flags, **_dqkwg_launch(use_g, q))
+            c0, **dqkwg_cx(), NK=NK, WY_BK=WY_BK, WY_BV=WY_BV, WY_STAGES=DQKWG_WY_FUSED_STAGES, **wy_flags,
+            **_dqkwg_launch(use_g, q))
 
     def wy_bwd(c0, c1):
         _wy_bwd_kernel[_chunk_grid(c1 - c0, B, H)](

@@ -344,15 +344,17 @@ def test_gpu_delta_keep_p_forms(family, keep_p, block_v, monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("segments", [1, 3])
-def test_gpu_delta_dqkwg_wy_fused(family, segments, monkeypatch):
+@pytest.mark.parametrize("segments,stages", [(1, None), (3, None), (1, 4)])
+def test_gpu_delta_dqkwg_wy_fused(family, segments, stages, monkeypatch):
     """``delta.DQKWG_WY_FUSED`` (the WY backward by the last key-slice program of each chunk, by ticket)
-    against the reference in bf16, in one segment and in three (float32 through the interpreter's bit test:
-    the GPU test files already fill their step's 250 s cap)."""
+    against the reference in bf16, in one segment and in three, and with its WY loops at 4 stages
+    (``DQKWG_WY_FUSED_STAGES``; float32 through the interpreter's bit test: the GPU test files already
+    fill their step's cap)."""
     from blocks.kernels import delta
 
     monkeypatch.setattr(delta, "DQKWG_WY_FUSED", True)
-    check_delta_segments_bf16(family, "DQKWG_WY_FUSED", monkeypatch, (segments,))
+    monkeypatch.setattr(delta, "DQKWG_WY_FUSED_STAGES", stages)
+    check_delta_segments_bf16(family, f"DQKWG_WY_FUSED stages={stages}", monkeypatch, (segments,))
 
 
 @gpu
@@ -622,15 +624,18 @@ def test_interpreter_delta_keep_p_reads_the_forwards_scores(family, keep_p, segm
 
 @interpreter
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("segments", [1, 3])
-def test_interpreter_delta_dqkwg_wy_fused_gives_the_same_bits(family, segments, monkeypatch):
+@pytest.mark.parametrize("segments,stages", [(1, None), (3, None), (1, 4)])
+def test_interpreter_delta_dqkwg_wy_fused_gives_the_same_bits(family, segments, stages, monkeypatch):
     """``delta.DQKWG_WY_FUSED``: ``_bwd_dqkwg_wy_kernel`` (the key-slice programs of ``_bwd_dqkwg_kernel``,
     then the WY backward by the last of each chunk's programs, by ticket) gives every output the two
     kernels give, bit for bit, in one segment and in three (T=300: a partial last chunk; K=32 at
     ``DQKWG_BK`` 16: two key slices, so that one program per chunk waits on the other's ticket), and
-    launches no ``_bwd_dqkwg_kernel`` nor ``_wy_bwd_kernel``; each chunk's ticket is taken twice."""
+    launches no ``_bwd_dqkwg_kernel`` nor ``_wy_bwd_kernel``; each chunk's ticket is taken twice. With
+    ``DQKWG_WY_FUSED_STAGES`` the kernel gets its WY loops' stage count (the interpreter does not
+    pipeline, so the bits cannot differ here; the GPU test checks the values at 4 stages)."""
     from blocks.kernels import delta
 
+    monkeypatch.setattr(delta, "DQKWG_WY_FUSED_STAGES", stages)
     monkeypatch.setattr(delta, "DQKWG_BK", 16)
     shape = (1, 300, 2, 32, 16)
     monkeypatch.setattr(delta, "DQKWG_WY_FUSED", False)
@@ -644,7 +649,7 @@ def test_interpreter_delta_dqkwg_wy_fused_gives_the_same_bits(family, segments, 
         got = segmented_outputs(family, shape, torch.float32, "cpu", segments, monkeypatch)
     assert not spies["_bwd_dqkwg_kernel"].calls and not spies["_wy_bwd_kernel"].calls
     calls = spies["_bwd_dqkwg_wy_kernel"].calls
-    assert len(calls) == segments and all(kw["NK"] == 2 for _, kw in calls)
+    assert len(calls) == segments and all(kw["NK"] == 2 and kw["WY_STAGES"] == stages for _, kw in calls)
     tickets = calls[0][0][delta._bwd_dqkwg_wy_kernel.kernel.arg_names.index("tickets")]
     assert tickets.dtype == torch.int32 and tickets.numel() == 5 * 2 and torch.equal(tickets, torch.full_like(tickets, 2))
     for i, (a, b) in enumerate(zip(got, ref)):
