@@ -13,6 +13,9 @@
 #   sets (only when named in STEPS) the decode graphs of gated_deltanet x24 and simple_gla x24 (fused layers)
 #        once per entry of DECODE_SETS (default "-;PLAIN_CHUNKS=1;PDL=False": simple_gla's decode mixer
 #        state at once, the skinny kernels without programmatic dependent launch), into sets/
+#   ab   (only when named in STEPS) `train_ab.py --graph` over AB_VARIANTS (required), AB_FAMILIES (default
+#        gated_delta_rule,delta_rule), AB_LENGTHS (2048,16384,32768), AB_ROUNDS (3), into ab/; after the tests
+#        step, so that `STEPS=tests,ab TESTS_K="..."` checks a new kernel's GPU tests and times it in one call
 #
 # Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
 # step), so a step that overruns costs only itself. Steps 1-2 take ~5 min on the H200 and step 3
@@ -28,11 +31,11 @@
 # carry: [".whl"]; see /work/shared/device/README.md). Exit status: 1 if any step failed or hit
 # its cap (each step's status is printed).
 #
-# Knobs (environment): STEPS (comma list of tests,sweep,ncu,gemm,decode,sets,bench; default tests,sweep),
+# Knobs (environment): STEPS (comma list of tests,ab,sweep,ncu,gemm,decode,sets,bench; default tests,sweep),
 # TESTS_S (cap, 280), SWEEP_S (cap, 300), NCU_S (cap, 240), BENCH_S (cap, 540), FAMILIES (sweep's,
 # all five), ONLY (the sweep's --only entries, default switch; e.g. switch,wy_bwd,wu), WARPS (its
 # --warps, 4,8,16), SET (its --set, e.g. BWD_SUB_BK=128), NCU_CASES (ncu_kernels.py --cases),
-# TESTS_K (pytest -k expression for the tests step, default all), GEMM_S (cap, 240), DECODE_S (cap, 300),
+# TESTS_K (pytest -k expression for the tests step, default all), GEMM_S (cap, 240), DECODE_S (cap, 300), AB_S (cap, 360),
 # BENCH_DEADLINE (s into the bench after which its sections, and the correctness check's cases, are
 # skipped; default BENCH_S - 200), DECODE_SETS (the sets step's entries), DECODE_ROUNDS (its round-robin
 # passes, default 3), TRAIN_ROUNDS (the bench's round-robin passes over the training cells, default 3:
@@ -59,6 +62,11 @@ GEMM_S=${GEMM_S:-240}
 DECODE_S=${DECODE_S:-300}
 TESTS_K=${TESTS_K:-}
 DECODE_SETS=${DECODE_SETS:--;PLAIN_CHUNKS=1;PDL=False}
+AB_S=${AB_S:-360}
+if [[ ,$STEPS, == *,ab,* && -z ${AB_VARIANTS:-} ]]; then
+  echo "gpu_session.sh: STEPS has ab but AB_VARIANTS is empty (e.g. AB_VARIANTS='-;DQKWG_WY_FUSED=True')" >&2
+  exit 2
+fi
 export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1
 # sourced: a set-up failure exits here, with gpu_host_env.sh's message on stderr
 . benchmarks/gpu_host_env.sh >/dev/null
@@ -93,6 +101,11 @@ if [[ ,$STEPS, == *,tests,* ]]; then
   step tests "$TESTS_S" $PY -m pytest -p no:cacheprovider -q --durations=25 "${workers[@]}" "${select[@]}" tests/blocks/test_kernels_gpu.py \
     tests/blocks/test_kernels_gpu_gla_delta.py tests/blocks/test_kernels_skinny.py tests/blocks/test_kernels_decode_attention.py \
     tests/archsearch/test_measure.py || failed=1
+fi
+if [[ ,$STEPS, == *,ab,* ]]; then
+  step ab "$AB_S" $PY benchmarks/train_ab.py --families "${AB_FAMILIES:-gated_delta_rule,delta_rule}" \
+    --lengths "${AB_LENGTHS:-2048,16384,32768}" --rounds "${AB_ROUNDS:-3}" --graph --variants="$AB_VARIANTS" \
+    --out "$OUT/ab" || failed=1
 fi
 if [[ ,$STEPS, == *,sweep,* ]]; then
   step sweep "$SWEEP_S" $PY benchmarks/kernel_launch_sweep.py --families "$FAMILIES" --lengths 2048,32768 \
