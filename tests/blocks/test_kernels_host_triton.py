@@ -37,3 +37,27 @@ def test_every_kernel_compiles_with_the_gpu_hosts_triton():
     compiled = [line for line in run.stdout.splitlines() if line.startswith("| ") and " | bf16 | " in line]
     assert run.returncode == 0 and not failed and compiled, (
         f"Triton {where.stdout.split()[-1]}:\n" + "\n".join(failed) + run.stderr[-3000:])
+
+
+@pytest.mark.skipif(not HOST_TRITON, reason="ARCHSEARCH_HOST_TRITON unset (see above)")
+def test_one_more_program_compiles_each_kernel_at_the_cap_that_fits_another():
+    """``kernels_aot_regs.py --one-more-program`` on the delta rules' forward kernels: one row per kernel its
+    registers limit, each at a cap (a multiple of 8, below its registers) that fits one more program per SM,
+    or a one-line ptxas reason where it cannot compile at that cap (no traceback). Which cap: the launch
+    tests' ``cap_for_programs`` test (this process has no Triton to import the tool with)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(HOST_TRITON).resolve())
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels_aot_regs.py"), "--dtype", "bf16",
+                          "--kernels", "delta.kkt,delta.fwd_o,delta.wu", "--one-more-program"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    rows = [[c.strip() for c in line.strip("| ").split("|")] for line in run.stdout.splitlines()
+            if line.startswith("| ") and " | bf16 | " in line]
+    assert rows, run.stdout
+    for name, _, _, _, regs_programs, cap, at_cap, programs_at_cap, _ in rows:
+        regs, programs = map(int, regs_programs.split(" / "))
+        assert int(cap) % 8 == 0 and int(cap) < regs, name
+        if at_cap.startswith("does not compile"):
+            assert "ptxas" in at_cap, name
+        else:
+            assert int(programs_at_cap) == programs + 1 and int(at_cap.split(" / ")[0]) <= int(cap), name
