@@ -53,6 +53,7 @@ from .tiles import walk_bv as _tiles_walk_bv
 from .tiles import block_lower as _block_lower, load_rows_where as _load_rows_where
 from .tiles import store_rows_where as _store_rows_where
 from .tiles import chunk_grid as _tiles_chunk_grid, chunk_ids as _chunk_ids, tile_ids as _tile_ids
+from .tiles import backward_will_run
 
 BT = 64  # chunk length inside the kernels (the ops' chunk_size belongs to the PyTorch form)
 BC = 16  # diagonal block of the triangular inverse
@@ -136,7 +137,8 @@ KEEP_H = not LOW_MEMORY
 # reads ``P`` (8 KB per chunk and head) instead of ``q, k`` (32 KB) and forms no ``k q^T`` dot nor pair
 # decay. Off: formed again. Per step graph-replayed at 2k / 16k / 32k: gated -2.0 / -1.8 / -1.8%, delta_rule
 # -1.7 / -1.5 / -1.7% (H200 2026-12-04 20:44, train_ab_1204_keep_p.md); the reverse walk forming ``P^T do``
-# itself (no ``_bwd_dv_local_kernel``) lost there, +2.4% at 32k (gated).
+# itself (no ``_bwd_dv_local_kernel``) lost there, +2.4% at 32k (gated). Only when a backward will run
+# (``tiles.backward_will_run``): under ``torch.no_grad`` the forward writes no ``P``.
 # history: docs/benchmarks/kernel_decisions/delta.md#keep_p
 KEEP_P = not LOW_MEMORY
 # Removed after losing in H200 sweeps: ``WY_BWD_SPLIT``, ``UNGATED_WALK_BV``, ``FUSED_WY_FWD``.
@@ -1234,15 +1236,15 @@ def _fwd_o_kernels(q, k, vn, gc, h, o, scale, c0, c1, p=None):
         STORE_P=p is not None, **_launch(LAUNCH, "fwd_o", q))
 
 
-def _p_buffer(q: torch.Tensor) -> torch.Tensor | None:
-    """``p [B, T, H, BT]`` (empty, ``q``'s dtype) for the chunks' scores under ``KEEP_P``, else None."""
+def _p_buffer(q: torch.Tensor, keep_p: bool) -> torch.Tensor | None:
+    """``p [B, T, H, BT]`` (empty, ``q``'s dtype) for the chunks' scores when ``keep_p``, else None."""
     B, T, H, _ = q.shape
-    return q.new_empty(B, T, H, BT) if KEEP_P else None
+    return q.new_empty(B, T, H, BT) if keep_p else None
 
 
-def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
+def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None, keep_p=False):
     """The forward: ``(o [B, T, H, V], Ai, w, u, h, vn, ht | None, p [B, T, H, BT] | None)``
-    (``p``: the chunks' scores, with ``KEEP_P``). The state walk runs in
+    (``p``: the chunks' scores, with ``keep_p``: ``KEEP_P`` when a backward will run). The state walk runs in
     segments beside the WY kernels before it and the output kernel after it when it has few
     programs (``overlap``). ``g``: the gate, from which ``_kkt_kernel`` fills the empty ``gc``
     (``KKT_CUMSUM``); else ``gc`` is already filled (or None: ungated)."""
@@ -1258,10 +1260,10 @@ def forward(q, k, v, gc, beta, h0, scale, output_final_state, g=None):
         # step that starts from an idle GPU
         Ai, w, u = wy_fwd(k, v, beta, gc, g)
         h, vn, ht = fwd_h(k, w, u, gc, h0, output_final_state)
-        p = _p_buffer(q)
+        p = _p_buffer(q, keep_p)
         return fwd_o(q, k, vn, gc, h, scale, p), Ai, w, u, h, vn, ht, p
     A, Ai, w, u = _wy_buffers(k, v)
-    p = _p_buffer(q)
+    p = _p_buffer(q, keep_p)
     h, vn, ht = _walk_buffers(k, u, output_final_state)
     o = torch.empty_like(vn)
     carry = k.new_empty(B, H, K, V, dtype=torch.float32)
@@ -1393,28 +1395,30 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
 
 
 class ChunkDeltaRule(torch.autograd.Function):
-    """``(q, k, v [B,T,H,*], g [B,T,H] | None, beta [B,T,H], scale, h0 [B,H,K,V] | None, final)``
-    -> ``(o [B,T,H,V], final_state [B,H,K,V] float32 | None)``. Requires ``K <= MAX_K``."""
+    """``(q, k, v [B,T,H,*], g [B,T,H] | None, beta [B,T,H], scale, h0 [B,H,K,V] | None, final, keep_p)``
+    -> ``(o [B,T,H,V], final_state [B,H,K,V] float32 | None)``. Requires ``K <= MAX_K``. ``keep_p``: keep
+    the chunks' scores for the backward (``KEEP_P``, asked only when one will run: ``backward_will_run``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state):
+    def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state, keep_p):
         kkt_cumsum = g is not None and KKT_CUMSUM
         if kkt_cumsum:  # filled by the forward's first kernel
             gc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
         else:
             gc = chunk_cumsum(g) if g is not None else None
         o, Ai, w, u, h, vn, ht, p = forward(q, k, v, gc, beta, h0, scale, output_final_state,
-                                            g if kkt_cumsum else None)
+                                            g if kkt_cumsum else None, keep_p)
         # Kept for backward: the inputs, gc, the chunks' inverses Ai ([B, T, H, 64]; fla keeps its
         # inverse too, in the activations' dtype, as WY_INPUT_DTYPE_DOTS does; rebuilding it costs
         # two kernels) and, with KEEP_WU, w (and u, which only the state walk reads: not with
         # KEEP_H). The chunk states and U are recomputed by the state walk unless KEEP_H (a
         # [B, T/64, H, K, V] tensor per layer).
-        # KEEP_P: the chunks' scores P, read by the backward's first kernel (bwd_dv_local).
-        ctx.kept = (KEEP_WU, KEEP_H, KEEP_P)  # as at forward time: the switches may change before backward
+        # keep_p (KEEP_P when a backward will run): the chunks' scores P, read by the backward's first
+        # kernel (bwd_dv_local).
+        ctx.kept = (KEEP_WU, KEEP_H, keep_p)  # as at forward time: the switches may change before backward
         kept_wu = ((w,) if KEEP_H else (w, u)) if KEEP_WU else ()
         ctx.save_for_backward(q, k, v, g, beta, gc, Ai, h0, *kept_wu, *((h, vn) if KEEP_H else ()),
-                              *((p,) if KEEP_P else ()))
+                              *((p,) if keep_p else ()))
         ctx.scale = scale
         return o, ht
 
@@ -1433,7 +1437,7 @@ class ChunkDeltaRule(torch.autograd.Function):
         dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, Ai, h0, do, dht, ctx.scale, need_dh0,
                                          w, u, h_kept, p)
         dg = dg.to(g.dtype) if dg is not None else None
-        return dq, dk, dv, dg, dbeta.to(beta.dtype), None, dh0, None
+        return dq, dk, dv, dg, dbeta.to(beta.dtype), None, dh0, None, None
 
 
 def chunk_delta(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
@@ -1458,7 +1462,8 @@ def chunk_delta(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     if g is not None:
         g = g.contiguous()
-    return ChunkDeltaRule.apply(q, k, v, g, beta, scale, initial_state, output_final_state)
+    keep_p = KEEP_P and backward_will_run(q, k, v, g, beta, initial_state)
+    return ChunkDeltaRule.apply(q, k, v, g, beta, scale, initial_state, output_final_state, keep_p)
 
 
 @register_kernel("delta_rule", "chunk")

@@ -65,6 +65,7 @@ from .tiles import cdiv as _cdiv, dot_operand as _op, fast_exp as _exp, launch a
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
 from .tiles import block_lower as _block_lower, load_rows_where as _rows_where, store_rows_where as _store_where
+from .tiles import backward_will_run
 
 BT = 64  # chunk length inside the kernels
 BC = 16  # sub-chunk (tl.dot's smallest block)
@@ -172,7 +173,8 @@ FWD_O_BK = 64
 # from the forward for that dv (``[B, T, H, 64]`` in the activations' dtype: 2 KB per token and layer
 # at 16 heads in bf16) instead of formed again in the backward. Both: -14.9 / -12.4% per fwd+bwd step
 # at 2k / 32k against neither (H200 2026-12-01 23:53, docs/benchmarks/gla_whole_chunk.md).
-# KEEP_A is off under ARCHSEARCH_LOW_MEMORY_KERNELS=1.
+# KEEP_A is off under ARCHSEARCH_LOW_MEMORY_KERNELS=1, and applies only when a backward will run
+# (``tiles.backward_will_run``; under ``torch.no_grad`` the forward writes only the steep chunks' A).
 # history: docs/benchmarks/kernel_decisions/gla.md#bwd_dv_separate-and-keep_a
 BWD_DV_SEPARATE = True
 KEEP_A = not LOW_MEMORY
@@ -1099,13 +1101,16 @@ def bwd(q, k, v, gc, span, A, h0, do, dht, scale, need_dh0, paths, h_kept=None, 
 
 
 class ChunkGLASubchunk(torch.autograd.Function):
-    """``(q, k, v, gk [B,T,H,K], scale, h0 [B,H,K,V] | None, final)`` -> ``(o [B,T,H,V],
-    final_state [B,H,K,V] float32 | None)``; requires ``K <= MAX_K``."""
+    """``(q, k, v, gk [B,T,H,K], scale, h0 [B,H,K,V] | None, final, keep_a)`` -> ``(o [B,T,H,V],
+    final_state [B,H,K,V] float32 | None)``; requires ``K <= MAX_K``. ``keep_a``: keep every chunk's
+    scores for the backward (``KEEP_A``, asked only when one will run: ``backward_will_run``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
+    def forward(ctx, q, k, v, gk, scale, h0, output_final_state, keep_a):
         paths = chunk_paths()
-        keep_a = KEEP_A and WHOLE_CHUNK  # without WHOLE_CHUNK every chunk's A comes from intra_a
+        # keep_a: KEEP_A when a backward will run (the entry point's backward_will_run); without
+        # WHOLE_CHUNK every chunk's A comes from intra_a
+        keep_a = keep_a and WHOLE_CHUNK
         # kept A in v's dtype: both readers cast it to that for their dots (same bits as float32)
         o, h, ht, A, gc, span = forward(q, k, v, gk, h0, scale, paths, output_final_state, keep_a)
         # the chunk states are recomputed in backward unless KEEP_H ([B, T/64, H, K, V] per
@@ -1131,7 +1136,7 @@ class ChunkGLASubchunk(torch.autograd.Function):
         need_dh0 = h0 is not None and ctx.needs_input_grad[5]
         dq, dk, dv, dg, dh0 = bwd(q, k, v, gc, span, A, h0, do, dht, ctx.scale, need_dh0, ctx.paths,
                                   kept[0] if ctx.keep_h else None, read_a=ctx.read_a)
-        return dq, dk, dv, dg.to(gk.dtype), None, dh0, None
+        return dq, dk, dv, dg.to(gk.dtype), None, dh0, None, None
 
 
 @register_kernel("gla", "chunk")
@@ -1156,14 +1161,15 @@ def gla_chunk(q, k, v, gk, scale=None, initial_state=None, output_final_state=Fa
 
         with disabled():
             return torch_chunk(q, k, v, gk, scale, initial_state, output_final_state, chunk_size)
+    keep_a = KEEP_A and backward_will_run(q, k, v, gk, initial_state)
     if K <= MAX_K:
-        return ChunkGLASubchunk.apply(q, k, v, gk, scale, initial_state, output_final_state)
+        return ChunkGLASubchunk.apply(q, k, v, gk, scale, initial_state, output_final_state, keep_a)
     o, states = None, []
     for s in range(0, K, MAX_K):
         sl = slice(s, min(K, s + MAX_K))
         h0 = None if initial_state is None else initial_state[:, :, sl].contiguous()
         o_s, ht_s = ChunkGLASubchunk.apply(q[..., sl].contiguous(), k[..., sl].contiguous(), v,
-                                           gk[..., sl].contiguous(), scale, h0, output_final_state)
+                                           gk[..., sl].contiguous(), scale, h0, output_final_state, keep_a)
         o = o_s if o is None else o + o_s
         states.append(ht_s)
     return o, (torch.cat(states, dim=2) if output_final_state else None)

@@ -131,6 +131,15 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def backward_will_run(*tensors) -> bool:
+    """Whether autograd will run a backward through an op on ``tensors`` (None entries skipped): grad
+    mode on and one of them requiring grad. An ``autograd.Function``'s forward cannot tell (grad mode
+    is off inside it, and ``ctx.needs_input_grad`` reads True under ``torch.no_grad`` too), so the
+    kernels' entry points ask before ``apply``: what a forward keeps only for the backward (delta's
+    ``KEEP_P`` scores, gla's ``KEEP_A``) is then not written in evaluation or prefill."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def chunk_grid(chunks: int, B: int, H: int, lead: int | None, heads_fastest: bool) -> tuple:
     """A per-chunk kernel's grid over ``chunks`` chunks of ``B`` sequences of ``H`` heads (and ``lead``
     tiles of each: ``tile_ids``; else ``chunk_ids``): ``([lead,] chunks, B * H)``, or with

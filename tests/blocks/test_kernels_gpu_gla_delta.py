@@ -623,6 +623,39 @@ def test_interpreter_delta_keep_p_reads_the_forwards_scores(family, keep_p, segm
 
 
 @interpreter
+@pytest.mark.parametrize("family,flag", [("gated_delta_rule", "STORE_P"), ("delta_rule", "STORE_P"), ("gla", "STORE_A")])
+def test_interpreter_forward_keeps_scores_only_for_a_backward(family, flag, monkeypatch):
+    """The scores a forward keeps only for the backward (delta's ``KEEP_P``, gla's ``KEEP_A``) are written
+    when a backward will run and not under ``torch.no_grad`` or on inputs that need no gradient
+    (evaluation, prefill: ``tiles.backward_will_run``), with the same output either way."""
+    from blocks.kernels import delta, gla, tiles
+
+    mod = gla if family == "gla" else delta
+    monkeypatch.setattr(mod, "KEEP_A" if family == "gla" else "KEEP_P", True)
+    spy = _LaunchSpy(mod._fwd_o_kernel)
+    monkeypatch.setattr(mod, "_fwd_o_kernel", spy)
+    args, _ = make_inputs(family, 1, 130, 2, 32, 16, "random", False, seed=5)
+    kernel = chunk_kernel(family)
+
+    def flags_and_output(*inputs) -> tuple[set, torch.Tensor]:
+        """The flag of every output-kernel launch of one forward (one per walk segment), and its output."""
+        spy.calls.clear()
+        o, _ = kernel(*inputs)
+        return {kw[flag] for _, kw in spy.calls}, o.detach()
+
+    with torch.no_grad():
+        eval_flags, o_eval = flags_and_output(*args)
+    plain_flags, o_plain = flags_and_output(*args)  # grad mode on, but no input requires grad
+    train_flags, o_train = flags_and_output(*[a.clone().requires_grad_(True) for a in args])
+    assert (eval_flags, plain_flags, train_flags) == ({False}, {False}, {True})
+    assert torch.equal(o_eval, o_plain) and torch.equal(o_eval, o_train)
+    t = torch.ones(1, requires_grad=True)
+    assert tiles.backward_will_run(None, t) and not tiles.backward_will_run(None, torch.ones(1))
+    with torch.no_grad():
+        assert not tiles.backward_will_run(t)
+
+
+@interpreter
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
 @pytest.mark.parametrize("segments,stages", [(1, None), (3, None), (1, 4)])
 def test_interpreter_delta_dqkwg_wy_fused_gives_the_same_bits(family, segments, stages, monkeypatch):
