@@ -19,6 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 HOST_TRITON = os.environ.get("ARCHSEARCH_HOST_TRITON")
 
 
+def _host_triton_env() -> dict:
+    """This environment with the host's Triton first on the path, compiled rather than interpreted."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(HOST_TRITON).resolve())
+    return env
+
+
 @pytest.mark.skipif(not HOST_TRITON, reason="ARCHSEARCH_HOST_TRITON unset: a folder holding the GPU host's Triton "
                                             "(make test-kernels installs it into .triton-host/)")
 def test_every_kernel_compiles_with_the_gpu_hosts_triton():
@@ -26,8 +33,7 @@ def test_every_kernel_compiles_with_the_gpu_hosts_triton():
     launches it, bf16 and float32) under the host's Triton: no kernel fails to compile, and the Triton
     it ran is the one in ``ARCHSEARCH_HOST_TRITON`` (not another on the path)."""
     host = Path(HOST_TRITON).resolve()
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    env["PYTHONPATH"] = str(host)
+    env = _host_triton_env()
     where = subprocess.run([sys.executable, "-c", "import triton; print(triton.__file__, triton.__version__)"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert where.returncode == 0 and where.stdout.startswith(str(host)), where.stdout + where.stderr
@@ -45,8 +51,7 @@ def test_one_more_program_compiles_each_kernel_at_the_cap_that_fits_another():
     registers limit, each at a cap (a multiple of 8, below its registers) that fits one more program per SM,
     or a one-line ptxas reason where it cannot compile at that cap (no traceback). Which cap: the launch
     tests' ``cap_for_programs`` test (this process has no Triton to import the tool with)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(HOST_TRITON).resolve())
+    env = _host_triton_env()
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels_aot_regs.py"), "--dtype", "bf16",
                           "--kernels", "delta.kkt,delta.fwd_o,delta.wu", "--one-more-program"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
