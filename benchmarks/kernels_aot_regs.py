@@ -305,15 +305,30 @@ def cap_for_programs(programs: int, warps: int, sm: dict = SM90) -> int:
     return per_warp // 32 // 8 * 8
 
 
-def one_more_program(runs, arch: int) -> None:
+def failure_reason(exc: Exception) -> str:
+    """One line for a failed compile: ptxas's fatal line where there is one (e.g. an instruction that
+    needs more registers than a cap), else the exception's first line."""
+    lines = str(exc).splitlines() or [type(exc).__name__]
+    return next((ln for ln in lines if "ptxas fatal" in ln), lines[0]).strip()
+
+
+def one_more_program(runs, arch: int) -> int:
     """``--one-more-program``: per kernel whose programs per SM its registers limit, compiled again at
     the cap that fits one program more (where shared memory and warps allow it): the spills that
     cap costs. A cap that spills little is a launch entry to time (``train_ab.py
-    --variants="-;LAUNCH.<entry>.maxnreg=N"``); ``docs/benchmarks/register_caps.md``."""
+    --variants="-;LAUNCH.<entry>.maxnreg=N"``); ``docs/benchmarks/register_caps.md``. Returns how many
+    kernels did not compile as launched (a ``FAILED`` row each, as the resources table's); a kernel
+    that does not compile at the cap is a row of the table, not a failure."""
     print("| kernel | dtype | warps | stages | regs / programs per SM | cap | regs / stack (B/thread) at the cap | "
           "programs per SM at the cap | SASS instr |\n|---|---|---|---|---|---|---|---|---|")
+    failures = 0
     for act, (name, fn, cx, warps, stages, cap) in runs:
-        kernel = compile_one(fn, arg_types(act, fn), cx, warps, stages, arch, cap)
+        try:
+            kernel = compile_one(fn, arg_types(act, fn), cx, warps, stages, arch, cap)
+        except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
+            failures += 1
+            print(f"| {name} | {act} | {warps} | {stages} | FAILED: {failure_reason(exc)[:150]} |||||", flush=True)
+            continue
         regs, smem = int(resources(kernel).get("REG", 255)), kernel.metadata.shared
         programs, limit = programs_per_sm(regs, warps, smem)
         more = cap_for_programs(programs + 1, warps)
@@ -322,14 +337,14 @@ def one_more_program(runs, arch: int) -> None:
         try:
             capped = compile_one(fn, arg_types(act, fn), cx, warps, stages, arch, more)
         except Exception as exc:  # noqa: BLE001 - e.g. ptxas: an instruction needs more registers than the cap
-            why = next((ln for ln in str(exc).splitlines() if "ptxas fatal" in ln), str(exc).splitlines()[0])
             print(f"| {name} | {act} | {warps} | {stages} | {regs} / {programs} | {more} | does not compile: "
-                  f"{why.strip()[:120]} | - | - |", flush=True)
+                  f"{failure_reason(exc)[:120]} | - | - |", flush=True)
             continue
         res = resources(capped)
         print(f"| {name} | {act} | {warps} | {stages} | {regs} / {programs} | {more} | {res.get('REG')} / "
               f"{res.get('STACK')} | {programs_per_sm(int(res.get('REG', more)), warps, smem)[0]} | "
               f"{sass_counts(kernel)[0]} -> {sass_counts(capped)[0]} |", flush=True)
+    return failures
 
 
 def resources(kernel) -> dict[str, str]:
@@ -503,8 +518,7 @@ def main() -> int:
     if opts.fit_shared:
         return 1 if print_fit(runs, opts.fit_shared, opts.arch) else 0
     if opts.one_more_program:
-        one_more_program(runs, opts.arch)
-        return 0
+        return 1 if one_more_program(runs, opts.arch) else 0
     failures = 0
     print("| kernel | dtype | warps | stages | regs (cap) | stack (B/thread) | shared (B) | programs / SM (limit) | "
           "async copies | loop-carried | SASS instr / SHFL / BAR | compile s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -527,7 +541,7 @@ def main() -> int:
                 print_loops(kernel)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failures += 1
-            print(f"| {name} | {act} | {warps} | {stages} | FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:150]} |||||||",
+            print(f"| {name} | {act} | {warps} | {stages} | FAILED: {type(exc).__name__}: {failure_reason(exc)[:150]} |||||||",
                   flush=True)
     return 1 if failures else 0
 

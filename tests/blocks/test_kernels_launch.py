@@ -7,6 +7,7 @@ import ast
 import inspect
 import json
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -593,6 +594,7 @@ def test_aot_tool_fills_constexprs_left_at_their_defaults(tmp_path):
         "    tl.store(x + o, v * 3.0 if TRIPLE else v + 1.0)\n")
     code = f"""
 import sys
+import types
 sys.path.insert(0, {str(tmp_path)!r})
 import kernels_aot_regs as aot
 from defaulted_kernel import scale_kernel
@@ -1641,6 +1643,38 @@ def test_aot_tool_finds_the_register_cap_that_fits_one_more_program():
         cap = aot.cap_for_programs(programs, warps)
         assert cap % 8 == 0 and aot.programs_per_sm(cap, warps, 0)[0] >= programs
         assert aot.programs_per_sm(cap + 8, warps, 0)[0] < programs or cap + 8 > 255
+
+
+def test_aot_tool_one_more_program_reports_a_kernel_that_does_not_compile(monkeypatch, capsys):
+    """``--one-more-program`` (``kernels_aot_regs.one_more_program``) with the compiler stubbed: a kernel
+    whose launch does not compile is a ``FAILED`` row with ptxas's one line and counts as a failure (the
+    script exits 1, as the resources table does); one that does not compile only at the cap is a row
+    saying so, not a failure; the rest of the kernels are still reported."""
+    aot = _benchmark("kernels_aot_regs")
+
+    class Kernel:
+        metadata = types.SimpleNamespace(shared=16384)
+
+        def __init__(self, regs):
+            self.regs = regs
+
+    def compile_one(fn, types_, cx, warps, stages, arch, cap=None):
+        if fn == "broken" or (fn == "tight" and cap):
+            raise RuntimeError("PTXAS error: Internal Triton PTX codegen error\nptxas fatal   : Unresolved extern function")
+        return Kernel(cap or 190)
+
+    monkeypatch.setattr(aot, "compile_one", compile_one)
+    monkeypatch.setattr(aot, "arg_types", lambda act, fn: {})
+    monkeypatch.setattr(aot, "resources", lambda k: {"REG": str(k.regs), "STACK": "0"})
+    monkeypatch.setattr(aot, "sass_counts", lambda k: (1000, 0, 0))
+    runs = [("bf16", (name, name, {}, 4, 2, None)) for name in ("broken", "tight", "fits")]
+    assert aot.one_more_program(runs, 90) == 1
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and " | bf16 | " in line}
+    assert "FAILED: ptxas fatal   : Unresolved extern function" in rows["broken"]
+    assert "does not compile: ptxas fatal" in rows["tight"] and "FAILED" not in rows["tight"]
+    assert "| 190 / 2 | 168 | 168 / 0 | 3 |" in rows["fits"]
+    assert aot.failure_reason(ValueError("")) == "ValueError"
 
 
 def test_aot_tool_lists_the_stage_counts_fitted_tries():
