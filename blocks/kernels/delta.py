@@ -80,7 +80,11 @@ LAUNCH = {
     "bwd_dv_local": dict(num_warps=4, num_stages=None),
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
+    # the reverse walk at V block 64 (2k .. 16k tokens per sequence) and 32 (32k: ``walk_bv``); 3 stages
+    # (2: +7.5..+8.0% per step queued at 32k, H200 2026-12-04 17:25, train_ab_1204_dh_bv16.md). At block 32,
+    # 4 stages fit only with ``DH_ROWS_AHEAD``
     "bwd_dh": dict(num_warps=4, num_stages=3),
+    "bwd_dh_bv32": dict(num_warps=4, num_stages=3),
     # the forward state walk at V block 64 (many (batch, head) pairs) and 32 (long sequences): 4 warps
     # at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at block 32 -6.6 / -4.6% (32k),
     # sweep 2026-12-01 03:14; the walks at 8 warps lost (H200 2026-12-02 04:09; again with two segments, block 64
@@ -185,6 +189,16 @@ WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 # history: docs/benchmarks/kernel_decisions/delta.md#bwd_walk_segments
 BWD_WALK_SEGMENTS = 1
 WALK_OVERLAP_BELOW_PER_SM = 1.0
+# The reverse walk (``_bwd_dh_kernel``) loads each chunk's ``do`` and ``dv`` rows ([BT, BV]) one chunk ahead
+# into registers instead of through the software pipeline's shared-memory stages. Alone on the GPU at 32k
+# (one program per SM) the walk is bound by how far ahead its loads are issued: 2 stages instead of 3 cost
+# +7.5..+8.0% per step (H200 2026-12-04 17:25, train_ab_1204_dh_bv16.md), and 4 did not fit (235 KB at V
+# block 32). With this: 210 KB at 4 stages, 190 registers, no spills (168 KB, 188 registers at 3); V block
+# 64 at 3 stages 173 instead of 206 KB, 152 B of spills (sm_90, ``benchmarks/kernels_aot_regs.py --kernels
+# bwd_dh --set DH_ROWS_AHEAD=True --stages 3,4``). Same bits (the same values, loaded earlier). Not yet timed:
+# the candidate is ``DH_ROWS_AHEAD=True,LAUNCH.bwd_dh_bv32.num_stages=4``.
+# history: docs/benchmarks/kernel_decisions/delta.md#dh_rows_ahead-built-2026-12-05-not-yet-timed
+DH_ROWS_AHEAD = False
 
 
 def _dqkwg_launch(use_g: bool, x: torch.Tensor) -> dict:
@@ -331,7 +345,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
             "HEADS_FASTEST": (False, True), "KEEP_P": (False, True),
-            "DQKWG_WY_FUSED": (False, True), "DQKWG_WY_FUSED_STAGES": (None, 4)}
+            "DQKWG_WY_FUSED": (False, True), "DQKWG_WY_FUSED_STAGES": (None, 4), "DH_ROWS_AHEAD": (False, True)}
 
 
 @triton.jit
@@ -766,12 +780,14 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr):
+                   DOT_PREC: tl.constexpr, ROWS_AHEAD: tl.constexpr = False):
     """Grid (V/BV, B*H), BK >= K: reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (the
     gradient of the state after chunk ``C1 - 1``) to ``dh0`` (before chunk ``C0``; it may be
     ``dht``'s buffer). ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``ROWS_AHEAD`` (``DH_ROWS_AHEAD``): the
+    ``[BT, BV]`` rows of ``do`` and ``dv`` loaded one chunk ahead into registers, outside the
+    software pipeline's shared-memory stages (same values, same bits)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -785,6 +801,13 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
+    if ROWS_AHEAD:
+        # Triton's pipeliner stages only loads in the loop; these two, issued an iteration early and
+        # carried in registers (16 values per thread each at V block 32), take ~8 KB per stage off the
+        # walk's shared memory: 4 stages fit at V block 32 (sm_90: 210 KB, 190 registers, no spills; the
+        # staged form needs 235 KB there, more than a program may have)
+        b_do_next = _load_rows(do, i_b, i_h, (C1 - 1) * BT, T, H, V, i_v * BV, BT, BV)
+        b_dv_next = _load_rows(dv, i_b, i_h, (C1 - 1) * BT, T, H, V, i_v * BV, BT, BV)
     for i_r in range(C1 - C0):
         i_t = C1 - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
@@ -792,10 +815,17 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
         # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
-        # dv loaded beside do, both converted after (sm_90 at V block 64: 2328 SASS instructions against
-        # 2344 for the loads where used; the form of the 2026-12-04 21:00 run, not timed apart)
-        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-        b_dvl = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        if ROWS_AHEAD:
+            b_do = b_do_next
+            b_dvl = b_dv_next.to(tl.float32)
+            i_n = tl.maximum(i_t - 1, C0)  # the last step loads its own chunk again: never before the segment
+            b_do_next = _load_rows(do, i_b, i_h, i_n * BT, T, H, V, i_v * BV, BT, BV)
+            b_dv_next = _load_rows(dv, i_b, i_h, i_n * BT, T, H, V, i_v * BV, BT, BV)
+        else:
+            # dv loaded beside do, both converted after (sm_90 at V block 64: 2328 SASS instructions against
+            # 2344 for the loads where used; the form of the 2026-12-04 21:00 run, not timed apart)
+            b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+            b_dvl = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_do = b_do.to(tl.float32)
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
@@ -1324,7 +1354,8 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
             q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
-            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
+            DOT_PREC=prec, ROWS_AHEAD=DH_ROWS_AHEAD,
+            **(_launch(LAUNCH, "bwd_dh", q) if BV > 32 else _launch(LAUNCH, "bwd_dh_bv32", q)))
 
     # the constexprs of bwd_dqkwg's and wy_bwd's work, which the fused kernel (DQKWG_WY_FUSED) takes both of
     shared = dict(H=H, K=K, V=V, BT=BT, USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
