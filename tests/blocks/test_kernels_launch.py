@@ -1528,6 +1528,29 @@ def test_host_orchestration_stubs_the_kernels_and_puts_them_back():
         ho.main(["--families", "nope"])
 
 
+def test_train_ab_checks_its_variants_before_asking_for_a_gpu(capsys, monkeypatch):
+    """``train_ab.py`` parses every variant on every family before anything else, also without a GPU (this
+    process has Triton), so that a GPU session's planned variants are checked on a CPU machine: a launch
+    entry or setting a family lacks is a one-line ``--variants`` error; a good plan returns 2 saying its
+    variants are understood and timing them needs a GPU."""
+    ab = _benchmark("train_ab")
+    args = ["--families", "gated_delta_rule,delta_rule", "--lengths", "2048,32768"]
+    for bad, named in (("LAUNCH.bwd_dh_b32.num_stages=4", "bwd_dh_b32"), ("DH_ROWS_AHEAD=True,NO_SUCH=1", "NO_SUCH"),
+                       ("LAUNCH.bwd_dh_bv32.num_stages=5", "1 to 4")):
+        with pytest.raises(SystemExit):
+            ab.main(args + [f"--variants=-;{bad}"])
+        err = capsys.readouterr().err
+        assert "--variants" in err and named in err, err
+    if not torch.cuda.is_available():
+        good = "-;DH_ROWS_AHEAD=True,LAUNCH.bwd_dh_bv32.num_stages=4;DQKWG_WY_FUSED=True;LAUNCH.fwd_o.maxnreg=168"
+        assert ab.main(args + [f"--variants={good}"]) == 2
+        assert "the variants are understood; timing them needs a CUDA GPU" in capsys.readouterr().err
+        # where Triton does not import, nothing is parsed: the same exit without the claim
+        monkeypatch.setattr(ab.importlib.util, "find_spec", lambda name: None)
+        assert ab.main(args + ["--variants=-;NO_SUCH=1"]) == 2
+        assert capsys.readouterr().err.strip() == "train_ab: timing them needs a CUDA GPU"
+
+
 def test_train_ab_passes_start_one_variant_later_each_time():
     """``train_ab.round_order``: pass ``r`` runs the variants rotated by ``r`` (so that over ``n`` passes each
     of ``n`` variants runs first once), every variant once per pass, the first pass in the given order."""
