@@ -193,8 +193,8 @@ WALK_OVERLAP_BELOW_PER_SM = 1.0
 # into registers instead of through the software pipeline's shared-memory stages. Alone on the GPU at 32k
 # (one program per SM) the walk is bound by how far ahead its loads are issued: 2 stages instead of 3 cost
 # +7.5..+8.0% per step (H200 2026-12-04 17:25, train_ab_1204_dh_bv16.md), and 4 did not fit (235 KB at V
-# block 32). With this: 210 KB at 4 stages, 190 registers, no spills (168 KB, 188 registers at 3); V block
-# 64 at 3 stages 173 instead of 206 KB, 152 B of spills (sm_90, ``benchmarks/kernels_aot_regs.py --kernels
+# block 32). With this: 210 KB at 4 stages, 182 registers, no spills (161 KB, 168 registers at 3); V block
+# 64 at 3 stages 173 instead of 206 KB, 144 B of spills (sm_90, ``benchmarks/kernels_aot_regs.py --kernels
 # bwd_dh --set DH_ROWS_AHEAD=True --stages 3,4``). Same bits (the same values, loaded earlier). Not yet timed:
 # the candidate is ``DH_ROWS_AHEAD=True,LAUNCH.bwd_dh_bv32.num_stages=4``.
 # history: docs/benchmarks/kernel_decisions/delta.md#dh_rows_ahead-built-2026-12-05-not-yet-timed
@@ -802,9 +802,9 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
     if ROWS_AHEAD:
-        # Triton's pipeliner stages only loads in the loop; these two, issued an iteration early and
-        # carried in registers (16 values per thread each at V block 32), take ~8 KB per stage off the
-        # walk's shared memory: 4 stages fit at V block 32 (sm_90: 210 KB, 190 registers, no spills; the
+        # Triton's pipeliner does not stage loads carried from the iteration before (18 asynchronous copies
+        # instead of 24 at 3 stages); these two, 16 values per thread each at V block 32, take ~8 KB per stage off the
+        # walk's shared memory: 4 stages fit at V block 32 (sm_90: 210 KB, 182 registers, no spills; the
         # staged form needs 235 KB there, more than a program may have)
         b_do_next = _load_rows(do, i_b, i_h, (C1 - 1) * BT, T, H, V, i_v * BV, BT, BV)
         b_dv_next = _load_rows(dv, i_b, i_h, (C1 - 1) * BT, T, H, V, i_v * BV, BT, BV)
