@@ -233,6 +233,14 @@ def train_inputs(family: str, B: int, T: int, H: int = HEADS, D: int = HEAD_DIM,
     return args
 
 
+def op_module(family: str):
+    """``blocks.ops.<family>``: the op whose ``chunk`` dispatches to the kernel on CUDA, or its PyTorch
+    form (inside ``blocks.kernels.disabled()`` or without a kernel)."""
+    import importlib
+
+    return importlib.import_module(f"blocks.ops.{family}")
+
+
 def positional(family: str, args: dict) -> list:
     """The op's positional arguments in its order: ``q, k, v`` then ``g``/``gk``/``beta``."""
     extra = {"linear_attn": (), "simple_gla": ("g",), "gla": ("gk",), "delta_rule": ("beta",),

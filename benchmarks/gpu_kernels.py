@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 
 from gpu_common import (  # noqa: E402
     HEAD_DIM, HEADS, LENGTHS, LINEAR_FAMILIES, TOKENS, apply_sets, checked_families, checked_lengths, copy_bandwidth,
-    cuda_time, fwd_bwd, gpu_state, graph_time, kernel_settings, positional, step_inputs, switched, switches_line,
-    train_inputs, train_times,
+    cuda_time, fwd_bwd, gpu_state, graph_time, kernel_settings, op_module, positional, step_inputs, switched,
+    switches_line, train_inputs, train_times,
 )
 
 from triton_check import require_triton  # noqa: E402
@@ -50,12 +50,6 @@ CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def op_module(family: str):
-    import importlib
-
-    return importlib.import_module(f"blocks.ops.{family}")
 
 
 # --- 0. correctness ----------------------------------------------------------------------------

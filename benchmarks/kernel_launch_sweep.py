@@ -106,12 +106,12 @@ class Applied:
             self.mod.LAUNCH[entry] = self.saved
 
 
-def step(family: str, T: int, B: int = 0):
+def step(family: str, T: int, B: int = 0, dtype: torch.dtype = torch.bfloat16):
     """A closure running one fwd+bwd of the family's registered kernel on ``B`` (default
-    ``TOKENS // T``) sequences."""
+    ``TOKENS // T``) sequences of ``dtype``."""
     import blocks.kernels as kernels
 
-    args = train_inputs(family, B or max(1, TOKENS // T), T, HEADS, HEAD_DIM)
+    args = train_inputs(family, B or max(1, TOKENS // T), T, HEADS, HEAD_DIM, dtype=dtype)
     pos = positional(family, args)
     kernel = kernels.get_kernel(family, "chunk")
     return fwd_bwd(lambda: kernel(*pos)[0], pos)

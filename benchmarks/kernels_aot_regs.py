@@ -88,11 +88,11 @@ def arg_types(act: str, fn=None) -> dict[str, str]:
 
 def table(launch: dict, name: str, default_stages: int) -> tuple[int, int, int | None]:
     """``(num_warps, num_stages, maxnreg)`` from a kernel module's launch table (``tiles.launch``
-    rules: ``default_stages`` is 1 for float32, and then for every kernel, and no register cap;
-    ``maxnreg`` None: no cap)."""
+    rules: ``default_stages`` is 1 for float32, and then for every kernel, the entry's
+    ``num_warps_fp32`` where it has one, and no register cap; ``maxnreg`` None: no cap)."""
     cfg = launch[name]
     if default_stages == 1:
-        return cfg["num_warps"], 1, None
+        return cfg.get("num_warps_fp32", cfg["num_warps"]), 1, None
     return cfg["num_warps"], cfg["num_stages"] or default_stages, cfg.get("maxnreg")
 
 

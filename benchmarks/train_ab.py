@@ -1,4 +1,4 @@
-"""Time a family's training step (fwd + bwd, bf16, 16 heads of 128, 64k tokens per batch) under
+"""Time a family's training step (fwd + bwd, bf16 or float32, 16 heads of 128, 64k tokens per batch) under
 several kernel settings side by side: one process, one set of inputs per length, the variants
 timed round robin (``--rounds`` passes, median per variant), so that they share the GPU's state
 and drift; each pass starts one variant later than the pass before (``round_order``), so that no
@@ -10,11 +10,14 @@ at a time in child processes; this compares a few chosen combinations within one
 
 (``--variants=`` with the ``=``: a value that starts with ``-`` is otherwise taken for an option.)
 
-A variant is ``-`` (the modules as they are) or a comma list of ``NAME=VALUE`` items on the family's
+A variant is ``-`` (the modules as they are), ``torch`` (the op's PyTorch chunk form, the kernels off: what
+the kernels are measured against) or a comma list of ``NAME=VALUE`` items on the family's
 kernel module: an upper-case setting, switch or not (a Python literal, e.g. ``WALK_SEGMENTS=1`` or
 ``WALK_OVERLAP_BELOW_PER_SM=1000.0``), ``walk_bv=N`` (the family module's walks at V block N) or
 ``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N`` / ``LAUNCH.entry.maxnreg=N`` (a cap on registers
-per thread, ptxas ``.maxnreg``; ``None`` removes an entry's cap or takes the stages from the dtype). ``--host-profile`` also writes a
+per thread, ptxas ``.maxnreg``; ``None`` removes an entry's cap or takes the stages from the dtype) /
+``LAUNCH.entry.num_warps_fp32=N`` (the entry's warps for float32 inputs). ``--dtype fp32`` times float32 steps
+(every kernel at one stage, full-precision dots: ``docs/benchmarks/fp32_compiles_1205.md``). ``--host-profile`` also writes a
 cProfile of the first variant's step launches per family and length; ``--graph`` also times each
 variant's step replayed from a CUDA graph (what the queued steps would take without the host). Prints a markdown table (ms per step
 synced and queued, Mtok/s, the host's time to launch one step, the SM clock after the queued steps, ratios to the first
@@ -37,9 +40,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 import torch  # noqa: E402
 
 from gpu_common import (  # noqa: E402
-    TOKENS, checked_families, checked_lengths, cuda_time, gpu_state, graph_time, host_seconds, keep_gpu_busy,
-    write_report,
+    HEAD_DIM, HEADS, TOKENS, checked_families, checked_lengths, cuda_time, fwd_bwd, gpu_state, graph_time,
+    host_seconds, keep_gpu_busy, op_module, positional, train_inputs, write_report,
 )
+
+
+TORCH = "torch"  # the variant that runs the op's PyTorch chunk form
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+LAUNCH_KEYS = ("num_warps", "num_stages", "maxnreg", "num_warps_fp32")
+
+
+def items(variant: str) -> list[str]:
+    """The ``NAME=VALUE`` items of a variant (none for ``-`` and ``torch``)."""
+    return [] if variant in ("-", TORCH) else variant.split(",")
 
 
 def parsed(family: str, item: str) -> tuple:
@@ -55,16 +68,17 @@ def parsed(family: str, item: str) -> tuple:
         return ("walk_bv", "BV", int(raw))
     if name.startswith("LAUNCH."):
         _, entry, key = (name.split(".") + ["", ""])[:3]
-        if entry not in mod.LAUNCH or key not in ("num_warps", "num_stages", "maxnreg"):
+        if entry not in mod.LAUNCH or key not in LAUNCH_KEYS:
             raise ValueError(f"{item}: {family}'s LAUNCH has no {entry}.{key}")
-        if key != "num_warps" and raw.lower() == "none":  # stages from the dtype / no register cap
+        if key != "num_warps" and raw.lower() == "none":  # stages from the dtype / no register cap / bf16's warps
             return (entry, key, None)
         if not raw.isdigit():
             raise ValueError(f"{item}: expected an integer{'' if key == 'num_warps' else ' or None'}")
         from kernel_launch_sweep import valid_cap
 
         value = int(raw)
-        ok, allowed = {"num_warps": (value in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16"),
+        warps = (value in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16")
+        ok, allowed = {"num_warps": warps, "num_warps_fp32": warps,
                        "num_stages": (1 <= value <= 4, "1 to 4"),
                        "maxnreg": (valid_cap(value), "a multiple of 8 from 24 to 255")}[key]
         if not ok:
@@ -86,7 +100,7 @@ def applied(family: str, variant: str):
     from kernel_launch_sweep import Applied
 
     with contextlib.ExitStack() as stack:
-        for item in ([] if variant == "-" else variant.split(",")):
+        for item in items(variant):
             stack.enter_context(Applied(family, parsed(family, item)))
         yield
 
@@ -121,20 +135,39 @@ def host_profile(run, steps: int = 20, top: int = 25, busy=None) -> str:
     return text.getvalue()
 
 
+def torch_step(family: str, T: int, B: int = 0, dtype: torch.dtype = torch.bfloat16, device: str = "cuda"):
+    """``kernel_launch_sweep.step``'s closure for the op's PyTorch chunk form (``blocks.kernels.disabled()``):
+    one fwd+bwd of ``blocks.ops.<family>.chunk`` on ``B`` (default ``TOKENS // T``) sequences of ``dtype``."""
+    import blocks.kernels as kernels
+
+    args = train_inputs(family, B or max(1, TOKENS // T), T, HEADS, HEAD_DIM, dtype=dtype, device=device)
+    pos = positional(family, args)
+    chunk = op_module(family).chunk
+
+    def call() -> torch.Tensor:
+        with kernels.disabled():
+            return chunk(*pos)[0]
+
+    return fwd_bwd(call, pos)
+
+
 def time_length(family: str, T: int, variants: list[str], rounds: int, profile_dir: Path | None = None,
-                graph: bool = False) -> list[dict]:
+                graph: bool = False, dtype: torch.dtype = torch.bfloat16) -> list[dict]:
     """One row per variant: median ms per step over ``rounds`` round-robin passes, synced and queued;
     with ``graph`` also the step captured in a CUDA graph and replayed (``graph_time``: no host time at
     all, and a graph's kernels start closer to each other, so queued - graph is what the host's pace and
     the stream launches' own gaps cost the queued steps together)."""
     from kernel_launch_sweep import step
 
-    run = step(family, T)  # the registered kernel's fwd + bwd on the sweep's inputs
+    kernel_run = step(family, T, dtype=dtype)  # the registered kernel's fwd + bwd on the sweep's inputs
+    runs = {v: kernel_run for v in variants}
+    if TORCH in variants:
+        runs[TORCH] = torch_step(family, T, dtype=dtype)
     if profile_dir is not None:  # the first variant's host time, function by function
         with applied(family, variants[0]):
-            run()
+            runs[variants[0]]()
             torch.cuda.synchronize()
-            text = host_profile(run, busy=keep_gpu_busy)
+            text = host_profile(runs[variants[0]], busy=keep_gpu_busy)
             torch.cuda.synchronize()
         profile_dir.mkdir(parents=True, exist_ok=True)
         (profile_dir / f"host_profile_{family}_{T}.txt").write_text(text)
@@ -146,6 +179,7 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
         for v in round_order(variants, r):
             if v in errors:
                 continue
+            run = runs[v]
             try:
                 with applied(family, v):
                     times[v]["synced"].append(cuda_time(run, budget_s=0.3)[0] * 1e3)
@@ -161,12 +195,13 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
             except Exception as exc:  # noqa: BLE001 - reported in the variant's row, the others go on
                 errors[v] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     rows = []
+    label = next(name for name, dt in DTYPES.items() if dt == dtype)
     for v in variants:
         if v in errors:
-            rows.append({"family": family, "T": T, "variant": v, "error": errors[v]})
+            rows.append({"family": family, "T": T, "dtype": label, "variant": v, "error": errors[v]})
             continue
         ms, qms = statistics.median(times[v]["synced"]), statistics.median(times[v]["queued"])
-        rows.append({"family": family, "T": T, "variant": v, "ms": ms, "queued_ms": qms,
+        rows.append({"family": family, "T": T, "dtype": label, "variant": v, "ms": ms, "queued_ms": qms,
                      "host_ms": statistics.median(times[v]["host"]),
                      "mtok_s": TOKENS / ms / 1e3, "queued_mtok_s": TOKENS / qms / 1e3,
                      "passes_ms": times[v]["synced"],
@@ -188,13 +223,14 @@ def table(rows: list[dict]) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if graphed else "")]
     base: dict[tuple, tuple[float, float]] = {}
     for r in rows:
-        key = (r["family"], r["T"])
+        key = (r["family"], r["T"], r.get("dtype", "bf16"))
+        family = r["family"] + ("" if key[2] == "bf16" else f" ({key[2]})")
         if "error" in r:
-            out.append(f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['error']} ||||||||" + ("||" if graphed else ""))
+            out.append(f"| {family} | {r['T']} | `{r['variant']}` | {r['error']} ||||||||" + ("||" if graphed else ""))
             continue
         ms0, qms0 = base.setdefault(key, (r["ms"], r["queued_ms"]))
         clock = f"{r['sm_mhz']:.0f}" if r.get("sm_mhz") else "-"
-        line = (f"| {r['family']} | {r['T']} | `{r['variant']}` | {r['ms']:.3f} | {r['mtok_s']:.2f} | "
+        line = (f"| {family} | {r['T']} | `{r['variant']}` | {r['ms']:.3f} | {r['mtok_s']:.2f} | "
                 f"{r['queued_ms']:.3f} | {r['queued_mtok_s']:.2f} | {r['host_ms']:.3f} | {clock} | "
                 f"{r['ms'] / ms0:.3f} | {r['queued_ms'] / qms0:.3f} |")
         if graphed:
@@ -212,6 +248,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="2048,32768")
     ap.add_argument("--variants", default="-", help="';'-separated variants (see the module docstring)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="the steps' inputs (fp32: the float32 "
+                    "kernels, one stage each, full-precision dots; compare with the 'torch' variant)")
     ap.add_argument("--out", default="", help="folder for train_ab.{json,md} (default: print only)")
     ap.add_argument("--host-profile", action="store_true",
                     help="also write host_profile_<family>_<T>.txt to --out: cProfile of 20 launches of the "
@@ -234,7 +272,7 @@ def main(argv=None) -> int:
         try:
             for family in families:
                 for v in variants:
-                    for item in ([] if v == "-" else v.split(",")):
+                    for item in items(v):
                         parsed(family, item)
         except ValueError as exc:
             ap.error(f"--variants: {exc}")
@@ -246,7 +284,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     for family in families:
         for T in lengths:
-            rows += time_length(family, T, variants, a.rounds, Path(a.out) if a.host_profile else None, a.graph)
+            rows += time_length(family, T, variants, a.rounds, Path(a.out) if a.host_profile else None, a.graph,
+                                DTYPES[a.dtype])
             print(table([r for r in rows if r["family"] == family and r["T"] == T]).split("\n", 2)[-1], flush=True)
     write_report("train_ab", "Training-step A/B", table(rows), rows, a.out, argv, extra=f", {time.time() - t0:.0f} s")
     return 0

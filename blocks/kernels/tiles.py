@@ -80,10 +80,15 @@ def launch(table: dict, name: str, x: torch.Tensor) -> dict:
     memory; 3 stages of some exceed the SM's); a register cap (``maxnreg``, ptxas' registers per
     thread) applies to bf16 inputs only, the dtype it was measured with (float32 tiles would spill,
     and float16 compiles some kernels differently, e.g. gla's ``intra_a`` with float32 diagonal
-    dots); the interpreter runs at one warp and one stage."""
+    dots); an entry's ``num_warps_fp32`` is its warp count for float32 inputs (their FMA dots hold
+    whole rows of both operands per thread and spill KBs per thread at the bf16 warps:
+    docs/benchmarks/fp32_compiles_1205.md); the interpreter runs at one warp and one stage."""
     if INTERPRET:
         return dict(num_warps=1, num_stages=1)
     cfg = dict(table[name])
+    fp32_warps = cfg.pop("num_warps_fp32", None)
+    if x.dtype == torch.float32 and fp32_warps is not None:
+        cfg["num_warps"] = fp32_warps
     if cfg.get("num_stages") is None or x.dtype == torch.float32:
         cfg["num_stages"] = stages(x)
     if x.dtype != torch.bfloat16 or not supports_maxnreg():

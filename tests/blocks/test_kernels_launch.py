@@ -34,8 +34,8 @@ def test_switches_name_module_flags_with_their_current_value_among_the_choices(m
 def test_every_launch_entry_is_valid_and_used(mod):
     source = inspect.getsource(mod)
     for name, cfg in mod.LAUNCH.items():
-        assert set(cfg) - {"maxnreg"} == {"num_warps", "num_stages"}, name
-        assert cfg["num_warps"] in (1, 2, 4, 8, 16), name
+        assert set(cfg) - {"maxnreg", "num_warps_fp32"} == {"num_warps", "num_stages"}, name
+        assert cfg["num_warps"] in (1, 2, 4, 8, 16) and cfg.get("num_warps_fp32", 4) in (1, 2, 4, 8, 16), name
         # ptxas' register cap: a multiple of 8 between 24 and 255 registers per thread
         assert cfg.get("maxnreg") is None or (24 <= cfg["maxnreg"] <= 255 and cfg["maxnreg"] % 8 == 0), name
         assert cfg["num_stages"] is None or 1 <= cfg["num_stages"] <= 4, name
@@ -45,7 +45,7 @@ def test_every_launch_entry_is_valid_and_used(mod):
 
 def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
     table = {"k": dict(num_warps=8, num_stages=3), "auto": dict(num_warps=4, num_stages=None),
-             "capped": dict(num_warps=4, num_stages=2, maxnreg=128)}
+             "capped": dict(num_warps=4, num_stages=2, maxnreg=128), "fp32": dict(num_warps=4, num_stages=2, num_warps_fp32=16)}
     bf16, fp32 = torch.empty(1, dtype=torch.bfloat16), torch.empty(1)
     got = {(n, str(x.dtype)): tiles.launch(table, n, x) for n in table for x in (bf16, fp32)}
     if tiles.INTERPRET:
@@ -60,6 +60,9 @@ def test_launch_takes_bf16_settings_runs_float32_at_one_stage_and_copies():
         assert got[("capped", "torch.bfloat16")] == dict(num_warps=4, num_stages=2, **cap)
         assert got[("capped", "torch.float32")] == dict(num_warps=4, num_stages=1)
         assert tiles.launch(table, "capped", torch.empty(1, dtype=torch.float16)) == dict(num_warps=4, num_stages=2)
+        # an entry's float32 warp count: float32 inputs only, and never handed to the launch as a keyword
+        assert got[("fp32", "torch.float32")] == dict(num_warps=16, num_stages=1)
+        assert got[("fp32", "torch.bfloat16")] == dict(num_warps=4, num_stages=2)
     got[("k", "torch.bfloat16")]["num_warps"] = 1
     assert table["k"] == dict(num_warps=8, num_stages=3)  # callers get copies
 
@@ -1500,8 +1503,16 @@ def test_train_ab_variants_apply_and_restore_every_kind_of_setting():
         ab.parsed("gla", "LAUNCH.intra_a.num_warps=None")
     with pytest.raises(ValueError, match="expected an integer or None"):
         ab.parsed("gla", "LAUNCH.intra_a.maxnreg=lots")
+    # a float32 warp count (None: the bf16 entry's warps for float32 too)
+    assert ab.parsed("delta_rule", "LAUNCH.bwd_dqkwg.num_warps_fp32=16") == ("bwd_dqkwg", "num_warps_fp32", 16)
+    assert ab.parsed("delta_rule", "LAUNCH.bwd_dqkwg.num_warps_fp32=None") == ("bwd_dqkwg", "num_warps_fp32", None)
+    with ab.applied("delta_rule", "LAUNCH.bwd_dqkwg.num_warps_fp32=16"):
+        assert tiles.launch(delta.LAUNCH, "bwd_dqkwg", torch.empty(1))["num_warps"] == (1 if tiles.INTERPRET else 16)
+    assert "num_warps_fp32" not in delta.LAUNCH["bwd_dqkwg"]
+    assert ab.items("-") == [] and ab.items("torch") == [] and ab.items("A=1,B=2") == ["A=1", "B=2"]
     for bad, allowed in (("maxnreg=300", "a multiple of 8"), ("maxnreg=100", "a multiple of 8"),
-                         ("num_stages=0", "1 to 4"), ("num_warps=3", "1, 2, 4, 8 or 16")):
+                         ("num_stages=0", "1 to 4"), ("num_warps=3", "1, 2, 4, 8 or 16"),
+                         ("num_warps_fp32=12", "1, 2, 4, 8 or 16")):
         with pytest.raises(ValueError, match=f"out of range \\({allowed}"):
             ab.parsed("gla", f"LAUNCH.intra_a.{bad}")
     with pytest.raises(ValueError, match="has no setting WALK_SEGMENT$"):
@@ -1541,14 +1552,63 @@ def test_train_ab_checks_its_variants_before_asking_for_a_gpu(capsys, monkeypatc
             ab.main(args + [f"--variants=-;{bad}"])
         err = capsys.readouterr().err
         assert "--variants" in err and named in err, err
+    with pytest.raises(SystemExit):
+        ab.main(args + ["--dtype", "fp16"])
+    assert "--dtype" in capsys.readouterr().err
     if not torch.cuda.is_available():
         good = "-;DH_ROWS_AHEAD=True,LAUNCH.bwd_dh_bv32.num_stages=4;DQKWG_WY_FUSED=True;LAUNCH.fwd_o.maxnreg=168"
         assert ab.main(args + [f"--variants={good}"]) == 2
         assert "the variants are understood; timing them needs a CUDA GPU" in capsys.readouterr().err
+        assert ab.main(args + ["--dtype", "fp32", "--variants=-;torch;LAUNCH.bwd_dqkwg.num_warps_fp32=16"]) == 2
+        assert "the variants are understood" in capsys.readouterr().err
         # where Triton does not import, nothing is parsed: the same exit without the claim
         monkeypatch.setattr(ab.importlib.util, "find_spec", lambda name: None)
         assert ab.main(args + ["--variants=-;NO_SUCH=1"]) == 2
         assert capsys.readouterr().err.strip() == "train_ab: timing them needs a CUDA GPU"
+
+
+def test_train_ab_torch_variant_runs_the_ops_pytorch_form_forward_and_backward(monkeypatch):
+    """``train_ab.torch_step`` (the ``torch`` variant): each call one fwd+bwd of ``blocks.ops.<family>.chunk``
+    inside ``blocks.kernels.disabled()`` (so that on CUDA the op runs its PyTorch form), here on CPU at a
+    ragged length in float32."""
+    import contextlib
+
+    import blocks.kernels as kernels
+
+    ab = _benchmark("train_ab")
+    depth, seen = [0], []
+
+    @contextlib.contextmanager
+    def disabled():
+        depth[0] += 1
+        try:
+            yield
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(kernels, "disabled", disabled)
+    for family in ("gated_delta_rule", "gla"):
+        mod = ab.op_module(family)
+        chunk = mod.chunk
+        monkeypatch.setattr(mod, "chunk", lambda *a, _chunk=chunk, **kw: (seen.append(depth[0]), _chunk(*a, **kw))[1])
+        run = ab.torch_step(family, 70, B=1, dtype=torch.float32, device="cpu")
+        run()
+        run()
+    assert seen == [1, 1, 1, 1] and depth == [0]
+
+
+def test_train_ab_table_labels_float32_rows_and_compares_within_a_dtype():
+    """``train_ab.table``: rows timed with ``--dtype fp32`` name their dtype beside the family and take their
+    ratios against the first variant of the same family, length and dtype."""
+    ab = _benchmark("train_ab")
+    row = dict(family="gla", T=2048, host_ms=1.0, mtok_s=1.0, queued_mtok_s=1.0, sm_mhz=None)
+    rows = [dict(row, variant="-", dtype="bf16", ms=4.0, queued_ms=4.0),
+            dict(row, variant="-", dtype="fp32", ms=20.0, queued_ms=20.0),
+            dict(row, variant="torch", dtype="fp32", ms=40.0, queued_ms=40.0)]
+    lines = ab.table(rows).splitlines()[2:]
+    assert lines[0].startswith("| gla | 2048 | `-` |") and lines[0].endswith("| 1.000 | 1.000 |")
+    assert lines[1].startswith("| gla (fp32) | 2048 | `-` |") and lines[1].endswith("| 1.000 | 1.000 |")
+    assert lines[2].startswith("| gla (fp32) | 2048 | `torch` |") and lines[2].endswith("| 2.000 | 2.000 |")
 
 
 def test_train_ab_passes_start_one_variant_later_each_time():
@@ -1698,6 +1758,17 @@ def test_aot_tool_one_more_program_reports_a_kernel_that_does_not_compile(monkey
     assert "does not compile: ptxas fatal" in rows["tight"] and "FAILED" not in rows["tight"]
     assert "| 190 / 2 | 168 | 168 / 0 | 3 |" in rows["fits"]
     assert aot.failure_reason(ValueError("")) == "ValueError"
+
+
+def test_aot_tool_takes_each_entrys_settings_as_the_launch_does():
+    """``kernels_aot_regs.table``: a launch entry's warps, stages and cap for bf16 (stages ``None``: the
+    dtype's), and for float32 one stage, no cap and the entry's ``num_warps_fp32`` where it has one, as
+    ``tiles.launch`` launches it."""
+    aot = _benchmark("kernels_aot_regs")
+    launch = {"plain": dict(num_warps=4, num_stages=None), "tuned": dict(num_warps=4, num_stages=3, maxnreg=168,
+                                                                          num_warps_fp32=16)}
+    assert aot.table(launch, "plain", 2) == (4, 2, None) and aot.table(launch, "plain", 1) == (4, 1, None)
+    assert aot.table(launch, "tuned", 2) == (4, 3, 168) and aot.table(launch, "tuned", 1) == (16, 1, None)
 
 
 def test_aot_tool_lists_the_stage_counts_fitted_tries():
