@@ -138,10 +138,9 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
                *table(d.LAUNCH, "bwd_dv_local", s))
         dh_gated = use_g or d.UNGATED_DH_ZERO_GATE  # the ungated rule runs it on a zero gate
         # the reverse walk's launches: V block 32 (32k) and 64 (2k .. 16k: the larger shared memory)
-        for job, bv, entry in (("bwd_dh", 32, "bwd_dh_bv32"), ("bwd_dh_bv64", 64, "bwd_dh")):
+        for job, bv in (("bwd_dh", 32), ("bwd_dh_bv64", 64)):
             yield (f"{tag}.{job}", d._bwd_dh_kernel, dict(C, BK=BK, BV=min(bv, BV), USE_G=dh_gated, USE_DHT=True,
-                                                          STORE_DH0=True, DOT_PREC=prec, ROWS_AHEAD=d.DH_ROWS_AHEAD),
-                   *table(d.LAUNCH, entry, s))
+                                                          STORE_DH0=True, DOT_PREC=prec), *table(d.LAUNCH, "bwd_dh", s))
         shared = dict(C, USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=d.PAIR_DECAY_FACTORED, HEADS_FASTEST=d.HEADS_FASTEST)
         wy_flags = dict(LOWP=lowp, ROWSUMS_COMBINED=d.WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=d.SKIP_UPPER_BLOCKS)
         dqkwg_cx = dict(shared, BK=min(d.DQKWG_BK, BK), BV=min(d.DQKWG_BV, BV), DG_FROM_ROWS=d.DQKWG_DG_FROM_ROWS,
@@ -151,10 +150,6 @@ def jobs(act: str, K: int = 128, V: int = 128, H: int = 16):
         yield (f"{tag}.bwd_dqkwg", d._bwd_dqkwg_kernel, dqkwg_cx, *dqkwg_launch)
         yield (f"{tag}.wy_bwd", d._wy_bwd_kernel, dict(shared, BK=min(32, BK), BV=min(32, BV), NK_G=nk, **wy_flags),
                *table(d.LAUNCH, "wy_bwd_gated" if use_g else "wy_bwd", s))
-        # DQKWG_WY_FUSED: both in one kernel, at bwd_dqkwg's launch settings
-        yield (f"{tag}.bwd_dqkwg_wy", d._bwd_dqkwg_wy_kernel,
-               dict(dqkwg_cx, NK=nk, WY_BK=min(32, BK), WY_BV=min(32, BV), WY_STAGES=d.DQKWG_WY_FUSED_STAGES, **wy_flags),
-               *dqkwg_launch)
     for use_g in (True, False):
         tag = "simple_gla" if use_g else "linear_attn"
         yield (f"{tag}.fwd_h", sd._fwd_h_kernel, dict(C, BK=min(64, BK), BV=min(32, BV), USE_G=use_g, USE_H0=True,

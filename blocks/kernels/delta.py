@@ -76,15 +76,17 @@ LAUNCH = {
     # of HEADS_FASTEST and the fused kkt / solve (one call, 13:45, train_ab_1204_heads_fastest.md);
     # bwd_dv_local -0.2..-1.0% alone (13:33, train_ab_1204_kkt_solve.md) and -0.1..-1.1% on top of those
     # two (13:45)
-    "fwd_o": dict(num_warps=4, num_stages=None),
+    # fwd_o capped at 168 registers (190 since KEEP_P: 2 -> 3 programs per SM, no spills; sm_90,
+    # kernels_aot_regs.py --one-more-program, register_caps_1204.md): per step graph-replayed at 2k / 16k / 32k
+    # gated -1.7 / -1.3 / -0.9%, queued -1.1 / -0.6 / -1.0%; delta_rule a tie (its fwd_o fits 3 per SM uncapped)
+    # (H200 2026-12-05 01:45, train_ab_1205_candidates.md)
+    "fwd_o": dict(num_warps=4, num_stages=None, maxnreg=168),
     "bwd_dv_local": dict(num_warps=4, num_stages=None),
     # While dv_loc was float32, 1 stage at BV=32 faulted (illegal memory access; bf16, Triton 3.6,
     # sm_90, every length); since dv_loc is in the inputs' dtype it runs (sweep 2026-11-30 15:03).
-    # the reverse walk at V block 64 (2k .. 16k tokens per sequence) and 32 (32k: ``walk_bv``); 3 stages
-    # (2: +7.5..+8.0% per step queued at 32k, H200 2026-12-04 17:25, train_ab_1204_dh_bv16.md). At block 32,
-    # 4 stages fit only with ``DH_ROWS_AHEAD``
+    # 3 stages (2: +7.5..+8.0% per step queued at 32k, H200 2026-12-04 17:25, train_ab_1204_dh_bv16.md; 4 fit
+    # at V block 32 only with do / dv loaded a step ahead in registers, which lost: kernel_decisions/delta.md)
     "bwd_dh": dict(num_warps=4, num_stages=3),
-    "bwd_dh_bv32": dict(num_warps=4, num_stages=3),
     # the forward state walk at V block 64 (many (batch, head) pairs) and 32 (long sequences): 4 warps
     # at block 64 -4.5 / -4.4% (delta_rule / gated, 2k), 3 stages at block 32 -6.6 / -4.6% (32k),
     # sweep 2026-12-01 03:14; the walks at 8 warps lost (H200 2026-12-02 04:09; again with two segments, block 64
@@ -189,16 +191,6 @@ WALK_SEGMENTS = 1 if LOW_MEMORY else 2
 # history: docs/benchmarks/kernel_decisions/delta.md#bwd_walk_segments
 BWD_WALK_SEGMENTS = 1
 WALK_OVERLAP_BELOW_PER_SM = 1.0
-# The reverse walk (``_bwd_dh_kernel``) loads each chunk's ``do`` and ``dv`` rows ([BT, BV]) one chunk ahead
-# into registers instead of through the software pipeline's shared-memory stages. Alone on the GPU at 32k
-# (one program per SM) the walk is bound by how far ahead its loads are issued: 2 stages instead of 3 cost
-# +7.5..+8.0% per step (H200 2026-12-04 17:25, train_ab_1204_dh_bv16.md), and 4 did not fit (235 KB at V
-# block 32). With this: 210 KB at 4 stages, 182 registers, no spills (161 KB, 168 registers at 3); V block
-# 64 at 3 stages 173 instead of 206 KB, 144 B of spills (sm_90, ``benchmarks/kernels_aot_regs.py --kernels
-# bwd_dh --set DH_ROWS_AHEAD=True --stages 3,4``). Same bits (the same values, loaded earlier). Not yet timed:
-# the candidate is ``DH_ROWS_AHEAD=True,LAUNCH.bwd_dh_bv32.num_stages=4``.
-# history: docs/benchmarks/kernel_decisions/delta.md#dh_rows_ahead-built-2026-12-05-not-yet-timed
-DH_ROWS_AHEAD = False
 
 
 def _dqkwg_launch(use_g: bool, x: torch.Tensor) -> dict:
@@ -323,20 +315,6 @@ KKT_SOLVE_FUSED = True
 # 1.093 / 1.094 ms, wy_bwd 0.777 / 0.774 at 2k / 8k, with the order's first form, 13:43).
 # history: docs/benchmarks/kernel_decisions/delta.md#heads_fastest
 HEADS_FASTEST = True
-# ``_bwd_dqkwg_kernel`` and ``_wy_bwd_kernel`` as one kernel (``_bwd_dqkwg_wy_kernel``): the last of a
-# chunk's key-slice programs to finish (a ticket per chunk) does the chunk's WY backward, reading the
-# slices' ``dk`` / ``dw`` parts (written, not re-read from DRAM: 8 KB per token at 16 heads in bf16) and the
-# chunk's ``k`` / ``dv2`` rows while they are in L2. Off: two kernels. Built 2026-12-04 (interpreter tests,
-# sm_90 compiles), not yet timed on a GPU: ready for ``train_ab.py --variants="-;DQKWG_WY_FUSED=True"``.
-# history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_wy_fused-built-2026-12-04-not-yet-timed
-DQKWG_WY_FUSED = False
-# Its WY part's loops at their own pipelining stages (``tl.range``'s ``num_stages``; None: the fused kernel's, i.e.
-# ``bwd_dqkwg``'s 2, where the standalone ``wy_bwd`` runs at 4 gated / 3 ungated). sm_90 compiles at 4
-# (``kernels_aot_regs.py --kernels bwd_dqkwg_wy --set DQKWG_WY_FUSED_STAGES=4``): the same shared memory (80 / 96
-# KB: the WY part's buffers fit in ``bwd_dqkwg``'s), 255 / 222 registers, no spills, 38 asynchronous copies against
-# 22. Not timed: for the A/B beside ``DQKWG_WY_FUSED`` (alone, with the fused kernel off, it changes nothing).
-# history: docs/benchmarks/kernel_decisions/delta.md#dqkwg_wy_fused-built-2026-12-04-not-yet-timed
-DQKWG_WY_FUSED_STAGES = None
 SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, True),
             "WY_INPUT_DTYPE_DOTS": (False, True), "UNGATED_DH_ZERO_GATE": (False, True),
             "SOLVE_TRIL_TF32_MERGES": (False, True),
@@ -344,8 +322,7 @@ SWITCHES = {"KEEP_WU": (False, True), "DQKWG_BK": (64, 128), "KEEP_H": (False, T
             "SOLVE_TRIL_DIAG_SUBST": (False, True), "WY_BWD_ROWSUMS_COMBINED": (False, True),
             "WALK_SEGMENTS": (1, 2, 4, 8), "BWD_WALK_SEGMENTS": (1, None, 2, 3, 4), "SKIP_UPPER_BLOCKS": (False, True),
             "DQKWG_BV": (32, 64), "DQKWG_DS_UNMASKED": (False, True), "KKT_SOLVE_FUSED": (False, True),
-            "HEADS_FASTEST": (False, True), "KEEP_P": (False, True),
-            "DQKWG_WY_FUSED": (False, True), "DQKWG_WY_FUSED_STAGES": (None, 4), "DH_ROWS_AHEAD": (False, True)}
+            "HEADS_FASTEST": (False, True), "KEEP_P": (False, True)}
 
 
 @triton.jit
@@ -780,14 +757,12 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                   DOT_PREC: tl.constexpr, ROWS_AHEAD: tl.constexpr = False):
+                   DOT_PREC: tl.constexpr):
     """Grid (V/BV, B*H), BK >= K: reverse walk over chunks ``C1 - 1 .. C0`` from ``dht`` (the
     gradient of the state after chunk ``C1 - 1``) to ``dh0`` (before chunk ``C0``; it may be
     ``dht``'s buffer). ``dh[b, t, h]`` = dLoss/d(state after chunk t);
     ``dv2 = dv + (k exp(G_C - G)) dh`` is the full gradient of U; the carried gradient becomes
-    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``. ``ROWS_AHEAD`` (``DH_ROWS_AHEAD``): the
-    ``[BT, BV]`` rows of ``do`` and ``dv`` loaded one chunk ahead into registers, outside the
-    software pipeline's shared-memory stages (same values, same bits)."""
+    ``exp(G_C) dh + scale (q exp(G))^T do - w^T dv2``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -801,13 +776,6 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0.)
-    if ROWS_AHEAD:
-        # Triton's pipeliner does not stage loads carried from the iteration before (18 asynchronous copies
-        # instead of 24 at 3 stages); these two, 16 values per thread each at V block 32, take ~8 KB per stage off the
-        # walk's shared memory: 4 stages fit at V block 32 (sm_90: 210 KB, 182 registers, no spills; the
-        # staged form needs 235 KB there, more than a program may have)
-        b_do_next = _load_rows(do, i_b, i_h, (C1 - 1) * BT, T, H, V, i_v * BV, BT, BV)
-        b_dv_next = _load_rows(dv, i_b, i_h, (C1 - 1) * BT, T, H, V, i_v * BV, BT, BV)
     for i_r in range(C1 - C0):
         i_t = C1 - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
@@ -815,17 +783,10 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
         # tiles: fewer float32 temporaries live in registers
         b_k = _load_rows(k, i_b, i_h, i_t * BT, T, H, K, 0, BT, BK)  # [BT, BK]
         b_kdh = tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)  # [BT, BV]
-        if ROWS_AHEAD:
-            b_do = b_do_next
-            b_dvl = b_dv_next.to(tl.float32)
-            i_n = tl.maximum(i_t - 1, C0)  # the last step loads its own chunk again: never before the segment
-            b_do_next = _load_rows(do, i_b, i_h, i_n * BT, T, H, V, i_v * BV, BT, BV)
-            b_dv_next = _load_rows(dv, i_b, i_h, i_n * BT, T, H, V, i_v * BV, BT, BV)
-        else:
-            # dv loaded beside do, both converted after (sm_90 at V block 64: 2328 SASS instructions against
-            # 2344 for the loads where used; the form of the 2026-12-04 21:00 run, not timed apart)
-            b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
-            b_dvl = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
+        # dv loaded beside do, both converted after (sm_90 at V block 64: 2328 SASS instructions against
+        # 2344 for the loads where used; the form of the 2026-12-04 21:00 run, not timed apart)
+        b_do = _load_rows(do, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV)
+        b_dvl = _load_rows(dv, i_b, i_h, i_t * BT, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_do = b_do.to(tl.float32)
         if USE_G:
             b_g, g_last = _load_gc(gc, i_b, i_h, i_t, T, H, BT)
@@ -963,20 +924,19 @@ def _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.cons
 def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                BV: tl.constexpr, USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-               PAIR_FACTORED: tl.constexpr, STAGES: tl.constexpr = None):
+               PAIR_FACTORED: tl.constexpr):
     """First half of the WY backward of one chunk: writes the final ``dv``; returns ``dA``
     (``-Ai^T dAi Ai^T`` on A's strictly lower support, times ``exp(G_i - G_j)``, [BT, BT]) and the
     ``dbeta`` term through ``v`` ([BT]), float32. ``dAi = dw X_w^T + du X_u^T`` is summed over key
-    and value slices of ``BK`` / ``BV``. ``STAGES``: the loops' pipelining stages (None: the
-    kernel's ``num_stages``)."""
+    and value slices of ``BK`` / ``BV``."""
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in tl.range(tl.cdiv(K, BK), num_stages=STAGES):
+    for i_k in range(tl.cdiv(K, BK)):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
         b_dW = _load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK)
         b_dT += tl.dot(_op(b_dW.to(tl.float32), k, LOWP), tl.trans(_op(b_kf * b_be[:, None], k, LOWP)),
                        input_precision=DOT_PREC)
     b_db = tl.zeros([BT], dtype=tl.float32)
-    for i_v in tl.range(tl.cdiv(V, BV), num_stages=STAGES):
+    for i_v in range(tl.cdiv(V, BV)):
         b_vf = _load_rows(v, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32)
         b_du = _op(_load_rows(du, i_b, i_h, r0, T, H, V, i_v * BV, BT, BV).to(tl.float32), k, LOWP)
         b_dXu = tl.dot(tl.trans(b_T), b_du, input_precision=DOT_PREC)
@@ -996,8 +956,7 @@ def _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
 @triton.jit
 def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_eg, b_dA, i_b, i_h, r0, T,
                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               LOWP: tl.constexpr, DOT_PREC: tl.constexpr, COMBINED: tl.constexpr, USE_G: tl.constexpr,
-               STAGES: tl.constexpr = None):
+               LOWP: tl.constexpr, DOT_PREC: tl.constexpr, COMBINED: tl.constexpr, USE_G: tl.constexpr):
     """Second half: writes the final ``dk`` key slice by key slice. With ``P = dA k`` and
     ``Q = (beta dA)^T k`` ([BT, BK] per slice), ``dk += beta exp(G) dXw + beta P + Q``. Returns the
     [BT] ``dbeta`` and ``dG`` terms through ``w`` and through ``A``: ``sum_c k (P + exp(G) dXw)`` and
@@ -1005,7 +964,7 @@ def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_eg, b_dA, i_b, i_h, r0, T,
     [BT, BT] ``k k^T`` tile; the second only with ``USE_G``, else 0). Summed as the three row sums of
     ``k dXw``, ``k P``, ``k Q`` per key slice and combined after the loop, or, with ``COMBINED``
     (``WY_BWD_ROWSUMS_COMBINED``), combined before the sums: one or two per key slice instead of two
-    or three. ``b_eg``: ``exp(G)`` [BT]. ``STAGES``: as ``_wy_bwd_da``'s."""
+    or three. ``b_eg``: ``exp(G)`` [BT]."""
     b_dAc = _op(b_dA, k, LOWP)
     b_dAbT = _op(tl.trans(b_dA * b_b[:, None]), k, LOWP)
     b_kdXw = tl.zeros([BT], dtype=tl.float32)
@@ -1013,7 +972,7 @@ def _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, b_eg, b_dA, i_b, i_h, r0, T,
     b_kQ = tl.zeros([BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
     b_dG = tl.zeros([BT], dtype=tl.float32)
-    for i_k in tl.range(tl.cdiv(K, BK), num_stages=STAGES):
+    for i_k in range(tl.cdiv(K, BK)):
         b_kf = _load_rows(k, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32)
         b_kc = _op(b_kf, k, LOWP)
         b_dW = _op(_load_rows(dw, i_b, i_h, r0, T, H, K, i_k * BK, BT, BK).to(tl.float32), k, LOWP)
@@ -1073,65 +1032,20 @@ def _wy_bwd_chunk(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
                   USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-                  PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr,
-                  STAGES: tl.constexpr = None):
-    """``_wy_bwd_kernel``'s work for chunk ``i_t`` of sequence ``i_b``, head ``i_h``; ``STAGES``: its loops'
-    pipelining stages (None: the kernel's ``num_stages``)."""
+                  PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr):
+    """``_wy_bwd_kernel``'s work for chunk ``i_t`` of sequence ``i_b``, head ``i_h``."""
     r0 = i_t * BT
     o_t = r0 + tl.arange(0, BT)
     b_T, b_b, b_be, b_g = _wy_prologue(Ai, beta, gc, k, i_b, i_h, i_t, T, H, BT, USE_G, LOWP, SKIP_UPPER)
     b_dA, b_db = _wy_bwd_da(gc, k, v, dw, du, dv, b_T, b_b, b_be, b_g, i_b, i_h, r0, T,
-                            H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, STAGES)
+                            H, K, V, BT, BK, BV, USE_G, LOWP, DOT_PREC, PAIR_FACTORED)
     b_rdb, b_rdg = _wy_bwd_dk(k, dw, dk_in, dk, b_T, b_b, b_be, tl.exp(b_g), b_dA, i_b, i_h, r0, T,
-                              H, K, BT, BK, LOWP, DOT_PREC, ROWSUMS_COMBINED, USE_G, STAGES)
+                              H, K, BT, BK, LOWP, DOT_PREC, ROWSUMS_COMBINED, USE_G)
     b_db += b_rdb
     tl.store(_seq(dbeta, i_b, i_h, T, H) + o_t * H, b_db.to(dbeta.dtype.element_ty), mask=o_t < T)
     if USE_G:
         # row sums minus column sums of dA * beta * k k^T, plus the term through w
         _wy_bwd_dg(b_rdg, dG_in, dg, i_b, i_h, o_t, T, B, H, NK_G)
-
-
-@triton.jit(noinline=True)
-def _wy_bwd_chunk_apart(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
-                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK_G: tl.constexpr,
-                        USE_G: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-                        PAIR_FACTORED: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr,
-                        STAGES: tl.constexpr):
-    """``_wy_bwd_chunk`` as a function of its own in the compiled code (a call, not inlined), for
-    ``_bwd_dqkwg_wy_kernel``: inlined, ptxas allocated both parts' registers as one body and the gated
-    kernel spilled 160 B per thread in the ``bwd_dqkwg`` part (which alone fits 255 registers exactly);
-    called, none (the ungated kernel 244 -> 222 registers). sm_90, the host's Triton 3.6,
-    ``kernels_aot_regs.py --kernels bwd_dqkwg_wy``, 2026-12-04."""
-    _wy_bwd_chunk(k, v, beta, gc, Ai, dw, du, dk_in, dG_in, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
-                  H, K, V, BT, BK, BV, NK_G, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, ROWSUMS_COMBINED, SKIP_UPPER,
-                  STAGES)
-
-
-@_jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
-def _bwd_dqkwg_wy_kernel(q, k, v, vn, beta, gc, Ai, h, do, dh, dv2, dq, dk_in, dw, dG, dk, dv, dbeta, dg, tickets,
-                         scale, T, NT, B, C0,
-                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr,
-                         WY_BK: tl.constexpr, WY_BV: tl.constexpr,
-                         USE_G: tl.constexpr, DOT_PREC: tl.constexpr, PAIR_FACTORED: tl.constexpr,
-                         DG_FROM_ROWS: tl.constexpr, DS_UNMASKED: tl.constexpr, HEADS_FASTEST: tl.constexpr,
-                         LOWP: tl.constexpr, ROWSUMS_COMBINED: tl.constexpr, SKIP_UPPER: tl.constexpr,
-                         WY_STAGES: tl.constexpr = None):
-    """``DQKWG_WY_FUSED``: ``_bwd_dqkwg_kernel``'s grid and work (``NK`` key slices of a chunk, in ``dq``,
-    ``dk_in``, ``dw``, ``dG``), then the last of a chunk's ``NK`` programs to finish (a ticket per chunk in
-    ``tickets: [B, NT, H]`` int32, zero before the launch) does ``_wy_bwd_kernel``'s work for the chunk
-    (into ``dk, dv, dbeta, dg``), reading the slices' ``dk_in`` / ``dw`` / ``dG`` and the ``k`` / ``dv2``
-    rows just read while they are still in L2 instead of a second kernel reading them from DRAM. ``WY_STAGES``
-    (``DQKWG_WY_FUSED_STAGES``): the WY part's loops' pipelining stages (None: the kernel's, ``bwd_dqkwg``'s)."""
-    i_k, i_t, i_b, i_h = _tile_ids(NK, C0, H, HEADS_FASTEST)
-    _dqkwg_tile(q, k, vn, gc, h, do, dh, dv2, dq, dk_in, dw, dG, scale, T, NT, B, i_k, i_t, i_b, i_h,
-                H, K, V, BT, BK, BV, USE_G, DOT_PREC, PAIR_FACTORED, DG_FROM_ROWS, DS_UNMASKED)
-    tl.debug_barrier()  # every thread's stores before the ticket (its release covers them)
-    if tl.atomic_add(tickets + (i_b * NT + i_t) * H + i_h, 1, sem="acq_rel") == NK - 1:
-        _wy_bwd_chunk_apart(k, v, beta, gc, Ai, dw, dv2, dk_in, dG, dk, dv, dbeta, dg, i_t, i_b, i_h, T, B,
-                            H, K, V, BT, WY_BK, WY_BV, NK, USE_G, LOWP, DOT_PREC, PAIR_FACTORED, ROWSUMS_COMBINED,
-                            SKIP_UPPER, WY_STAGES)
 
 
 # --- host side -------------------------------------------------------------------------------
@@ -1354,10 +1268,9 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         _bwd_dh_kernel[(_cdiv(V, BV), B * H)](
             q, k, w, gc_dh, do, dv_loc, dv2, dh, d_in, d_out, scale, T, NT, c0, c1, H=H, K=K, V=V, BT=BT,
             BK=BKf, BV=BV, USE_G=gc_dh is not None, USE_DHT=d_in is not None, STORE_DH0=d_out is not None,
-            DOT_PREC=prec, ROWS_AHEAD=DH_ROWS_AHEAD,
-            **(_launch(LAUNCH, "bwd_dh", q) if BV > 32 else _launch(LAUNCH, "bwd_dh_bv32", q)))
+            DOT_PREC=prec, **_launch(LAUNCH, "bwd_dh", q))
 
-    # the constexprs of bwd_dqkwg's and wy_bwd's work, which the fused kernel (DQKWG_WY_FUSED) takes both of
+    # the constexprs that bwd_dqkwg's and wy_bwd's launches share
     shared = dict(H=H, K=K, V=V, BT=BT, USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
                   HEADS_FASTEST=HEADS_FASTEST)
     wy_flags = dict(LOWP=_lowp(q), ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=SKIP_UPPER_BLOCKS)
@@ -1370,12 +1283,6 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[_chunk_grid(c1 - c0, B, H, NK)](
             q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, **dqkwg_cx(), **_dqkwg_launch(use_g, q))
-
-    def dqkwg_wy(c0, c1):
-        _bwd_dqkwg_wy_kernel[_chunk_grid(c1 - c0, B, H, NK)](
-            q, k, v, vn, beta, gc, Ai, h, do, dh, dv2, dq, dk_p, dw, dG, dk, dv, dbeta, dg, tickets, scale, T, NT, B,
-            c0, **dqkwg_cx(), NK=NK, WY_BK=WY_BK, WY_BV=WY_BV, WY_STAGES=DQKWG_WY_FUSED_STAGES, **wy_flags,
-            **_dqkwg_launch(use_g, q))
 
     def wy_bwd(c0, c1):
         _wy_bwd_kernel[_chunk_grid(c1 - c0, B, H)](
@@ -1409,14 +1316,9 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
         return (torch.empty_like(k), torch.empty_like(v), torch.empty(B, T, H, dtype=torch.float32, device=q.device),
                 torch.empty(B, T, H, dtype=torch.float32, device=q.device) if use_g else None)
 
-    fused = DQKWG_WY_FUSED
-    if fused or not one:  # the final gradients' buffers before the first kernel that writes them
-        dk, dv, dbeta, dg = final_buffers()
-    tickets = torch.zeros(B * NT * H, dtype=torch.int32, device=q.device) if fused else None
     if not one:  # every buffer exists before the first walk (``overlap.run``'s contract)
-        _overlap.run(segments, dv_local, walk, dqkwg_wy if fused else lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q)
-    elif fused:
-        dqkwg_wy(0, NT)
+        dk, dv, dbeta, dg = final_buffers()
+        _overlap.run(segments, dv_local, walk, lambda c0, c1: (dqkwg(c0, c1), wy_bwd(c0, c1)), q)
     else:
         dqkwg(0, NT)
         h = dh = vn = None  # freed before the final gradients' buffers are allocated

@@ -344,37 +344,6 @@ def test_gpu_delta_keep_p_forms(family, keep_p, block_v, monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("segments,stages", [(1, None), (3, None), (1, 4)])
-def test_gpu_delta_dqkwg_wy_fused(family, segments, stages, monkeypatch):
-    """``delta.DQKWG_WY_FUSED`` (the WY backward by the last key-slice program of each chunk, by ticket)
-    against the reference in bf16, in one segment and in three, and with its WY loops at 4 stages
-    (``DQKWG_WY_FUSED_STAGES``; float32 through the interpreter's bit test: the GPU test files already
-    fill their step's cap)."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "DQKWG_WY_FUSED", True)
-    monkeypatch.setattr(delta, "DQKWG_WY_FUSED_STAGES", stages)
-    check_delta_segments_bf16(family, f"DQKWG_WY_FUSED stages={stages}", monkeypatch, (segments,))
-
-
-@gpu
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("block_v,stages", [(32, 4), (64, None)])
-def test_gpu_delta_dh_rows_ahead(family, block_v, stages, monkeypatch):
-    """``delta.DH_ROWS_AHEAD`` (the reverse walk's ``do`` and ``dv`` rows loaded a chunk ahead into
-    registers) against the reference in bf16, in one segment and in three: at V block 32 with the walk at
-    4 stages (``LAUNCH["bwd_dh_bv32"]``, which fit only with it), at 64 at its launch's 3."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "DH_ROWS_AHEAD", True)
-    monkeypatch.setattr(delta, "walk_bv", fixed_walk_bv(block_v))
-    if stages:
-        monkeypatch.setitem(delta.LAUNCH, "bwd_dh_bv32", dict(delta.LAUNCH["bwd_dh_bv32"], num_stages=stages))
-    check_delta_segments_bf16(family, f"DH_ROWS_AHEAD BV={block_v} stages={stages}", monkeypatch)
-
-
-@gpu
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
 def test_gpu_delta_rules_with_correlated_keys(family):
     """Keys of pairwise cosine ~0.9 with beta ~1: TF32 in the chunk inverse's diagonal blocks gave
     an O(0.1-1) error there (CPU emulation, benchmarks/solve_tril_precision.py); the kernels solve
@@ -669,63 +638,6 @@ def test_interpreter_forward_keeps_scores_only_for_a_backward(family, flag, monk
     assert tiles.backward_will_run(None, t) and not tiles.backward_will_run(None, torch.ones(1))
     with torch.no_grad():
         assert not tiles.backward_will_run(t)
-
-
-@interpreter
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("segments,stages", [(1, None), (3, None), (1, 4)])
-def test_interpreter_delta_dqkwg_wy_fused_gives_the_same_bits(family, segments, stages, monkeypatch):
-    """``delta.DQKWG_WY_FUSED``: ``_bwd_dqkwg_wy_kernel`` (the key-slice programs of ``_bwd_dqkwg_kernel``,
-    then the WY backward by the last of each chunk's programs, by ticket) gives every output the two
-    kernels give, bit for bit, in one segment and in three (T=300: a partial last chunk; K=32 at
-    ``DQKWG_BK`` 16: two key slices, so that one program per chunk waits on the other's ticket), and
-    launches no ``_bwd_dqkwg_kernel`` nor ``_wy_bwd_kernel``; each chunk's ticket is taken twice. With
-    ``DQKWG_WY_FUSED_STAGES`` the kernel gets its WY loops' stage count (the interpreter does not
-    pipeline, so the bits cannot differ here; the GPU test checks the values at 4 stages)."""
-    from blocks.kernels import delta
-
-    monkeypatch.setattr(delta, "DQKWG_WY_FUSED_STAGES", stages)
-    monkeypatch.setattr(delta, "DQKWG_BK", 16)
-    shape = (1, 300, 2, 32, 16)
-    monkeypatch.setattr(delta, "DQKWG_WY_FUSED", False)
-    ref = segmented_outputs(family, shape, torch.float32, "cpu", segments, monkeypatch)
-    monkeypatch.setattr(delta, "DQKWG_WY_FUSED", True)
-    spies = {name: _LaunchSpy(getattr(delta, name))
-             for name in ("_bwd_dqkwg_kernel", "_wy_bwd_kernel", "_bwd_dqkwg_wy_kernel")}
-    for name, spy in spies.items():
-        monkeypatch.setattr(delta, name, spy)
-    with checked_memory():
-        got = segmented_outputs(family, shape, torch.float32, "cpu", segments, monkeypatch)
-    assert not spies["_bwd_dqkwg_kernel"].calls and not spies["_wy_bwd_kernel"].calls
-    calls = spies["_bwd_dqkwg_wy_kernel"].calls
-    assert len(calls) == segments and all(kw["NK"] == 2 and kw["WY_STAGES"] == stages for _, kw in calls)
-    tickets = calls[0][0][delta._bwd_dqkwg_wy_kernel.kernel.arg_names.index("tickets")]
-    assert tickets.dtype == torch.int32 and tickets.numel() == 5 * 2 and torch.equal(tickets, torch.full_like(tickets, 2))
-    for i, (a, b) in enumerate(zip(got, ref)):
-        assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
-
-
-@interpreter
-@pytest.mark.parametrize("family", ["delta_rule", "gated_delta_rule"])
-@pytest.mark.parametrize("segments", [1, 3])
-def test_interpreter_delta_dh_rows_ahead_gives_the_same_bits(family, segments, monkeypatch):
-    """``delta.DH_ROWS_AHEAD``: the reverse walk with its ``do`` and ``dv`` rows loaded one chunk ahead gives
-    every output bit for bit, in one segment and in three (T=300: a partial last chunk; each segment's
-    last step loads its own chunk again, never one before the segment: ``checked_memory``), and the walk's
-    launches carry the flag."""
-    from blocks.kernels import delta
-
-    shape = (1, 300, 2, 32, 16)
-    monkeypatch.setattr(delta, "DH_ROWS_AHEAD", False)
-    ref = segmented_outputs(family, shape, torch.float32, "cpu", segments, monkeypatch)
-    monkeypatch.setattr(delta, "DH_ROWS_AHEAD", True)
-    spy = _LaunchSpy(delta._bwd_dh_kernel)
-    monkeypatch.setattr(delta, "_bwd_dh_kernel", spy)
-    with checked_memory():
-        got = segmented_outputs(family, shape, torch.float32, "cpu", segments, monkeypatch)
-    assert len(spy.calls) == segments and all(kw["ROWS_AHEAD"] is True for _, kw in spy.calls)
-    for i, (a, b) in enumerate(zip(got, ref)):
-        assert torch.equal(a, b), f"{family} segments={segments}: output {i} differs"
 
 
 @interpreter

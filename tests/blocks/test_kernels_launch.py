@@ -1546,8 +1546,8 @@ def test_train_ab_checks_its_variants_before_asking_for_a_gpu(capsys, monkeypatc
     variants are understood and timing them needs a GPU."""
     ab = _benchmark("train_ab")
     args = ["--families", "gated_delta_rule,delta_rule", "--lengths", "2048,32768"]
-    for bad, named in (("LAUNCH.bwd_dh_b32.num_stages=4", "bwd_dh_b32"), ("DH_ROWS_AHEAD=True,NO_SUCH=1", "NO_SUCH"),
-                       ("LAUNCH.bwd_dh_bv32.num_stages=5", "1 to 4")):
+    for bad, named in (("LAUNCH.bwd_dh_b32.num_stages=4", "bwd_dh_b32"), ("KEEP_P=False,NO_SUCH=1", "NO_SUCH"),
+                       ("LAUNCH.bwd_dh.num_stages=5", "1 to 4")):
         with pytest.raises(SystemExit):
             ab.main(args + [f"--variants=-;{bad}"])
         err = capsys.readouterr().err
@@ -1556,7 +1556,7 @@ def test_train_ab_checks_its_variants_before_asking_for_a_gpu(capsys, monkeypatc
         ab.main(args + ["--dtype", "fp16"])
     assert "--dtype" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        good = "-;DH_ROWS_AHEAD=True,LAUNCH.bwd_dh_bv32.num_stages=4;DQKWG_WY_FUSED=True;LAUNCH.fwd_o.maxnreg=168"
+        good = "-;KEEP_P=False,LAUNCH.bwd_dh.num_stages=2;BWD_WALK_SEGMENTS=2;LAUNCH.fwd_o.maxnreg=None"
         assert ab.main(args + [f"--variants={good}"]) == 2
         assert "the variants are understood; timing them needs a CUDA GPU" in capsys.readouterr().err
         assert ab.main(args + ["--dtype", "fp32", "--variants=-;torch;LAUNCH.bwd_dqkwg.num_warps_fp32=16"]) == 2
