@@ -64,7 +64,7 @@ TESTS_K=${TESTS_K:-}
 DECODE_SETS=${DECODE_SETS:--;PLAIN_CHUNKS=1;PDL=False}
 AB_S=${AB_S:-360}
 if [[ ,$STEPS, == *,ab,* && -z ${AB_VARIANTS:-} ]]; then
-  echo "gpu_session.sh: STEPS has ab but AB_VARIANTS is empty (e.g. AB_VARIANTS='-;DQKWG_WY_FUSED=True')" >&2
+  echo "gpu_session.sh: STEPS has ab but AB_VARIANTS is empty (e.g. AB_VARIANTS='-;LAUNCH.fwd_o.maxnreg=None')" >&2
   exit 2
 fi
 export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1

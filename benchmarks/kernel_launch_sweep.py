@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 import torch  # noqa: E402
 
 from gpu_common import (HEAD_DIM, HEADS, TOKENS, apply_sets, comma_ints, cuda_time, linear_families,  # noqa: E402
-                        fwd_bwd, kernel_settings, positional, switches_line, train_inputs)
+                        fwd_bwd, kernel_settings, op_module, positional, switches_line, train_inputs)
 
 from blocks.kernels import kernel_module, other_switch_values  # noqa: E402
 
@@ -106,13 +106,23 @@ class Applied:
             self.mod.LAUNCH[entry] = self.saved
 
 
-def step(family: str, T: int, B: int = 0, dtype: torch.dtype = torch.bfloat16):
+def step(family: str, T: int, B: int = 0, dtype: torch.dtype = torch.bfloat16, pytorch_form: bool = False,
+         device: str = "cuda"):
     """A closure running one fwd+bwd of the family's registered kernel on ``B`` (default
-    ``TOKENS // T``) sequences of ``dtype``."""
+    ``TOKENS // T``) sequences of ``dtype``; ``pytorch_form``: of the op's PyTorch chunk form instead
+    (``blocks.ops.<family>.chunk`` inside ``blocks.kernels.disabled()``, what the kernels are measured against)."""
     import blocks.kernels as kernels
 
-    args = train_inputs(family, B or max(1, TOKENS // T), T, HEADS, HEAD_DIM, dtype=dtype)
+    args = train_inputs(family, B or max(1, TOKENS // T), T, HEADS, HEAD_DIM, dtype=dtype, device=device)
     pos = positional(family, args)
+    if pytorch_form:
+        chunk = op_module(family).chunk
+
+        def call() -> torch.Tensor:
+            with kernels.disabled():
+                return chunk(*pos)[0]
+
+        return fwd_bwd(call, pos)
     kernel = kernels.get_kernel(family, "chunk")
     return fwd_bwd(lambda: kernel(*pos)[0], pos)
 

@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
 import torch  # noqa: E402
 
 from gpu_common import (  # noqa: E402
-    HEAD_DIM, HEADS, TOKENS, checked_families, checked_lengths, cuda_time, fwd_bwd, gpu_state, graph_time,
-    host_seconds, keep_gpu_busy, op_module, positional, train_inputs, write_report,
+    TOKENS, checked_families, checked_lengths, cuda_time, gpu_state, graph_time, host_seconds, keep_gpu_busy,
+    write_report,
 )
 
 
@@ -135,34 +135,19 @@ def host_profile(run, steps: int = 20, top: int = 25, busy=None) -> str:
     return text.getvalue()
 
 
-def torch_step(family: str, T: int, B: int = 0, dtype: torch.dtype = torch.bfloat16, device: str = "cuda"):
-    """``kernel_launch_sweep.step``'s closure for the op's PyTorch chunk form (``blocks.kernels.disabled()``):
-    one fwd+bwd of ``blocks.ops.<family>.chunk`` on ``B`` (default ``TOKENS // T``) sequences of ``dtype``."""
-    import blocks.kernels as kernels
-
-    args = train_inputs(family, B or max(1, TOKENS // T), T, HEADS, HEAD_DIM, dtype=dtype, device=device)
-    pos = positional(family, args)
-    chunk = op_module(family).chunk
-
-    def call() -> torch.Tensor:
-        with kernels.disabled():
-            return chunk(*pos)[0]
-
-    return fwd_bwd(call, pos)
-
-
 def time_length(family: str, T: int, variants: list[str], rounds: int, profile_dir: Path | None = None,
-                graph: bool = False, dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+                graph: bool = False, dtype: str = "bf16") -> list[dict]:
     """One row per variant: median ms per step over ``rounds`` round-robin passes, synced and queued;
     with ``graph`` also the step captured in a CUDA graph and replayed (``graph_time``: no host time at
     all, and a graph's kernels start closer to each other, so queued - graph is what the host's pace and
     the stream launches' own gaps cost the queued steps together)."""
     from kernel_launch_sweep import step
 
-    kernel_run = step(family, T, dtype=dtype)  # the registered kernel's fwd + bwd on the sweep's inputs
+    # the registered kernel's fwd + bwd on the sweep's inputs; the ``torch`` variant, the op's PyTorch form
+    kernel_run = step(family, T, dtype=DTYPES[dtype])
     runs = {v: kernel_run for v in variants}
     if TORCH in variants:
-        runs[TORCH] = torch_step(family, T, dtype=dtype)
+        runs[TORCH] = step(family, T, dtype=DTYPES[dtype], pytorch_form=True)
     if profile_dir is not None:  # the first variant's host time, function by function
         with applied(family, variants[0]):
             runs[variants[0]]()
@@ -195,13 +180,12 @@ def time_length(family: str, T: int, variants: list[str], rounds: int, profile_d
             except Exception as exc:  # noqa: BLE001 - reported in the variant's row, the others go on
                 errors[v] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     rows = []
-    label = next(name for name, dt in DTYPES.items() if dt == dtype)
     for v in variants:
         if v in errors:
-            rows.append({"family": family, "T": T, "dtype": label, "variant": v, "error": errors[v]})
+            rows.append({"family": family, "T": T, "dtype": dtype, "variant": v, "error": errors[v]})
             continue
         ms, qms = statistics.median(times[v]["synced"]), statistics.median(times[v]["queued"])
-        rows.append({"family": family, "T": T, "dtype": label, "variant": v, "ms": ms, "queued_ms": qms,
+        rows.append({"family": family, "T": T, "dtype": dtype, "variant": v, "ms": ms, "queued_ms": qms,
                      "host_ms": statistics.median(times[v]["host"]),
                      "mtok_s": TOKENS / ms / 1e3, "queued_mtok_s": TOKENS / qms / 1e3,
                      "passes_ms": times[v]["synced"],
@@ -285,7 +269,7 @@ def main(argv=None) -> int:
     for family in families:
         for T in lengths:
             rows += time_length(family, T, variants, a.rounds, Path(a.out) if a.host_profile else None, a.graph,
-                                DTYPES[a.dtype])
+                                a.dtype)
             print(table([r for r in rows if r["family"] == family and r["T"] == T]).split("\n", 2)[-1], flush=True)
     write_report("train_ab", "Training-step A/B", table(rows), rows, a.out, argv, extra=f", {time.time() - t0:.0f} s")
     return 0

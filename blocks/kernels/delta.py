@@ -1273,21 +1273,19 @@ def bwd(q, k, v, beta, gc, Ai, h0, do, dht, scale, need_dh0, w=None, u=None, h_k
     # the constexprs that bwd_dqkwg's and wy_bwd's launches share
     shared = dict(H=H, K=K, V=V, BT=BT, USE_G=use_g, DOT_PREC=prec, PAIR_FACTORED=PAIR_DECAY_FACTORED,
                   HEADS_FASTEST=HEADS_FASTEST)
-    wy_flags = dict(LOWP=_lowp(q), ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED, SKIP_UPPER=SKIP_UPPER_BLOCKS)
-    WY_BK, WY_BV = min(32, BKf), min(32, _pow2(V))
-
-    def dqkwg_cx():
-        return dict(shared, BK=BKs, BV=min(DQKWG_BV, _pow2(V)), DG_FROM_ROWS=DQKWG_DG_FROM_ROWS,
-                    DS_UNMASKED=DQKWG_DS_UNMASKED)
 
     def dqkwg(c0, c1):
         _bwd_dqkwg_kernel[_chunk_grid(c1 - c0, B, H, NK)](
-            q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, **dqkwg_cx(), **_dqkwg_launch(use_g, q))
+            q, k, vn, gc, h, do, dh, dv2, dq, dk_p, dw, dG, scale, T, NT, B, c0, **shared, BK=BKs,
+            BV=min(DQKWG_BV, _pow2(V)), DG_FROM_ROWS=DQKWG_DG_FROM_ROWS, DS_UNMASKED=DQKWG_DS_UNMASKED,
+            **_dqkwg_launch(use_g, q))
 
     def wy_bwd(c0, c1):
         _wy_bwd_kernel[_chunk_grid(c1 - c0, B, H)](
-            k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, **shared, BK=WY_BK, BV=WY_BV, NK_G=NK,
-            **wy_flags, **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
+            k, v, beta, gc, Ai, dw, dv2, dk_p, dG, dk, dv, dbeta, dg, T, B, c0, **shared, BK=min(32, BKf),
+            BV=min(32, _pow2(V)), NK_G=NK, LOWP=_lowp(q), ROWSUMS_COMBINED=WY_BWD_ROWSUMS_COMBINED,
+            SKIP_UPPER=SKIP_UPPER_BLOCKS,
+            **(_launch(LAUNCH, "wy_bwd_gated", q) if use_g else _launch(LAUNCH, "wy_bwd", q)))
 
     # The gradients passed between kernels (dv_loc, dv2, dk_p, dw) are stored in the inputs'
     # dtype, as fla does; each kernel does its arithmetic in float32. In bf16 that halves their

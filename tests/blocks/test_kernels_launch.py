@@ -1568,14 +1568,14 @@ def test_train_ab_checks_its_variants_before_asking_for_a_gpu(capsys, monkeypatc
 
 
 def test_train_ab_torch_variant_runs_the_ops_pytorch_form_forward_and_backward(monkeypatch):
-    """``train_ab.torch_step`` (the ``torch`` variant): each call one fwd+bwd of ``blocks.ops.<family>.chunk``
-    inside ``blocks.kernels.disabled()`` (so that on CUDA the op runs its PyTorch form), here on CPU at a
-    ragged length in float32."""
+    """``train_ab.py``'s ``torch`` variant (``kernel_launch_sweep.step(..., pytorch_form=True)``): each call one
+    fwd+bwd of ``blocks.ops.<family>.chunk`` inside ``blocks.kernels.disabled()`` (so that on CUDA the op runs
+    its PyTorch form), here on CPU at a ragged length in float32."""
     import contextlib
 
     import blocks.kernels as kernels
 
-    ab = _benchmark("train_ab")
+    sweep = _benchmark("kernel_launch_sweep")
     depth, seen = [0], []
 
     @contextlib.contextmanager
@@ -1588,10 +1588,10 @@ def test_train_ab_torch_variant_runs_the_ops_pytorch_form_forward_and_backward(m
 
     monkeypatch.setattr(kernels, "disabled", disabled)
     for family in ("gated_delta_rule", "gla"):
-        mod = ab.op_module(family)
+        mod = sweep.op_module(family)
         chunk = mod.chunk
         monkeypatch.setattr(mod, "chunk", lambda *a, _chunk=chunk, **kw: (seen.append(depth[0]), _chunk(*a, **kw))[1])
-        run = ab.torch_step(family, 70, B=1, dtype=torch.float32, device="cpu")
+        run = sweep.step(family, 70, B=1, dtype=torch.float32, pytorch_form=True, device="cpu")
         run()
         run()
     assert seen == [1, 1, 1, 1] and depth == [0]
