@@ -14,7 +14,8 @@
 #        once per entry of DECODE_SETS (default "-;PLAIN_CHUNKS=1;PDL=False": simple_gla's decode mixer
 #        state at once, the skinny kernels without programmatic dependent launch), into sets/
 #   ab   (only when named in STEPS) `train_ab.py --graph` over AB_VARIANTS (required), AB_FAMILIES (default
-#        gated_delta_rule,delta_rule), AB_LENGTHS (2048,16384,32768), AB_ROUNDS (3), into ab/; after the tests
+#        gated_delta_rule,delta_rule), AB_LENGTHS (2048,16384,32768), AB_ROUNDS (3), AB_DTYPE (bf16; fp32
+#        times float32 steps, with the `torch` variant as the PyTorch forms to compare), into ab/; after the tests
 #        step, so that `STEPS=tests,ab TESTS_K="..."` checks a new kernel's GPU tests and times it in one call
 #
 # Each step runs under its own wall-clock cap and writes under $OUT (sweep/, bench/ and a log per
@@ -105,7 +106,7 @@ fi
 if [[ ,$STEPS, == *,ab,* ]]; then
   step ab "$AB_S" $PY benchmarks/train_ab.py --families "${AB_FAMILIES:-gated_delta_rule,delta_rule}" \
     --lengths "${AB_LENGTHS:-2048,16384,32768}" --rounds "${AB_ROUNDS:-3}" --graph --variants="$AB_VARIANTS" \
-    --out "$OUT/ab" || failed=1
+    --dtype "${AB_DTYPE:-bf16}" --out "$OUT/ab" || failed=1
 fi
 if [[ ,$STEPS, == *,sweep,* ]]; then
   step sweep "$SWEEP_S" $PY benchmarks/kernel_launch_sweep.py --families "$FAMILIES" --lengths 2048,32768 \
