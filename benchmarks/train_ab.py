@@ -16,7 +16,8 @@ kernel module: an upper-case setting, switch or not (a Python literal, e.g. ``WA
 ``WALK_OVERLAP_BELOW_PER_SM=1000.0``), ``walk_bv=N`` (the family module's walks at V block N) or
 ``LAUNCH.entry.num_warps=N`` / ``LAUNCH.entry.num_stages=N`` / ``LAUNCH.entry.maxnreg=N`` (a cap on registers
 per thread, ptxas ``.maxnreg``; ``None`` removes an entry's cap or takes the stages from the dtype) /
-``LAUNCH.entry.num_warps_fp32=N`` (the entry's warps for float32 inputs). ``--dtype fp32`` times float32 steps
+``LAUNCH.entry.num_warps_fp32=N`` (the entry's warps for float32 inputs); ``LAUNCH.*.key=N`` sets it on every
+entry of the family's ``LAUNCH``. ``--dtype fp32`` times float32 steps
 (every kernel at one stage, full-precision dots: ``docs/benchmarks/fp32_compiles_1205.md``). ``--host-profile`` also writes a
 cProfile of the first variant's step launches per family and length; ``--graph`` also times each
 variant's step replayed from a CUDA graph (what the queued steps would take without the host). Prints a markdown table (ms per step
@@ -53,6 +54,16 @@ LAUNCH_KEYS = ("num_warps", "num_stages", "maxnreg", "num_warps_fp32")
 def items(variant: str) -> list[str]:
     """The ``NAME=VALUE`` items of a variant (none for ``-`` and ``torch``)."""
     return [] if variant in ("-", TORCH) else variant.split(",")
+
+
+def expanded(family: str, item: str) -> list[str]:
+    """``LAUNCH.*.key=N`` as one ``LAUNCH.entry.key=N`` item per entry of the family's ``LAUNCH`` (e.g. every
+    kernel's float32 warps in one variant); any other item as it is."""
+    from blocks.kernels import kernel_module
+
+    if not item.startswith("LAUNCH.*."):
+        return [item]
+    return [item.replace("LAUNCH.*.", f"LAUNCH.{entry}.", 1) for entry in kernel_module(family).LAUNCH]
 
 
 def parsed(family: str, item: str) -> tuple:
@@ -101,7 +112,8 @@ def applied(family: str, variant: str):
 
     with contextlib.ExitStack() as stack:
         for item in items(variant):
-            stack.enter_context(Applied(family, parsed(family, item)))
+            for one in expanded(family, item):
+                stack.enter_context(Applied(family, parsed(family, one)))
         yield
 
 
@@ -257,7 +269,8 @@ def main(argv=None) -> int:
             for family in families:
                 for v in variants:
                     for item in items(v):
-                        parsed(family, item)
+                        for one in expanded(family, item):
+                            parsed(family, one)
         except ValueError as exc:
             ap.error(f"--variants: {exc}")
     if not torch.cuda.is_available():

@@ -1567,6 +1567,27 @@ def test_train_ab_checks_its_variants_before_asking_for_a_gpu(capsys, monkeypatc
         assert capsys.readouterr().err.strip() == "train_ab: timing them needs a CUDA GPU"
 
 
+def test_train_ab_launch_wildcard_sets_every_entry_of_the_familys_launch(monkeypatch):
+    """``LAUNCH.*.key=N`` in a variant is one ``LAUNCH.entry.key=N`` per entry of that family's ``LAUNCH`` (the
+    families' entries differ, so one variant covers several families), applied inside ``applied`` and undone after;
+    an out-of-range value is still a ``--variants`` error."""
+    from blocks.kernels import kernel_module
+
+    ab = _benchmark("train_ab")
+    for family in ("gated_delta_rule", "gla", "linear_attn"):
+        launch = kernel_module(family).LAUNCH
+        assert ab.expanded(family, "LAUNCH.*.num_warps_fp32=16") == [
+            f"LAUNCH.{e}.num_warps_fp32=16" for e in launch]
+        assert ab.expanded(family, "LAUNCH.fwd_o.maxnreg=168") == ["LAUNCH.fwd_o.maxnreg=168"]
+        before = {e: dict(v) for e, v in launch.items()}
+        with ab.applied(family, "LAUNCH.*.num_warps_fp32=16"):
+            assert all(v.get("num_warps_fp32") == 16 for v in launch.values())
+        assert {e: dict(v) for e, v in launch.items()} == before
+    with pytest.raises(ValueError, match="1, 2, 4, 8 or 16"):
+        for one in ab.expanded("gla", "LAUNCH.*.num_warps_fp32=3"):
+            ab.parsed("gla", one)
+
+
 def test_train_ab_torch_variant_runs_the_ops_pytorch_form_forward_and_backward(monkeypatch):
     """``train_ab.py``'s ``torch`` variant (``kernel_launch_sweep.step(..., pytorch_form=True)``): each call one
     fwd+bwd of ``blocks.ops.<family>.chunk`` inside ``blocks.kernels.disabled()`` (so that on CUDA the op runs
