@@ -104,6 +104,11 @@ def parsed(family: str, item: str) -> tuple:
     return ("switch", name, value)
 
 
+def parsed_variant(family: str, variant: str) -> list[tuple]:
+    """Every item of ``variant`` (``LAUNCH.*`` ones expanded) ``parsed`` on the family's module."""
+    return [parsed(family, one) for item in items(variant) for one in expanded(family, item)]
+
+
 @contextlib.contextmanager
 def applied(family: str, variant: str):
     """The variant's settings on the family's kernel module inside the block (the launch sweep's
@@ -111,9 +116,8 @@ def applied(family: str, variant: str):
     from kernel_launch_sweep import Applied
 
     with contextlib.ExitStack() as stack:
-        for item in items(variant):
-            for one in expanded(family, item):
-                stack.enter_context(Applied(family, parsed(family, one)))
+        for one in parsed_variant(family, variant):
+            stack.enter_context(Applied(family, one))
         yield
 
 
@@ -268,9 +272,7 @@ def main(argv=None) -> int:
         try:
             for family in families:
                 for v in variants:
-                    for item in items(v):
-                        for one in expanded(family, item):
-                            parsed(family, one)
+                    parsed_variant(family, v)
         except ValueError as exc:
             ap.error(f"--variants: {exc}")
     if not torch.cuda.is_available():
