@@ -44,6 +44,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from blocks.kernels import decode_attention as da  # noqa: E402
 from blocks.kernels import decode_mixer as dm  # noqa: E402
 from blocks.kernels import delta as d  # noqa: E402
+from blocks.kernels import fitted  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
 from blocks.kernels import skinny as sk  # noqa: E402
@@ -435,32 +436,50 @@ def pipelining(kernel) -> tuple[int, str]:
     return len(re.findall("async_copy_global_to_local", ttg)), "/".join(str(len(x.split(","))) for x in loops) or "-"
 
 
-def stages_to_fit(shared_at, stages: int, limit: int) -> list[tuple[int, int]]:
-    """``(stages, shared bytes)`` from ``stages`` down, ending at the first count whose
-    ``shared_at(count)`` is within ``limit`` bytes (or at one stage): the counts
-    ``blocks.kernels.fitted`` tries, one after another, on a GPU with ``limit`` bytes per program."""
+def attempts_to_fit(shared_at, stages: int, loop_blocks: dict[str, int], limit: int) -> list[tuple[dict, int]]:
+    """``(settings, shared bytes)`` in the order ``blocks.kernels.fitted`` tries them
+    (``fitted.launch_attempts``: the stage count from ``stages`` down, then each loop block halved),
+    ending at the first whose ``shared_at(settings)`` is within ``limit`` bytes, or at the last."""
     steps = []
-    for count in range(max(stages, 1), 0, -1):
-        steps.append((count, shared_at(count)))
+    for settings in fitted.launch_attempts(stages, loop_blocks):
+        steps.append((settings, shared_at(settings)))
         if steps[-1][1] <= limit:
             break
     return steps
 
 
+def settings_label(settings: dict) -> str:
+    """``3`` (stages), or ``1, BV 32`` where a loop block is in the settings."""
+    blocks = ", ".join(f"{name} {block}" for name, block in settings.items() if name != "num_stages")
+    return f"{settings['num_stages']}{', ' + blocks if blocks else ''}"
+
+
+def fits_label(settings: dict) -> str:
+    """``2 stages``, ``1 stage, BV 32``."""
+    stages = settings["num_stages"]
+    return f"{stages} stage{'s' if stages > 1 else ''}" + settings_label(settings)[len(str(stages)):]
+
+
 def print_fit(runs, limit_kb: int, arch: int) -> int:
     """``--fit-shared``: per kernel whose launch needs more than ``limit_kb`` KB of shared memory, the
-    bytes at each stage count ``blocks.kernels.fitted`` would try; returns how many never fit."""
-    print(f"| kernel | dtype | warps | shared (B) by stages, down to {limit_kb} KB | fits at |\n|---|---|---|---|---|")
+    bytes at each setting ``blocks.kernels.fitted`` would try; returns how many never fit."""
+    print(f"| kernel | dtype | warps | shared (B) by stages (, loop block), down to {limit_kb} KB | fits at |\n"
+          "|---|---|---|---|---|")
     misfits = 0
     for act, (name, fn, cx, warps, stages, cap) in runs:
-        steps = stages_to_fit(lambda n: compile_one(fn, arg_types(act, fn), cx, warps, n, arch, cap).metadata.shared,
-                              stages or 3, limit_kb * 1024)
+        def shared_at(settings):
+            blocks = {k: v for k, v in settings.items() if k != "num_stages"}
+            return compile_one(fn, arg_types(act, fn), {**cx, **blocks}, warps, settings["num_stages"], arch,
+                               cap).metadata.shared
+
+        loop_blocks = {n: cx[n] for n in getattr(fn, "loop_blocks", ()) if n in cx}
+        steps = attempts_to_fit(shared_at, stages or 3, loop_blocks, limit_kb * 1024)
         if len(steps) == 1 and steps[0][1] <= limit_kb * 1024:
             continue
         fits = steps[-1][1] <= limit_kb * 1024
         misfits += not fits
-        print(f"| {name} | {act} | {warps} | {' / '.join(f'{n}: {b}' for n, b in steps)} | "
-              f"{f'{steps[-1][0]} stages' if fits else 'never'} |", flush=True)
+        print(f"| {name} | {act} | {warps} | {' / '.join(f'{settings_label(st)}: {b}' for st, b in steps)} | "
+              f"{fits_label(steps[-1][0]) if fits else 'never'} |", flush=True)
     return misfits
 
 

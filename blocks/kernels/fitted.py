@@ -8,10 +8,18 @@ the launch (``OutOfResources``). ``jit`` is ``triton.jit`` whose kernels then re
 fewer, down to one, and remember per launch configuration the count that fit, so that later calls
 launch it at once. Results do not change: stages only reorder when a loop's loads are issued.
 
+A kernel that does not fit at one stage either may name *loop blocks* (``jit(loop_blocks=("BV",))``):
+constexpr block sizes of a loop inside one program, which neither the grid nor the results depend on
+but the float32 summation order. Those are halved next (down to ``MIN_LOOP_BLOCK``), each time from
+the launch's stage count again; ``launch_attempts`` gives the order, which
+``benchmarks/kernels_aot_regs.py --fit-shared`` follows without a GPU.
+
 Triton's own autotuner skips configurations that do not fit, but it times every candidate on first
 use; the tables here are fixed, measured choices, so only the fallback is needed.
 """
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -19,10 +27,14 @@ from triton.runtime.errors import OutOfResources
 from triton.runtime.jit import JITFunction
 
 
+# the smallest block a loop block is halved to: Triton's dots need 16 rows / columns
+MIN_LOOP_BLOCK = 16
+
+
 class KernelDoesNotFit(OutOfResources):
-    """A kernel that needs more shared memory than the GPU gives even at one pipelining stage
-    (e.g. ``_bwd_dqkv_kernel`` in float32, 180 KB, on an A100 or a consumer GPU): names it, the
-    need and the remedy in one line."""
+    """A kernel that needs more shared memory than the GPU gives even at one pipelining stage and its
+    smallest loop blocks (e.g. a float32 kernel on a consumer GPU): names it, the need and the remedy in
+    one line."""
 
     def __init__(self, kernel: str, required: int, limit: int):
         super().__init__(required, limit, "shared memory")
@@ -37,27 +49,57 @@ class KernelDoesNotFit(OutOfResources):
                 f"tiles are twice the size) or run the ops' PyTorch forms (blocks.kernels.disabled())")
 
 
+def launch_attempts(num_stages: int, loop_blocks: dict[str, int]) -> Iterator[dict]:
+    """The launch settings a fitted kernel tries, in order, on a GPU short of shared memory: the stage
+    count from ``num_stages`` down to one; then the first of ``loop_blocks`` ({name: block}) still above
+    ``MIN_LOOP_BLOCK`` halved, and the stages from ``num_stages`` down again; until every loop block is at
+    its smallest. The first item is the launch as asked."""
+    blocks = dict(loop_blocks)
+    while True:
+        for stages in range(max(num_stages, 1), 0, -1):
+            yield {"num_stages": stages, **blocks}
+        larger = [name for name, block in blocks.items() if block > MIN_LOOP_BLOCK]
+        if not larger:
+            return
+        blocks[larger[0]] //= 2
+
+
 class StageFittedJITFunction(JITFunction):
-    """A ``JITFunction`` whose launches step ``num_stages`` down while the GPU lacks the shared
-    memory they need (made by ``jit``; a launch without ``num_stages`` is not retried)."""
+    """A ``JITFunction`` whose launches step ``num_stages`` down, then halve its ``loop_blocks``, while
+    the GPU lacks the shared memory they need (made by ``jit``; a launch without ``num_stages`` is not
+    retried). ``fitted_launches``: per launch configuration as asked, the settings that fit."""
+
+    loop_blocks: tuple[str, ...] = ()
 
     def run(self, *args, grid, warmup, **kwargs):
-        fitted = self.__dict__.setdefault("fitted_stages", {})
-        key = None
-        if fitted:  # some configuration was cut before: launch this one as it fit then
-            key = _config_key(kwargs)
-            kwargs["num_stages"] = fitted.get(key, kwargs.get("num_stages"))
-        while True:
+        fitted = self.__dict__.setdefault("fitted_launches", {})
+        key = _config_key(kwargs) if fitted else None
+        if key in fitted:  # this configuration was cut before: launch it as it fit then
+            kwargs.update(fitted[key])
+        try:
+            return super().run(*args, grid=grid, warmup=warmup, **kwargs)
+        except OutOfResources as exc:
+            if not _short_of_shared_memory(exc) or not isinstance(kwargs.get("num_stages"), int):
+                raise
+            short = exc
+        key = key if key is not None else _config_key(kwargs)
+        attempts = launch_attempts(kwargs["num_stages"], {n: kwargs[n] for n in self.loop_blocks if n in kwargs})
+        next(attempts)  # the launch that was just refused
+        for settings in attempts:
             try:
-                return super().run(*args, grid=grid, warmup=warmup, **kwargs)
+                launched = super().run(*args, grid=grid, warmup=warmup, **{**kwargs, **settings})
             except OutOfResources as exc:
-                stages = kwargs.get("num_stages")
-                if exc.name != "shared memory" or not isinstance(stages, int) or isinstance(exc, KernelDoesNotFit):
+                if not _short_of_shared_memory(exc):
                     raise
-                if stages <= 1:
-                    raise KernelDoesNotFit(self.fn.__name__, exc.required, exc.limit) from None
-                key = key if key is not None else _config_key(kwargs)
-                kwargs["num_stages"] = fitted[key] = stages - 1
+                short = exc
+                continue
+            fitted[key] = settings
+            return launched
+        raise KernelDoesNotFit(self.fn.__name__, short.required, short.limit) from None
+
+
+def _short_of_shared_memory(exc: OutOfResources) -> bool:
+    return exc.name == "shared memory" and not isinstance(exc, KernelDoesNotFit)
 
 
 def _config_key(kwargs: dict) -> tuple:
@@ -67,14 +109,16 @@ def _config_key(kwargs: dict) -> tuple:
     return device, tuple(sorted((k, v) for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))))
 
 
-def jit(fn=None, **kwargs):
-    """``triton.jit`` (same arguments) whose kernel is a ``StageFittedJITFunction``; under Triton's
-    interpreter, the interpreter's function unchanged (no shared memory to fit)."""
+def jit(fn=None, *, loop_blocks: tuple[str, ...] = (), **kwargs):
+    """``triton.jit`` (its other arguments) whose kernel is a ``StageFittedJITFunction`` that may halve
+    the constexprs named in ``loop_blocks`` (see the module's docstring); under Triton's interpreter,
+    the interpreter's function unchanged (no shared memory to fit)."""
 
     def decorator(f):
         kernel = triton.jit(f, **kwargs)
         if type(kernel) is JITFunction:
             kernel.__class__ = StageFittedJITFunction
+            kernel.loop_blocks = tuple(loop_blocks)
         return kernel
 
     return decorator if fn is None else decorator(fn)

@@ -177,7 +177,8 @@ def _bwd_dh_kernel(q, do, g, dh, dht, dh0, scale, T, NT,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@_jit(do_not_specialize=["T", "NT"])  # one compile for every length
+# BV blocks the loop over V: on a GPU short of shared memory (float32 needs 180 KB at BV 64) fitted halves it
+@_jit(do_not_specialize=["T", "NT"], loop_blocks=("BV",))  # one compile for every length
 def _bwd_dqkv_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dA, scale, T, NT,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,

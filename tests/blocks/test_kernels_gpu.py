@@ -112,12 +112,34 @@ from blocks.kernels import delta, gla, scalar_decay
 for family in ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"):
     check_against_reference(family, torch.bfloat16, (1, 300, 2, 128, 128), [(1.0, True)])
 for mod in (scalar_decay, gla, delta):
-    print(mod.__name__, *sorted(k.fn.__name__ for k in vars(mod).values() if getattr(k, "fitted_stages", None)))
+    print(mod.__name__, *sorted(k.fn.__name__ for k in vars(mod).values() if getattr(k, "fitted_launches", None)))
 """
     out = run_python(code, timeout=600)
     cut = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
     assert "_bwd_dqkv_kernel" in cut["blocks.kernels.scalar_decay"], out
     assert "_fwd_h_kernel" in cut["blocks.kernels.gla"], out
+
+
+@gpu
+def test_float32_scalar_decay_backward_fits_an_a100_at_a_smaller_v_block():
+    """With Triton's shared-memory limit patched to an A100's 163 KB (a fresh process), linear_attn and
+    simple_gla train in float32 and match the reference: their backward's ``_bwd_dqkv_kernel`` needs
+    180 KB at one stage and V block 64, and fitted launches it at V block 32 (131 KB, sm_90 compiles:
+    ``kernels_aot_regs.py --fit-shared 163 --dtype fp32 --kernels bwd_dqkv``)."""
+    from fresh_python import run_python
+
+    code = """
+import torch, triton.compiler.compiler as compiler
+compiler.max_shared_mem = lambda device: 163 * 1024
+from test_kernels_gpu import check_against_reference
+from blocks.kernels import scalar_decay
+for family in ("linear_attn", "simple_gla"):
+    check_against_reference(family, torch.float32, (1, 300, 2, 128, 128), [(1.0, True)])
+print("fitted", *sorted({st.get("BV", 64) for st in scalar_decay._bwd_dqkv_kernel.fitted_launches.values()}))
+"""
+    out = run_python(code, timeout=600)
+    fitted_blocks = [line.split()[1:] for line in out.splitlines() if line.startswith("fitted")]
+    assert fitted_blocks == [["32"]], out
 
 
 def check_against_reference(family, dtype, shape, decays):

@@ -113,6 +113,51 @@ def test_fitted_kernels_step_their_stages_down_to_the_gpus_shared_memory(monkeyp
         assert len(tried) == 1
 
 
+def test_fitted_kernels_halve_their_loop_blocks_when_one_stage_does_not_fit(monkeypatch):
+    """A kernel declared with ``loop_blocks`` (``fitted.jit(loop_blocks=("BLOCK",))``, as the scalar-decay
+    ``_bwd_dqkv_kernel``'s V block) that does not fit at one stage is launched with that block halved, from
+    the asked stage count down again (``fitted.launch_attempts``), down to ``MIN_LOOP_BLOCK``; the settings
+    that fit are remembered for that configuration, and a kernel that fits at none raises
+    ``KernelDoesNotFit`` with the need of the last (smallest) try. Triton's launch is stubbed: shared memory
+    = stages x BLOCK KB against a 100 KB GPU."""
+    from triton.runtime.errors import OutOfResources
+    from triton.runtime.jit import JITFunction
+
+    from blocks.kernels import fitted
+
+    kernel = JITFunction(_fitted_probe)
+    kernel.__class__ = fitted.StageFittedJITFunction
+    kernel.loop_blocks = ("BLOCK",)
+    tried = []
+    limit_kb = [100]
+
+    def launch(self, *args, grid, warmup, **kwargs):
+        tried.append((kwargs["num_stages"], kwargs["BLOCK"]))
+        need = kwargs["num_stages"] * kwargs["BLOCK"] * 1024
+        if need > limit_kb[0] * 1024:
+            raise OutOfResources(need, limit_kb[0] * 1024, "shared memory")
+        return "launched"
+
+    monkeypatch.setattr(JITFunction, "run", launch)
+    assert kernel[(1,)](None, BLOCK=128, num_warps=4, num_stages=2) == "launched"
+    assert tried == [(2, 128), (1, 128), (2, 64), (1, 64)]
+    assert kernel.fitted_launches == {next(iter(kernel.fitted_launches)): dict(num_stages=1, BLOCK=64)}
+    tried.clear()
+    assert kernel[(1,)](None, BLOCK=128, num_warps=4, num_stages=2) == "launched" and tried == [(1, 64)]
+    tried.clear()
+    assert kernel[(1,)](None, BLOCK=64, num_warps=4, num_stages=1) == "launched" and tried == [(1, 64)]
+    assert len(kernel.fitted_launches) == 1  # it fit as asked: nothing to remember
+    limit_kb[0] = 12
+    tried.clear()
+    with pytest.raises(fitted.KernelDoesNotFit) as caught:
+        kernel[(1,)](None, BLOCK=32, num_warps=4, num_stages=1)
+    assert tried == [(1, 32), (1, 16)] and "needs 16384 B" in str(caught.value)
+    assert list(fitted.launch_attempts(2, {})) == [dict(num_stages=2), dict(num_stages=1)]
+    assert list(fitted.launch_attempts(1, dict(BV=64, BK=32))) == [
+        dict(num_stages=1, BV=64, BK=32), dict(num_stages=1, BV=32, BK=32), dict(num_stages=1, BV=16, BK=32),
+        dict(num_stages=1, BV=16, BK=16)]
+
+
 def test_fitted_jit_wraps_compiled_kernels_and_leaves_the_interpreters_alone(monkeypatch):
     """``fitted.jit`` passes its arguments to ``triton.jit``; a ``JITFunction`` comes back fitted, the
     interpreter's function as it is. The chunk modules launch every kernel through it."""
@@ -1792,15 +1837,23 @@ def test_aot_tool_takes_each_entrys_settings_as_the_launch_does():
     assert aot.table(launch, "tuned", 2) == (4, 3, 168) and aot.table(launch, "tuned", 1) == (16, 1, None)
 
 
-def test_aot_tool_lists_the_stage_counts_fitted_tries():
-    """``kernels_aot_regs.stages_to_fit`` (``--fit-shared``): the shared memory at each stage count
-    from the launch's down to the first that fits the limit, or down to one stage when none does."""
+def test_aot_tool_lists_the_settings_fitted_tries():
+    """``kernels_aot_regs.attempts_to_fit`` (``--fit-shared``): the shared memory at each setting
+    ``blocks.kernels.fitted`` tries, from the launch's down to the first that fits the limit, or to the
+    last when none does; a kernel's loop blocks halved after one stage."""
     aot = _benchmark("kernels_aot_regs")
-    need = {3: 188416, 2: 139264, 1: 81920}.__getitem__  # linear_attn's _bwd_dqkv_kernel in bf16
-    assert aot.stages_to_fit(need, 3, 99 * 1024) == [(3, 188416), (2, 139264), (1, 81920)]
-    assert aot.stages_to_fit(need, 3, 163 * 1024) == [(3, 188416), (2, 139264)]
-    assert aot.stages_to_fit(need, 2, 227 * 1024) == [(2, 139264)]
-    assert aot.stages_to_fit(lambda n: 180224, 1, 99 * 1024) == [(1, 180224)]  # its float32 tiles: never
+    bf16 = {3: 188416, 2: 139264, 1: 81920}  # linear_attn's _bwd_dqkv_kernel in bf16
+    need = lambda st: bf16[st["num_stages"]]  # noqa: E731
+    assert [(st["num_stages"], b) for st, b in aot.attempts_to_fit(need, 3, {}, 99 * 1024)] == [
+        (3, 188416), (2, 139264), (1, 81920)]
+    assert [b for _, b in aot.attempts_to_fit(need, 3, {}, 163 * 1024)] == [188416, 139264]
+    assert aot.attempts_to_fit(need, 2, {}, 227 * 1024) == [(dict(num_stages=2), 139264)]
+    fp32 = lambda st: 180224 * st["BV"] // 64  # noqa: E731 - its float32 tiles, a need that halves with BV
+    assert aot.attempts_to_fit(fp32, 1, {"BV": 64}, 99 * 1024) == [
+        (dict(num_stages=1, BV=64), 180224), (dict(num_stages=1, BV=32), 90112)]
+    assert aot.attempts_to_fit(lambda st: 180224, 1, {}, 99 * 1024) == [(dict(num_stages=1), 180224)]  # never
+    assert aot.settings_label(dict(num_stages=1, BV=32)) == "1, BV 32"
+    assert aot.fits_label(dict(num_stages=1, BV=32)) == "1 stage, BV 32" and aot.fits_label(dict(num_stages=2)) == "2 stages"
 
 
 def test_host_seconds_times_each_call_after_a_sync_or_back_to_back(monkeypatch):
