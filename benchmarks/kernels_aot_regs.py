@@ -436,6 +436,12 @@ def pipelining(kernel) -> tuple[int, str]:
     return len(re.findall("async_copy_global_to_local", ttg)), "/".join(str(len(x.split(","))) for x in loops) or "-"
 
 
+def without_gdc(constexprs: dict) -> dict:
+    """A job's constexprs as the host code launches the kernel on a GPU before sm_90, which has no grid
+    dependency control (``tiles.pdl_launch``): ``PDL`` off and the decode mixer's ``TRIGGER`` 0."""
+    return {**constexprs, **{name: off for name, off in (("PDL", False), ("TRIGGER", 0)) if name in constexprs}}
+
+
 def attempts_to_fit(shared_at, stages: int, loop_blocks: dict[str, int], limit: int) -> list[tuple[dict, int]]:
     """``(settings, shared bytes)`` in the order ``blocks.kernels.fitted`` tries them
     (``fitted.launch_attempts``: the stage count from ``stages`` down, then each loop block halved),
@@ -527,7 +533,9 @@ def main() -> int:
         ap.error(f"--maxnreg: a comma list of integers, got {opts.maxnreg!r}")
     keep = [k for k in opts.kernels.split(",") if k]
     dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
-    runs = ((a, (name, fn, cx, w, st, cap or None)) for a in dtypes for (name, fn, cx, host_w, host_st, host_cap) in jobs(a)
+    launched = (lambda cx: cx) if opts.arch >= 90 else without_gdc
+    runs = ((a, (name, fn, launched(cx), w, st, cap or None)) for a in dtypes
+            for (name, fn, cx, host_w, host_st, host_cap) in jobs(a)
             for w in (warp_counts or [host_w]) for st in (stage_counts or [host_st]) for cap in (reg_caps or [host_cap]))
     runs = ((act, job) for act, job in runs if not keep or any(k in job[0] for k in keep))
     if opts.fit_shared:

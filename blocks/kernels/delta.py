@@ -805,7 +805,9 @@ def _bwd_dh_kernel(q, k, w, gc, do, dv, dv2, dh, dht, dh0, scale, T, NT, C0, C1,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-@_jit(do_not_specialize=["T", "NT", "B", "C0"])  # one compile for every length
+# BV blocks _dqkwg_tile's loop over V: on a GPU short of shared memory (float32 needs 112 KB at BV 64 on sm_86)
+# fitted halves it
+@_jit(do_not_specialize=["T", "NT", "B", "C0"], loop_blocks=("BV",))  # one compile for every length
 def _bwd_dqkwg_kernel(q, k, vn, gc, h, do, dh, dv2, dq, dk, dw, dG, scale, T, NT, B, C0,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,

@@ -1853,6 +1853,9 @@ def test_aot_tool_lists_the_settings_fitted_tries():
         (dict(num_stages=1, BV=64), 180224), (dict(num_stages=1, BV=32), 90112)]
     assert aot.attempts_to_fit(lambda st: 180224, 1, {}, 99 * 1024) == [(dict(num_stages=1), 180224)]  # never
     assert aot.settings_label(dict(num_stages=1, BV=32)) == "1, BV 32"
+    # before sm_90 (--arch 80) the jobs compile as the host code launches them there: no grid dependency control
+    assert aot.without_gdc(dict(PDL=True, TRIGGER=3, BV=32)) == dict(PDL=False, TRIGGER=0, BV=32)
+    assert aot.without_gdc(dict(BV=32)) == dict(BV=32)
     assert aot.fits_label(dict(num_stages=1, BV=32)) == "1 stage, BV 32" and aot.fits_label(dict(num_stages=2)) == "2 stages"
 
 
