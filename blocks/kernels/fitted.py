@@ -36,17 +36,19 @@ class KernelDoesNotFit(OutOfResources):
     smallest loop blocks (e.g. a float32 kernel on a consumer GPU): names it, the need and the remedy in
     one line."""
 
-    def __init__(self, kernel: str, required: int, limit: int):
+    def __init__(self, kernel: str, required: int, limit: int, blocks: dict[str, int] | None = None):
         super().__init__(required, limit, "shared memory")
         self.kernel = kernel
+        self.blocks = dict(blocks or {})  # the loop blocks of the last try, at their smallest
 
     def __reduce__(self):
-        return (type(self), (self.kernel, self.required, self.limit))
+        return (type(self), (self.kernel, self.required, self.limit, self.blocks))
 
     def __str__(self) -> str:
+        at_blocks = "".join(f", {name} {block}" for name, block in self.blocks.items())
         return (f"blocks.kernels: {self.kernel} needs {self.required} B of shared memory per program even at one "
-                f"pipelining stage and this GPU gives {self.limit} B; train in bf16 (train.precision: bf16, float32 "
-                f"tiles are twice the size) or run the ops' PyTorch forms (blocks.kernels.disabled())")
+                f"pipelining stage{at_blocks} and this GPU gives {self.limit} B; train in bf16 (train.precision: "
+                f"bf16, float32 tiles are twice the size) or run the ops' PyTorch forms (blocks.kernels.disabled())")
 
 
 def launch_attempts(num_stages: int, loop_blocks: dict[str, int]) -> Iterator[dict]:
@@ -83,8 +85,9 @@ class StageFittedJITFunction(JITFunction):
                 raise
             short = exc
         key = key if key is not None else _config_key(kwargs)
-        attempts = launch_attempts(kwargs["num_stages"], {n: kwargs[n] for n in self.loop_blocks if n in kwargs})
-        next(attempts)  # the launch that was just refused
+        loop_blocks = {n: kwargs[n] for n in self.loop_blocks if n in kwargs}
+        attempts = launch_attempts(kwargs["num_stages"], loop_blocks)
+        settings = next(attempts)  # the launch that was just refused
         for settings in attempts:
             try:
                 launched = super().run(*args, grid=grid, warmup=warmup, **{**kwargs, **settings})
@@ -95,7 +98,8 @@ class StageFittedJITFunction(JITFunction):
                 continue
             fitted[key] = settings
             return launched
-        raise KernelDoesNotFit(self.fn.__name__, short.required, short.limit) from None
+        smallest = {n: settings[n] for n in loop_blocks}
+        raise KernelDoesNotFit(self.fn.__name__, short.required, short.limit, smallest) from None
 
 
 def _short_of_shared_memory(exc: OutOfResources) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import pickle
 import sys
 import types
 from pathlib import Path
@@ -151,7 +152,9 @@ def test_fitted_kernels_halve_their_loop_blocks_when_one_stage_does_not_fit(monk
     tried.clear()
     with pytest.raises(fitted.KernelDoesNotFit) as caught:
         kernel[(1,)](None, BLOCK=32, num_warps=4, num_stages=1)
-    assert tried == [(1, 32), (1, 16)] and "needs 16384 B" in str(caught.value)
+    assert tried == [(1, 32), (1, 16)]
+    assert "needs 16384 B of shared memory per program even at one pipelining stage, BLOCK 16 and" in str(caught.value)
+    assert pickle.loads(pickle.dumps(caught.value)).blocks == {"BLOCK": 16}
     assert list(fitted.launch_attempts(2, {})) == [dict(num_stages=2), dict(num_stages=1)]
     assert list(fitted.launch_attempts(1, dict(BV=64, BK=32))) == [
         dict(num_stages=1, BV=64, BK=32), dict(num_stages=1, BV=32, BK=32), dict(num_stages=1, BV=16, BK=32),
