@@ -62,7 +62,7 @@ def mlp_hidden(spec: ArchSpec) -> int:
     as Llama's ``multiple_of`` does; 0 when the MLP is off.
 
     Why: an odd width (8/3 * 2048 = 5461) puts the MLP matmuls on cuBLAS's unaligned path, which
-    cost 2 ms of a 5.3 ms 24-layer decode step on an H200 (docs/benchmarks/README.md).
+    cost 2 ms of a 5.3 ms 24-layer decode step on an H200 (docs/benchmarks/history.md).
     """
     if spec.mlp_expansion <= 0:
         return 0

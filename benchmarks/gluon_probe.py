@@ -1,6 +1,6 @@
 """What the GPU host's Triton offers for a hand-scheduled Hopper kernel (Gluon), before anyone
 writes one: the next kernel form the remaining issue-6 targets point at (a walk whose tensor-core
-dots run asynchronously, ``docs/benchmarks/README.md`` notes of 2026-12-02) needs
+dots run asynchronously, ``docs/benchmarks/history.md`` notes of 2026-12-02) needs
 ``triton.experimental.gluon`` with Hopper's ``warpgroup_mma`` / ``warpgroup_mma_wait``.
 
     python benchmarks/gluon_probe.py [--out DIR] [--compile-only ARCH]

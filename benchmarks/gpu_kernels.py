@@ -122,7 +122,7 @@ def train_bench(lengths, families, rounds: int = 3) -> dict:
     clock was: the compute-bound rows slow as it reaches its power limit (H200 03:33: cuDNN at 512
     -4.4%, delta_rule at 32k -4.8% from the first pass to the later ones; memory-bound rows
     within 0.5%). Passes do not remove the spread between hosts (delta_rule at 2k 15.8 / 16.8 /
-    17.1 on three H200s the same hour, docs/benchmarks/README.md). A pass that fails after
+    17.1 on three H200s the same hour, docs/benchmarks/history.md). A pass that fails after
     others succeeded keeps their figures and adds its error to the cell's ``errors``."""
     out: dict = {f: {} for f in families}
     out["sdpa_cudnn"], out["sdpa_flash"] = {}, {}

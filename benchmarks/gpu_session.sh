@@ -3,7 +3,7 @@
 #
 #   1  the GPU kernel test files and the decode-measurement GPU tests (pytest-xdist, 14 workers)
 #   2  the launch sweep's module switches only (`--only switch`), every linear family, 2k and 32k:
-#      which alternative kernels win (docs/benchmarks/README.md, "Ready to time")
+#      which alternative kernels win (docs/benchmarks/history.md, "Ready to time")
 #   3  the full benchmark (`gpu_kernels.py`, fla skipped) with what the checkout has now
 #   ncu  (only when named in STEPS) hardware counters of the training kernels (`ncu_kernels.py`)
 #   gemm (only when named in STEPS) the decode GEMMs: cuBLAS vs a Triton split-K kernel (`decode_gemm.py`)
