@@ -370,6 +370,10 @@ def test_benchmark_plots_only_what_the_run_measured(tmp_path):
     one = dict(res, families=["gla"])
     assert gpu_kernels.plots(one, tmp_path) == ["gpu_train.png", "gpu_decode.png"]
     assert (tmp_path / "gpu_train.png").stat().st_size > 0
+    # the plot's points: steps launched back to back (the targets' figure), a row without them (fla's) as it has
+    table = {"2048": {"mtok_s": 14.0, "queued_mtok_s": 15.5}, "512": {"mtok_s": 12.0}, "1024": {"error": "oom"}}
+    assert gpu_kernels._plot_points(table, "queued_mtok_s") == [(512, 12.0), (2048, 15.5)]
+    assert gpu_kernels._plot_points(table, "mtok_s") == [(512, 12.0), (2048, 14.0)]
 
 
 def test_benchmark_correctness_stops_starting_cases_at_the_deadline():
