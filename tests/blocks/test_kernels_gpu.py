@@ -99,12 +99,10 @@ def test_scalar_decay_kernels_with_switches_flipped_match_reference(family, dtyp
 def test_chunk_kernels_fit_a_gpu_with_less_shared_memory():
     """On a GPU that gives a program less shared memory than the H200's 227 KB (Triton's limit
     patched to 99 KB, a consumer GPU's, in a fresh process so that no kernel is loaded yet), every
-    family's chunk kernel still runs forward and backward in bf16, and the delta rules in float32 too,
-    and matches the reference: the launches that needed more (gla's walks at 3 stages, 115 KB; the
-    scalar-decay ``_bwd_dqkv_kernel``, 188 KB) stepped their stages down, and the delta rules' float32
-    ``_bwd_dqkwg_kernel`` (112 KB at V block 64) its V block to 32 (``fitted.StageFittedJITFunction``),
-    and say so. (linear_attn / simple_gla in float32 need 104 KB even at V block 16: they stop with
-    ``KernelDoesNotFit`` there; ``kernels_aot_regs.py --fit-shared 99 --dtype fp32``.)"""
+    family's chunk kernel still runs forward and backward in bf16 and matches the reference: the
+    launches that needed more (gla's walks at 3 stages, 115 KB; the scalar-decay ``_bwd_dqkv_kernel``,
+    188 KB) stepped their stages down (``fitted.StageFittedJITFunction``) and say so. (Float32: the
+    tests below, one process each, so that pytest-xdist runs them beside this one.)"""
     from fresh_python import run_python
 
     code = """
@@ -114,17 +112,36 @@ from test_kernels_gpu import check_against_reference
 from blocks.kernels import delta, gla, scalar_decay
 for family in ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"):
     check_against_reference(family, torch.bfloat16, (1, 300, 2, 128, 128), [(1.0, True)])
-for family in ("delta_rule", "gated_delta_rule"):
-    check_against_reference(family, torch.float32, (1, 300, 2, 128, 128), [(1.0, True)])
 for mod in (scalar_decay, gla, delta):
     print(mod.__name__, *sorted(k.fn.__name__ for k in vars(mod).values() if getattr(k, "fitted_launches", None)))
-print("dqkwg_blocks", *sorted({st["BV"] for st in delta._bwd_dqkwg_kernel.fitted_launches.values()}))
 """
     out = run_python(code, timeout=600)
     cut = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
     assert "_bwd_dqkv_kernel" in cut["blocks.kernels.scalar_decay"], out
     assert "_fwd_h_kernel" in cut["blocks.kernels.gla"], out
-    assert "32" in cut["dqkwg_blocks"], out  # the float32 launch fit only at V block 32
+
+
+@gpu
+def test_float32_delta_backward_fits_a_99kb_gpu_at_a_smaller_v_block():
+    """With Triton's shared-memory limit patched to 99 KB (a fresh process), both delta rules train in
+    float32 and match the reference: their ``_bwd_dqkwg_kernel`` needs 112 KB at V block 64 and fitted
+    launches it at 32 (72 KB, sm_90 compiles: ``kernels_aot_regs.py --fit-shared 99 --dtype fp32 --kernels
+    bwd_dqkwg``). linear_attn / simple_gla in float32 need 104 KB even at V block 16 and stop there with
+    ``KernelDoesNotFit``, as the unit tests of ``fitted`` check."""
+    from fresh_python import run_python
+
+    code = """
+import torch, triton.compiler.compiler as compiler
+compiler.max_shared_mem = lambda device: 99 * 1024
+from test_kernels_gpu import check_against_reference
+from blocks.kernels import delta
+for family in ("delta_rule", "gated_delta_rule"):
+    check_against_reference(family, torch.float32, (1, 300, 2, 128, 128), [(1.0, True)])
+print("fitted", *sorted({st["BV"] for st in delta._bwd_dqkwg_kernel.fitted_launches.values()}))
+"""
+    out = run_python(code, timeout=600)
+    fitted_blocks = [line.split()[1:] for line in out.splitlines() if line.startswith("fitted")]
+    assert fitted_blocks == [["32"]], out
 
 
 @gpu
