@@ -48,6 +48,7 @@ from blocks.kernels import fitted  # noqa: E402
 from blocks.kernels import gla as g  # noqa: E402
 from blocks.kernels import scalar_decay as sd  # noqa: E402
 from blocks.kernels import skinny as sk  # noqa: E402
+from blocks.kernels import tiles  # noqa: E402
 from blocks.kernels import step as st  # noqa: E402
 from gpu_common import apply_sets, comma_ints  # noqa: E402 - benchmarks/ is this script's own folder
 
@@ -437,8 +438,8 @@ def pipelining(kernel) -> tuple[int, str]:
 
 
 def without_gdc(constexprs: dict) -> dict:
-    """A job's constexprs as the host code launches the kernel on a GPU before sm_90, which has no grid
-    dependency control (``tiles.pdl_launch``): ``PDL`` off and the decode mixer's ``TRIGGER`` 0."""
+    """A job's constexprs as the host code launches the kernel on a GPU without grid dependency control
+    (``tiles.pdl_launch``, ``tiles.arch_has_gdc``): ``PDL`` off and the decode mixer's ``TRIGGER`` 0."""
     return {**constexprs, **{name: off for name, off in (("PDL", False), ("TRIGGER", 0)) if name in constexprs}}
 
 
@@ -454,16 +455,20 @@ def attempts_to_fit(shared_at, stages: int, loop_blocks: dict[str, int], limit: 
     return steps
 
 
+def _blocks_suffix(settings: dict) -> str:
+    """``, BV 32`` for each loop block in the settings, else nothing."""
+    return "".join(f", {name} {block}" for name, block in settings.items() if name != "num_stages")
+
+
 def settings_label(settings: dict) -> str:
     """``3`` (stages), or ``1, BV 32`` where a loop block is in the settings."""
-    blocks = ", ".join(f"{name} {block}" for name, block in settings.items() if name != "num_stages")
-    return f"{settings['num_stages']}{', ' + blocks if blocks else ''}"
+    return f"{settings['num_stages']}{_blocks_suffix(settings)}"
 
 
 def fits_label(settings: dict) -> str:
     """``2 stages``, ``1 stage, BV 32``."""
     stages = settings["num_stages"]
-    return f"{stages} stage{'s' if stages > 1 else ''}" + settings_label(settings)[len(str(stages)):]
+    return f"{stages} stage{'s' if stages > 1 else ''}{_blocks_suffix(settings)}"
 
 
 def print_fit(runs, limit_kb: int, arch: int) -> int:
@@ -533,7 +538,7 @@ def main() -> int:
         ap.error(f"--maxnreg: a comma list of integers, got {opts.maxnreg!r}")
     keep = [k for k in opts.kernels.split(",") if k]
     dtypes = ("bf16", "fp32") if opts.dtype == "both" else (opts.dtype,)
-    launched = (lambda cx: cx) if opts.arch >= 90 else without_gdc
+    launched = (lambda cx: cx) if tiles.arch_has_gdc(opts.arch // 10) else without_gdc
     runs = ((a, (name, fn, launched(cx), w, st, cap or None)) for a in dtypes
             for (name, fn, cx, host_w, host_st, host_cap) in jobs(a)
             for w in (warp_counts or [host_w]) for st in (stage_counts or [host_st]) for cap in (reg_caps or [host_cap]))

@@ -68,9 +68,14 @@ def pdl_launch(on: bool, device: torch.device) -> dict:
     return dict(PDL=on, **({"launch_pdl": True} if on else {}))
 
 
+def arch_has_gdc(major: int) -> bool:
+    """Whether compute capability ``major``.x has grid dependency control (``griddepcontrol``: sm_90 on)."""
+    return major >= 9
+
+
 @functools.lru_cache(maxsize=None)
 def _has_gdc(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return arch_has_gdc(torch.cuda.get_device_capability(device)[0])
 
 
 def launch(table: dict, name: str, x: torch.Tensor) -> dict:

@@ -1863,6 +1863,7 @@ def test_aot_tool_lists_the_settings_fitted_tries():
     # before sm_90 (--arch 80) the jobs compile as the host code launches them there: no grid dependency control
     assert aot.without_gdc(dict(PDL=True, TRIGGER=3, BV=32)) == dict(PDL=False, TRIGGER=0, BV=32)
     assert aot.without_gdc(dict(BV=32)) == dict(BV=32)
+    assert tiles.arch_has_gdc(9) and not tiles.arch_has_gdc(8)  # --arch 90 keeps PDL, --arch 80 / 86 not
     assert aot.fits_label(dict(num_stages=1, BV=32)) == "1 stage, BV 32" and aot.fits_label(dict(num_stages=2)) == "2 stages"
 
 
