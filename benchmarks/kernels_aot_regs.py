@@ -490,7 +490,7 @@ def print_fit(runs, limit_kb: int, arch: int) -> int:
         fits = steps[-1][1] <= limit_kb * 1024
         misfits += not fits
         print(f"| {name} | {act} | {warps} | {' / '.join(f'{settings_label(st)}: {b}' for st, b in steps)} | "
-              f"{fits_label(steps[-1][0]) if fits else 'never'} |", flush=True)
+              f"{fits_label(steps[-1][0]) if fits else 'never (that pass runs the PyTorch form)'} |", flush=True)
     return misfits
 
 
@@ -514,7 +514,7 @@ def main() -> int:
     ap.add_argument("--fit-shared", type=int, default=0, metavar="KB", help="instead of the resources table: the "
                     "kernels whose launch needs more than KB KB of shared memory per program, compiled at fewer "
                     "stages until they fit (what blocks.kernels.fitted does on such a GPU; 99 = consumer GPUs, "
-                    "163 = A100); exits 1 if one never fits")
+                    "163 = A100); exits 1 if one never fits (there the op runs its PyTorch form: blocks.kernels.fallback)")
     ap.add_argument("--one-more-program", action="store_true", help="instead of the resources table: each "
                     "kernel that its registers limit, compiled at the register cap that fits one more program "
                     "per SM, with the spills that costs (candidates for LAUNCH.<entry>.maxnreg)")

@@ -45,7 +45,8 @@ import triton.language as tl
 from blocks.ops.utils import check_gate, check_qkv
 
 from . import low_memory_from_env, overlap as _overlap, register_kernel
-from .fitted import jit as _jit
+from .fallback import falls_back_to, reference_gradients
+from .fitted import KernelDoesNotFit, jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _load_rows, pow2 as _pow2
 from .tiles import seq as _seq, state_dtype as _state_dtype, store_rows as _store_rows, warps as _warps
@@ -1367,8 +1368,17 @@ class ChunkDeltaRule(torch.autograd.Function):
         if dht is not None:
             dht = dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[6]
-        dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, Ai, h0, do, dht, ctx.scale, need_dh0,
-                                         w, u, h_kept, p)
+        try:
+            dq, dk, dv, dbeta, dg, dh0 = bwd(q, k, v, beta, gc, Ai, h0, do, dht, ctx.scale, need_dh0,
+                                             w, u, h_kept, p)
+        except KernelDoesNotFit as exc:
+            from blocks.ops.gated_delta_rule import chunk_delta as torch_form
+
+            dq, dk, dv, dg, dbeta, dh0 = reference_gradients(
+                exc, "delta_rule" if g is None else "gated_delta_rule",
+                lambda q, k, v, g, beta, h0: torch_form(q, k, v, g, beta, ctx.scale, h0, dht is not None, BT),
+                (q, k, v, g, beta, h0), (*ctx.needs_input_grad[:5], need_dh0), do, dht)
+            return dq, dk, dv, dg, dbeta, None, dh0, None, None
         dg = dg.to(g.dtype) if dg is not None else None
         return dq, dk, dv, dg, dbeta.to(beta.dtype), None, dh0, None, None
 
@@ -1401,6 +1411,7 @@ def chunk_delta(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
 
 @register_kernel("delta_rule", "chunk")
 @torch.compiler.disable  # torch.compile graphs break here and run the kernels as they are
+@falls_back_to("delta_rule")
 def delta_rule_chunk(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
     """Triton ``blocks.ops.delta_rule.chunk``."""
     return chunk_delta(q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size)
@@ -1408,6 +1419,7 @@ def delta_rule_chunk(q, k, v, beta, scale=None, initial_state=None, output_final
 
 @register_kernel("gated_delta_rule", "chunk")
 @torch.compiler.disable
+@falls_back_to("gated_delta_rule")
 def gated_delta_rule_chunk(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            chunk_size=64):
     """Triton ``blocks.ops.gated_delta_rule.chunk``."""

@@ -44,11 +44,17 @@ class KernelDoesNotFit(OutOfResources):
     def __reduce__(self):
         return (type(self), (self.kernel, self.required, self.limit, self.blocks))
 
-    def __str__(self) -> str:
+    def shortfall(self) -> str:
+        """What does not fit: the kernel, its need at its smallest settings and the GPU's limit."""
         at_blocks = "".join(f", {name} {block}" for name, block in self.blocks.items())
-        return (f"blocks.kernels: {self.kernel} needs {self.required} B of shared memory per program even at one "
-                f"pipelining stage{at_blocks} and this GPU gives {self.limit} B; train in bf16 (train.precision: "
-                f"bf16, float32 tiles are twice the size) or run the ops' PyTorch forms (blocks.kernels.disabled())")
+        return (f"{self.kernel} needs {self.required} B of shared memory per program even at one pipelining "
+                f"stage{at_blocks} and this GPU gives {self.limit} B")
+
+    def __str__(self) -> str:
+        # the ops never show this: their kernels fall back to the PyTorch forms (``fallback``) with a
+        # warning; a caller launching a kernel directly does
+        return (f"blocks.kernels: {self.shortfall()}; train in bf16 (train.precision: bf16, float32 tiles are "
+                f"twice the size) or run the ops' PyTorch forms (blocks.kernels.disabled())")
 
 
 def launch_attempts(num_stages: int, loop_blocks: dict[str, int]) -> Iterator[dict]:
@@ -69,13 +75,17 @@ def launch_attempts(num_stages: int, loop_blocks: dict[str, int]) -> Iterator[di
 class StageFittedJITFunction(JITFunction):
     """A ``JITFunction`` whose launches step ``num_stages`` down, then halve its ``loop_blocks``, while
     the GPU lacks the shared memory they need (made by ``jit``; a launch without ``num_stages`` is not
-    retried). ``fitted_launches``: per launch configuration as asked, the settings that fit."""
+    retried). ``fitted_launches``: per launch configuration as asked, the settings that fit;
+    ``unfit_launches``: the configurations that fit at none (raised again at once)."""
 
     loop_blocks: tuple[str, ...] = ()
 
     def run(self, *args, grid, warmup, **kwargs):
         fitted = self.__dict__.setdefault("fitted_launches", {})
-        key = _config_key(kwargs) if fitted else None
+        unfit = self.__dict__.setdefault("unfit_launches", {})  # configuration -> KernelDoesNotFit's arguments
+        key = _config_key(kwargs) if fitted or unfit else None
+        if key in unfit:  # did not fit at any setting before: say so without trying them again
+            raise KernelDoesNotFit(*unfit[key])
         if key in fitted:  # this configuration was cut before: launch it as it fit then
             kwargs.update(fitted[key])
         try:
@@ -98,8 +108,8 @@ class StageFittedJITFunction(JITFunction):
                 continue
             fitted[key] = settings
             return launched
-        smallest = {n: settings[n] for n in loop_blocks}
-        raise KernelDoesNotFit(self.fn.__name__, short.required, short.limit, smallest) from None
+        unfit[key] = (self.fn.__name__, short.required, short.limit, {n: settings[n] for n in loop_blocks})
+        raise KernelDoesNotFit(*unfit[key]) from None
 
 
 def _short_of_shared_memory(exc: OutOfResources) -> bool:

@@ -59,8 +59,9 @@ import triton.language as tl
 
 from blocks.ops.utils import check_gate, check_qkv
 
-from . import low_memory_from_env, overlap as _overlap, register_kernel
-from .fitted import jit as _jit
+from . import disabled, low_memory_from_env, overlap as _overlap, register_kernel
+from .fallback import falls_back_to, reference_gradients
+from .fitted import KernelDoesNotFit, jit as _jit
 from .tiles import cdiv as _cdiv, dot_operand as _op, fast_exp as _exp, launch as _launch
 from .tiles import dot_prec as _prec, load_rows as _rows, pow2 as _pow2, sm_count as _sm_count
 from .tiles import state_dtype as _state_dtype, store_rows as _store, walk_bv as _tiles_walk_bv
@@ -1131,16 +1132,28 @@ class ChunkGLASubchunk(torch.autograd.Function):
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
-        if A is None:
-            A = intra_a(q, k, gc, span, ctx.scale, ctx.paths)
         need_dh0 = h0 is not None and ctx.needs_input_grad[5]
-        dq, dk, dv, dg, dh0 = bwd(q, k, v, gc, span, A, h0, do, dht, ctx.scale, need_dh0, ctx.paths,
-                                  kept[0] if ctx.keep_h else None, read_a=ctx.read_a)
+        try:
+            if A is None:
+                A = intra_a(q, k, gc, span, ctx.scale, ctx.paths)
+            dq, dk, dv, dg, dh0 = bwd(q, k, v, gc, span, A, h0, do, dht, ctx.scale, need_dh0, ctx.paths,
+                                      kept[0] if ctx.keep_h else None, read_a=ctx.read_a)
+        except KernelDoesNotFit as exc:
+            from blocks.ops.gla import chunk as torch_form
+
+            def reference(q, k, v, gk, h0):
+                with disabled():
+                    return torch_form(q, k, v, gk, ctx.scale, h0, dht is not None, BT)
+
+            dq, dk, dv, dg, dh0 = reference_gradients(exc, "gla", reference, (q, k, v, gk, h0),
+                                                      (*ctx.needs_input_grad[:4], need_dh0), do, dht)
+            return dq, dk, dv, dg, None, dh0, None, None
         return dq, dk, dv, dg.to(gk.dtype), None, dh0, None, None
 
 
 @register_kernel("gla", "chunk")
 @torch.compiler.disable  # torch.compile graphs break here and run the kernels as they are
+@falls_back_to("gla")
 def gla_chunk(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
     """Triton ``blocks.ops.gla.chunk`` (``chunk_size`` is the PyTorch form's; see ``BT``). Head
     dims above ``MAX_K`` are cut into key slices: the output is a sum over key channels and the
@@ -1157,7 +1170,6 @@ def gla_chunk(q, k, v, gk, scale=None, initial_state=None, output_final_state=Fa
     q, k, v, gk = q.contiguous(), k.contiguous(), v.contiguous(), gk.contiguous()
     if T * H * max(K, V, BT) >= 2 ** 31:  # per-sequence offsets are int32 in the kernels
         from blocks.ops.gla import chunk as torch_chunk
-        from . import disabled
 
         with disabled():
             return torch_chunk(q, k, v, gk, scale, initial_state, output_final_state, chunk_size)

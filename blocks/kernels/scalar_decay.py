@@ -28,7 +28,8 @@ import triton.language as tl
 from blocks.ops.utils import check_qkv
 
 from . import low_memory_from_env, register_kernel
-from .fitted import jit as _jit
+from .fallback import falls_back_to, reference_gradients
+from .fitted import KernelDoesNotFit, jit as _jit
 from .tiles import dot_prec as _prec, launch as _launch, pow2 as _pow2, state_dtype as _state_dtype
 from .tiles import cdiv as _cdiv, walk_bv
 
@@ -323,10 +324,19 @@ class ChunkScalarDecay(torch.autograd.Function):
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
-        h = kept[0] if ctx.keep_h else fwd_h(k, v, g, h0, False)[0]
         need_dh0 = h0 is not None and ctx.needs_input_grad[5]
-        dh, dh0 = bwd_dh(q, do, g, dht, need_dh0, ctx.scale)
-        dq, dk, dv, dA = bwd_dqkv(q, k, v, g, h, do, dh, ctx.scale)
+        try:
+            h = kept[0] if ctx.keep_h else fwd_h(k, v, g, h0, False)[0]
+            dh, dh0 = bwd_dh(q, do, g, dht, need_dh0, ctx.scale)
+            dq, dk, dv, dA = bwd_dqkv(q, k, v, g, h, do, dh, ctx.scale)
+        except KernelDoesNotFit as exc:  # e.g. float32 on a ~99 KB GPU: bwd_dqkv needs 104 KB at least
+            from blocks.ops.simple_gla import chunk_scalar_decay as torch_form
+
+            dq, dk, dv, dg, dh0 = reference_gradients(
+                exc, "linear_attn" if g is None else "simple_gla",
+                lambda q, k, v, g, h0: torch_form(q, k, v, g, ctx.scale, h0, dht is not None, BT),
+                (q, k, v, g, h0), (*ctx.needs_input_grad[:4], need_dh0), do, dht)
+            return dq, dk, dv, dg, None, dh0, None
         dg = None
         if g is not None and ctx.needs_input_grad[3]:
             # A_t = sum_{s<=t} g_s  =>  dg_s = sum_{t>=s} dA_t ; the final state depends on A_T.
@@ -372,6 +382,7 @@ def chunk_scalar_decay(q, k, v, g, scale=None, initial_state=None, output_final_
 
 @register_kernel("simple_gla", "chunk")
 @torch.compiler.disable  # torch.compile graphs break here and run the kernels as they are
+@falls_back_to("simple_gla")
 def simple_gla_chunk(q, k, v, g, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
     """Triton ``blocks.ops.simple_gla.chunk`` (``chunk_size`` is the PyTorch form's; see ``BT``)."""
     if tuple(g.shape) != tuple(q.shape[:3]):
@@ -381,6 +392,7 @@ def simple_gla_chunk(q, k, v, g, scale=None, initial_state=None, output_final_st
 
 @register_kernel("linear_attn", "chunk")
 @torch.compiler.disable
+@falls_back_to("linear_attn")
 def linear_attn_chunk(q, k, v, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
     """Triton ``blocks.ops.linear_attn.chunk``."""
     return chunk_scalar_decay(q, k, v, None, scale, initial_state, output_final_state)

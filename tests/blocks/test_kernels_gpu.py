@@ -146,10 +146,37 @@ print("fitted", *sorted({{st.get("BV", 64) for st in {module}.{kernel}.fitted_la
 def test_float32_delta_backward_fits_a_99kb_gpu_at_a_smaller_v_block():
     """With Triton's shared-memory limit patched to 99 KB, both delta rules train in float32 and match the
     reference: their ``_bwd_dqkwg_kernel`` needs 112 KB at V block 64 and fitted launches it at 32 (72 KB,
-    sm_90 compiles: ``kernels_aot_regs.py --fit-shared 99 --dtype fp32 --kernels bwd_dqkwg``). linear_attn /
-    simple_gla in float32 need 104 KB even at V block 16 and stop there with ``KernelDoesNotFit``, as the
-    unit tests of ``fitted`` check."""
+    sm_90 compiles: ``kernels_aot_regs.py --fit-shared 99 --dtype fp32 --kernels bwd_dqkwg``). (linear_attn /
+    simple_gla in float32 fit there at no setting: the test below.)"""
     assert _float32_v_blocks_fitted(99, ("delta_rule", "gated_delta_rule"), "delta", "_bwd_dqkwg_kernel") == {32}
+
+
+@gpu
+def test_float32_scalar_decay_on_a_99kb_gpu_takes_the_pytorch_backward():
+    """With Triton's shared-memory limit patched to 99 KB (fresh process), linear_attn and simple_gla in
+    float32 still train and match the reference: their ``_bwd_dqkv_kernel`` needs 104 KB even at one stage
+    and V block 16 (``KernelDoesNotFit``), so the backward takes the PyTorch form's gradients
+    (``blocks.kernels.fallback``) and warns once per family, naming the kernel."""
+    from fresh_python import run_python
+
+    code = """
+import warnings, torch, triton.compiler.compiler as compiler
+compiler.max_shared_mem = lambda device: 99 * 1024
+from test_kernels_gpu import check_against_reference
+from blocks.kernels.fallback import KernelFallbackWarning
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always", KernelFallbackWarning)
+    for family in ("linear_attn", "simple_gla"):
+        check_against_reference(family, torch.float32, (1, 300, 2, 128, 128), [(1.0, True)])
+for w in seen:
+    if issubclass(w.category, KernelFallbackWarning):
+        print("fallback", w.message)
+"""
+    out = run_python(code, timeout=600)
+    lines = [line for line in out.splitlines() if line.startswith("fallback")]
+    assert len(lines) == 2, out
+    for line, family in zip(lines, ("linear_attn", "simple_gla")):
+        assert "_bwd_dqkv_kernel needs" in line and f"{family}'s backward runs in its PyTorch form" in line, out
 
 
 @gpu
@@ -372,14 +399,23 @@ def test_interpreter_bounds_check_catches_an_overrun():
 def test_chunk_kernels_in_interpreter(family, switches, monkeypatch):
     """Every family against its recurrent form, with the module's defaults and with every name in
     its ``SWITCHES`` (the alternatives the launch sweep times) set to its other value."""
-    import importlib
-
-    from blocks.kernels import delta, gla, kernel_module, other_switch_values, scalar_decay
+    from blocks.kernels import kernel_module, other_switch_values
 
     if switches == "flipped":
         mod = kernel_module(family)
         for name, value in other_switch_values(mod).items():
             monkeypatch.setattr(mod, name, value)
+
+    with checked_memory():  # every load and store inside the launch's tensors
+        _check_chunk_kernel_against_recurrent(family)
+
+
+def _check_chunk_kernel_against_recurrent(family):
+    """The family's registered chunk kernel on tiny float32 inputs (``[1, 70, 2, 32]`` q and k, V 16, an
+    initial state) against its recurrent form, outputs and every input's gradient."""
+    import importlib
+
+    from blocks.kernels import delta, gla, scalar_decay
 
     kernel = {"linear_attn": scalar_decay.linear_attn_chunk, "simple_gla": scalar_decay.simple_gla_chunk,
               "gla": gla.gla_chunk, "delta_rule": delta.delta_rule_chunk,
@@ -402,13 +438,45 @@ def test_chunk_kernels_in_interpreter(family, switches, monkeypatch):
     ref = [a.clone().requires_grad_(True) for a in args] + [h0.clone().requires_grad_(True)]
     ro, rht = op.recurrent(*ref[:-1], initial_state=ref[-1], output_final_state=True)
     do, dht = torch.randn_like(ro), torch.randn_like(rht)
-    with checked_memory():  # every load and store inside the launch's tensors
-        o, ht = kernel(*mine[:-1], initial_state=mine[-1], output_final_state=True)
-        ((o * do).sum() + (ht * dht).sum()).backward()
+    o, ht = kernel(*mine[:-1], initial_state=mine[-1], output_final_state=True)
+    ((o * do).sum() + (ht * dht).sum()).backward()
     ((ro * do).sum() + (rht * dht).sum()).backward()
     assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
     for a, b in zip(mine, ref):
         assert rel(a.grad, b.grad) < 1e-4
+
+
+# the function of each kernel module whose kernels a part of the call launches (and that it calls once)
+_FIRST_LAUNCHER = {("scalar_decay", "forward"): "fwd_h", ("scalar_decay", "backward"): "bwd_dqkv",
+                   ("gla", "forward"): "forward", ("gla", "backward"): "bwd",
+                   ("delta", "forward"): "forward", ("delta", "backward"): "bwd"}
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize("family", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("part", ["forward", "backward"])
+def test_kernels_that_do_not_fit_fall_back_to_the_pytorch_form_in_interpreter(family, part, monkeypatch):
+    """Where a kernel fits the GPU at no setting (``fitted.KernelDoesNotFit``: float32 linear_attn /
+    simple_gla backward on a ~99 KB GPU), the op still trains: a forward that raises it runs the op's
+    PyTorch form, a backward that raises it takes the gradients of the PyTorch form recomputed on the
+    saved inputs (the forward's kernel outputs stand); one ``KernelFallbackWarning`` names the kernel,
+    the family and the part. The launcher is patched to raise, as a GPU that small would."""
+    from blocks.kernels import fitted, kernel_module
+    from blocks.kernels.fallback import KernelFallbackWarning
+
+    mod = kernel_module(family)
+    name = _FIRST_LAUNCHER[(mod.__name__.rsplit(".", 1)[-1], part)]
+    calls = []
+
+    def does_not_fit(*args, **kwargs):
+        calls.append(name)
+        raise fitted.KernelDoesNotFit("_probe_kernel", 106496, 101376, {"BV": 16})
+
+    monkeypatch.setattr(mod, name, does_not_fit)
+    with pytest.warns(KernelFallbackWarning, match=f"_probe_kernel needs 106496 B .* BV 16 and this GPU gives "
+                                                   f"101376 B; {family}'s {part} runs in its PyTorch form"):
+        _check_chunk_kernel_against_recurrent(family)
+    assert calls == [name]
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")

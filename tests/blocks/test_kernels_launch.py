@@ -76,7 +76,8 @@ def test_fitted_kernels_step_their_stages_down_to_the_gpus_shared_memory(monkeyp
     """``fitted.StageFittedJITFunction``: a launch refused for shared memory (``OutOfResources``)
     is retried with one stage fewer until it fits, and the count that fit is remembered for that
     configuration (later calls launch at it directly; another configuration starts from its own);
-    at one stage the error names the kernel, its need and the remedy (``KernelDoesNotFit``); for
+    at one stage the error names the kernel, its need and the remedy (``KernelDoesNotFit``, raised at
+    once for that configuration from then on); for
     another resource or without ``num_stages`` Triton's error stands. Triton's launch is stubbed:
     shared memory = stages x BLOCK KB against a 100 KB GPU."""
     from triton.runtime.errors import OutOfResources
@@ -107,6 +108,10 @@ def test_fitted_kernels_step_their_stages_down_to_the_gpus_shared_memory(monkeyp
     assert tried == [2, 1] and isinstance(caught.value, OutOfResources)
     msg = str(caught.value)
     assert "\n" not in msg and "_fitted_probe needs 131072 B" in msg and "gives 102400 B" in msg and "bf16" in msg
+    tried.clear()  # a configuration that fit at no setting is refused again without trying them
+    with pytest.raises(fitted.KernelDoesNotFit, match="needs 131072 B"):
+        kernel[(1,)](None, BLOCK=128, num_warps=4, num_stages=2)
+    assert tried == []
     for kwargs in (dict(num_stages=3, resource="threads"), dict()):
         tried.clear()
         with pytest.raises(OutOfResources):
