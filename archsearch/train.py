@@ -30,6 +30,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -55,7 +56,8 @@ class TrainConfig:
     weight_decay: AdamW decay of matrices (norm weights and other 1-D parameters are not decayed).
     grad_clip: global gradient-norm clip (DeepSpeed ``gradient_clipping``; 0 = off).
     eval_every: evaluate every this many steps (0 = only at the end).
-    precision: "auto" (bf16 on CUDA unless the DeepSpeed config says otherwise, fp32 on CPU), "fp32", "bf16".
+    precision: "auto" (bf16 on a GPU with native bf16, compute capability 8.0 on, unless the DeepSpeed
+        config says otherwise; fp32 on older GPUs and on CPU), "fp32", "bf16".
     micro_batch_size: per-rank micro batch (0 = derive from the DeepSpeed config's
         gradient_accumulation_steps, default 1).
     eval_batch_size: batch size of the evaluation passes.
@@ -244,17 +246,32 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively: a CUDA GPU of compute capability 8.0 or later (A100,
+    RTX 30xx, H100 on) or a ROCm GPU. ``torch.cuda.is_bf16_supported()`` says yes on a V100 or T4 too,
+    which emulate bf16 (slower than their float32, and our kernels' bf16 tiles spill there)."""
+    if device.type != "cuda":
+        return False
+    return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def resolve_precision(cfg: TrainConfig, device: torch.device, ds_config: Mapping[str, Any] | None) -> str:
     """"fp32" or "bf16": an explicit ``train.precision`` wins, then the DeepSpeed config's bf16 flag,
-    then bf16 on CUDA (when supported) and fp32 on CPU."""
-    if cfg.precision != "auto":
-        return cfg.precision
+    then bf16 on a GPU with native bf16 (``native_bf16``) and fp32 elsewhere (older GPUs, CPU). The
+    default configs of GPU slots leave the flag out (``launch.dsconfig.default_ds_config``), so this
+    device decides."""
     bf16 = (ds_config or {}).get("bf16", {})
-    if isinstance(bf16, Mapping) and "enabled" in bf16:
-        return "bf16" if bf16["enabled"] else "fp32"
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "fp32"
+    if cfg.precision != "auto":
+        chosen = cfg.precision
+    elif isinstance(bf16, Mapping) and "enabled" in bf16:
+        chosen = "bf16" if bf16["enabled"] else "fp32"
+    else:
+        return "bf16" if native_bf16(device) else "fp32"
+    if chosen == "bf16" and device.type == "cuda" and not native_bf16(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        warnings.warn(f"train.precision: bf16 asked for on a GPU of compute capability {major}.{minor}, which "
+                      f"emulates it (slower than float32 there); precision auto picks fp32 on it", stacklevel=2)
+    return chosen
 
 
 def build_ds_config(cfg: TrainConfig, world_size: int, precision: str,

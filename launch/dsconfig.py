@@ -6,7 +6,10 @@ sizes so the *global* batch stays fixed when the slot size k changes:
 
 Defaults per slot: CPU -> ``zero0_fp32`` (bf16 autocast on CPU is slower than fp32 on most cores,
 and ZeRO buys nothing for tiny models); one GPU -> ``zero0_bf16``; k > 1 GPUs -> ``zero2_bf16``
-(data parallel with sharded gradients and optimizer state).
+(data parallel with sharded gradients and optimizer state). A GPU slot's default leaves the bf16 flag
+to the trial's device (``archsearch.train.resolve_precision``): bf16 where the GPU has it natively
+(compute capability 8.0 on), fp32 on a V100 or T4, which only emulate it. A config named by the user
+(``--ds-config zero0_bf16``) keeps its flag.
 """
 from __future__ import annotations
 
@@ -61,9 +64,13 @@ def validate_ds_config(cfg: Any, where: str = "ds-config") -> None:
 
 
 def default_ds_config(num_gpus: int) -> dict[str, Any]:
-    """The shipped default for a slot with ``num_gpus`` GPUs (0 = CPU)."""
-    name = "zero0_fp32" if num_gpus == 0 else ("zero0_bf16" if num_gpus == 1 else "zero2_bf16")
-    return load_ds_config(name)
+    """The shipped default for a slot with ``num_gpus`` GPUs (0 = CPU); for GPUs without its bf16 flag,
+    which the trial sets for its own device (see the module's docstring)."""
+    if num_gpus == 0:
+        return load_ds_config("zero0_fp32")
+    cfg = load_ds_config("zero0_bf16" if num_gpus == 1 else "zero2_bf16")
+    del cfg["bf16"]
+    return cfg
 
 
 def ds_config_for_slot(slot, override: str | os.PathLike | dict | None = None) -> dict[str, Any]:

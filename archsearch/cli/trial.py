@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
     g.add_argument("--batch", type=int, help="global batch size (sequences)")
     g.add_argument("--lr", type=float, help="peak learning rate")
     g.add_argument("--eval-every", type=int, help="evaluate every N steps (0 = at the end only)")
-    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), help="auto: bf16 on CUDA, fp32 on CPU")
+    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), help="auto: bf16 on a GPU with native bf16 (compute capability 8.0 on), else fp32")
     g.add_argument("--seed", type=int, help="seed of initialisation and data order")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"))
     g.add_argument("--ds-config", metavar="NAME|JSON",

@@ -133,6 +133,31 @@ def test_launch_zero_configs_merge_over_the_defaults():
     assert resolve_precision(TrainConfig(precision="fp32"), torch.device("cpu"), zero2) == "fp32"
 
 
+@pytest.mark.parametrize("capability, auto", [((7, 0), "fp32"), ((7, 5), "fp32"), ((8, 0), "bf16"), ((9, 0), "bf16")])
+def test_auto_precision_is_bf16_only_where_the_gpu_has_it_natively(monkeypatch, capability, auto):
+    """A V100 (7.0) or T4 (7.5) emulates bf16 (``torch.cuda.is_bf16_supported()`` still says yes): auto
+    picks fp32 there, with a GPU slot's default DeepSpeed config (no bf16 flag of its own); bf16 asked for
+    explicitly stays bf16 there, with a warning that names the capability."""
+    import warnings
+
+    import launch.dsconfig as dsc
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    gpu = torch.device("cuda", 0)
+    for num_gpus in (1, 2):
+        assert "bf16" not in dsc.default_ds_config(num_gpus)
+        assert resolve_precision(TrainConfig(), gpu, dsc.default_ds_config(num_gpus)) == auto
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert resolve_precision(TrainConfig(precision="bf16"), gpu, None) == "bf16"
+        assert resolve_precision(TrainConfig(), gpu, dsc.load_ds_config("zero2_bf16")) == "bf16"
+    expected = 2 if auto == "fp32" else 0
+    assert len(seen) == expected and all(f"compute capability {capability[0]}.{capability[1]}" in str(w.message)
+                                         for w in seen)
+    assert resolve_precision(TrainConfig(), torch.device("cpu"), None) == "fp32"
+
+
 @pytest.mark.parametrize("user, field", [
     ({"optimizer": {"type": "Adam"}}, "ds_config.optimizer"),
     ({"scheduler": {"type": "WarmupLR"}}, "ds_config.scheduler"),

@@ -20,6 +20,7 @@ def test_every_shipped_config_loads():
 
 def test_defaults_follow_the_slot():
     assert default_ds_config(0)["bf16"]["enabled"] is False
+    assert "bf16" not in default_ds_config(1) and "bf16" not in default_ds_config(2)  # the trial's device decides
     assert default_ds_config(1)["zero_optimization"]["stage"] == 0
     assert default_ds_config(2)["zero_optimization"]["stage"] == 2
     gpu2 = Slot(index=0, gpus=(0, 1), num_procs=2, master_port=1)
