@@ -46,6 +46,11 @@
 # cap inside the correctness check (128-165 s; one case up to ~55 s), which since starts no case past the
 # deadline and runs after the compiled decode graphs).
 # The tool returns at most 8 files from $OUT: add nothing else under it in the same call.
+#
+# Compiled kernels travel between calls (benchmarks/triton_cache.py): TRITON_CACHE_OUT=1 packs this call's
+# Triton cache into $OUT/triton_cache.tgz (one of the 8 files; 16 MiB at most); copied to the repository
+# root as .triton-gpu-cache.tgz (git-ignored) and carried (carry: [".whl", ".triton-gpu-cache.tgz"]), it is
+# unpacked before the next call's steps, whose unchanged kernels then load instead of compiling.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench_out/gpu_session}
@@ -72,6 +77,10 @@ export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1
 # sourced: a set-up failure exits here, with gpu_host_env.sh's message on stderr
 . benchmarks/gpu_host_env.sh >/dev/null
 failed=0
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+if [ -f .triton-gpu-cache.tgz ]; then
+  $PY benchmarks/triton_cache.py unpack .triton-gpu-cache.tgz --cache "$TRITON_CACHE_DIR"
+fi
 
 step() {  # name, cap (s), command...: run it capped, log to $OUT/<name>.log, say how it ended
   local name=$1 cap=$2; shift 2
@@ -134,5 +143,8 @@ if [[ ,$STEPS, == *,bench,* ]]; then
   deadline=${BENCH_DEADLINE:-$((BENCH_S > 260 ? BENCH_S - 200 : 60))}  # sections starting later are skipped
   step bench "$BENCH_S" $PY benchmarks/gpu_kernels.py --out "$OUT/bench" --skip fla --deadline $deadline \
     --train-rounds "${TRAIN_ROUNDS:-3}" || failed=1
+fi
+if [ "${TRITON_CACHE_OUT:-0}" = 1 ]; then
+  $PY benchmarks/triton_cache.py pack "$OUT/triton_cache.tgz" --cache "$TRITON_CACHE_DIR"
 fi
 exit $failed

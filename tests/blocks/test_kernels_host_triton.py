@@ -66,3 +66,55 @@ def test_one_more_program_compiles_each_kernel_at_the_cap_that_fits_another():
             assert "ptxas" in at_cap, name
         else:
             assert int(programs_at_cap) == programs + 1 and int(at_cap.split(" / ")[0]) <= int(cap), name
+
+
+_PROBE = '''
+import sys
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+@triton.jit
+def add_one(x, y, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + o, tl.load(x + o, mask=o < n) + 1, mask=o < n)
+
+src = ASTSource(add_one, {"x": "*fp32", "y": "*fp32", "n": "i32", "BLOCK": "constexpr"}, constexprs={(3,): 128})
+print(len(triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]))
+'''
+
+
+@pytest.mark.skipif(not HOST_TRITON, reason="ARCHSEARCH_HOST_TRITON unset (see above)")
+def test_triton_cache_carries_compiled_kernels_to_a_fresh_folder(tmp_path):
+    """``benchmarks/triton_cache.py``: a kernel compiled (sm_90, the host's Triton) into one cache folder, packed
+    (binaries and metadata only: no PTX or IR in the archive) and unpacked into another folder, is found there:
+    compiling it again writes nothing new, where an empty folder gets the PTX and IRs of a real compile."""
+    env = _host_triton_env()
+    probe = tmp_path / "probe.py"
+    probe.write_text(_PROBE)
+    tool = [sys.executable, str(ROOT / "benchmarks" / "triton_cache.py")]
+
+    def compile_into(cache: Path) -> str:
+        run = subprocess.run([sys.executable, str(probe)], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300, env={**env, "TRITON_CACHE_DIR": str(cache)})
+        assert run.returncode == 0, run.stderr[-3000:]
+        return run.stdout
+
+    def files(cache: Path) -> set[str]:
+        return {str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file()}
+
+    made, carried, empty = tmp_path / "made", tmp_path / "carried", tmp_path / "empty"
+    cubin_bytes = compile_into(made)
+    archive = tmp_path / "out" / "triton_cache.tgz"
+    run = subprocess.run([*tool, "pack", str(archive), "--cache", str(made)], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and "1 kernels" in run.stdout, run.stdout + run.stderr
+    run = subprocess.run([*tool, "unpack", str(archive), "--cache", str(carried)], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and "1 kernels" in run.stdout, run.stdout + run.stderr
+    before = files(carried)
+    assert any(f.endswith(".cubin") for f in before) and not any(f.endswith((".ptx", ".ttir", ".llir")) for f in before)
+    assert compile_into(carried) == cubin_bytes and files(carried) == before
+    compile_into(empty)
+    assert any(f.endswith(".ptx") for f in files(empty))
+    run = subprocess.run([*tool, "unpack", str(tmp_path / "missing.tgz"), "--cache", str(carried)],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 1 and run.stderr.strip() == f"triton_cache: no archive {tmp_path / 'missing.tgz'}"
