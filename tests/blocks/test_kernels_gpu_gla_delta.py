@@ -407,6 +407,11 @@ INTERPRETER_CASES = [  # family, shape, decay, with_h0
 @interpreter
 @pytest.mark.parametrize("family,shape,decay,with_h0", INTERPRETER_CASES,
                          ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
+# Under a strong decay the gated bwd_dqkwg's pair decay overflows to inf (then inf * 0 = nan) in the
+# pairs j > i, which its selection drops (delta._pair_decay_all says so); NumPy warns about those lanes.
+# The results are compared with the reference below, finite values asserted.
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning",
+                            "ignore:invalid value encountered in multiply:RuntimeWarning")
 def test_interpreter_kernel_matches_reference(family, shape, decay, with_h0):
     with checked_memory():  # every load and store inside the launch's tensors
         errs = run_case(chunk_kernel(family), family, shape, torch.float32, decay, with_h0, "cpu")
