@@ -83,7 +83,10 @@ def _store_out(o, gate, sg_b, out, b, heads, m_g, o_d, m_d, H: tl.constexpr, D: 
     tl.store(o + b * (H * D) + cols, out.to(o.dtype.element_ty), mask=m)
 
 
-@_jit(do_not_specialize=["cap"])  # capacities vary (prompt + steps): one compile for all
+# capacities vary (prompt + steps): one compile for all. BN, the block of cache slots each step of the
+# loop reads, is a loop block (blocks.kernels.fitted): every program derives its slot range from it, so a GPU
+# short of shared memory may take it smaller (float32 at 64: 72 KB, over a T4's 64 KB)
+@_jit(do_not_specialize=["cap"], loop_blocks=("BN",))
 def _attend_kernel(q, k, v, gate, sq_b, sk_b, sv_b, sg_b, inv_freq, pos_ptr, k_cache, v_cache, valid, cap,
                    o, part, part_ml, scale_log2,
                    H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,

@@ -126,3 +126,24 @@ def test_attend_cache_refuses_what_it_does_not_serve_before_launch():
                                 ((proj[..., :D + 4], k, v), {}, "q: its width")):
         with pytest.raises(ValueError, match=match):
             decode_attention.attend_cache(*args, **{**good, **change})
+
+
+@gpu
+def test_float32_decode_attention_fits_a_64kb_gpu_at_a_smaller_slot_block():
+    """With Triton's shared-memory limit patched to a T4's 64 KB (fresh process, before any kernel loads), the
+    float32 attention kernel still matches the PyTorch path: at 64 cache slots per block it needs 72 KB at any
+    stage count, and ``fitted`` launches it at 32 (40 KB; sm_75 compiles: ``kernels_aot_regs.py --arch 75
+    --fit-shared 64 --dtype fp32 --kernels decode_attention``); float32 is what trials run on a T4."""
+    from fresh_python import run_python
+
+    out = run_python("""
+import torch, triton.compiler.compiler as compiler
+compiler.max_shared_mem = lambda device: 64 * 1024
+from test_kernels_decode_attention import test_attend_cache_matches_the_pytorch_path_on_gpu as check
+from blocks.kernels import decode_attention
+for splits in (None, 5):
+    check({"num_heads": 16}, splits, 1023, torch.float32)
+print("fitted", *sorted({st.get("BN", 64) for st in decode_attention._attend_kernel.fitted_launches.values()}))
+""", timeout=600)
+    lines = [line.split()[1:] for line in out.splitlines() if line.startswith("fitted")]
+    assert lines == [["32"]], out
