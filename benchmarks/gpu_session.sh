@@ -4,7 +4,7 @@
 #   1  the GPU kernel test files and the decode-measurement GPU tests (pytest-xdist, 14 workers)
 #   2  the launch sweep's module switches only (`--only switch`), every linear family, 2k and 32k:
 #      which alternative kernels win (docs/benchmarks/history.md, "Ready to time")
-#   3  the full benchmark (`gpu_kernels.py`, fla skipped) with what the checkout has now
+#   3  the full benchmark (`gpu_kernels.py`, fla skipped unless BENCH_FLA=1) with what the checkout has now
 #   ncu  (only when named in STEPS) hardware counters of the training kernels (`ncu_kernels.py`)
 #   gemm (only when named in STEPS) the decode GEMMs: cuBLAS vs a Triton split-K kernel (`decode_gemm.py`)
 #   decode (only when named in STEPS) the compiled decode graphs of gated_deltanet x24, its 3:1 hybrid
@@ -40,7 +40,9 @@
 # BENCH_DEADLINE (s into the bench after which its sections, and the correctness check's cases, are
 # skipped; default BENCH_S - 200), DECODE_SETS (the sets step's entries), DECODE_ROUNDS (its round-robin
 # passes, default 3), TRAIN_ROUNDS (the bench's round-robin passes over the training cells, default 3:
-# ~145 s of the bench on the H200, 1: ~75 s). A tests + bench call fits the device tool's 600 s as
+# ~145 s of the bench on the H200, 1: ~75 s), BENCH_FLA (1: the bench runs flash-linear-attention's kernels
+# too; FLA_FAMILIES, FLA_LENGTHS, FLA_TIMEOUT), BENCH_SKIP (more gpu_kernels.py --skip sections),
+# TRITON_CACHE_OUT (1: pack the compiled kernels, below). A tests + bench call fits the device tool's 600 s as
 # TESTS_S=250 BENCH_S=320 BENCH_DEADLINE=260 (2026-12-04: the tests took 206 s on one host and were cut at
 # ~98-99% by a 235-250 s cap on others; the bench 282 s at 15:34, while at 16:52 it was killed by its 320 s
 # cap inside the correctness check (128-165 s; one case up to ~55 s), which since starts no case past the
@@ -78,6 +80,9 @@ export PY=${PYTHON:-python3} PYTHONUNBUFFERED=1
 . benchmarks/gpu_host_env.sh >/dev/null
 failed=0
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+# autotuners' timings into that cache too (flash-linear-attention's kernels autotune for minutes on first
+# use; ours do not autotune), so that they travel with it
+export TRITON_CACHE_AUTOTUNING=1
 if [ -f .triton-gpu-cache.tgz ]; then
   $PY benchmarks/triton_cache.py unpack .triton-gpu-cache.tgz --cache "$TRITON_CACHE_DIR"
 fi
@@ -141,8 +146,20 @@ if [[ ,$STEPS, == *,sets,* ]]; then
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
   deadline=${BENCH_DEADLINE:-$((BENCH_S > 260 ? BENCH_S - 200 : 60))}  # sections starting later are skipped
-  step bench "$BENCH_S" $PY benchmarks/gpu_kernels.py --out "$OUT/bench" --skip fla --deadline $deadline \
-    --train-rounds "${TRAIN_ROUNDS:-3}" || failed=1
+  # BENCH_FLA=1: flash-linear-attention's kernels too, the last section (FLA_FAMILIES, default linear_attn,delta_rule,
+  # the ones that run on the host's Triton; FLA_LENGTHS, default 2048,32768; FLA_TIMEOUT, default 300 s): its
+  # autotuning took ~130 s a family on a bare host (2026-12-02). BENCH_SKIP: more sections to skip (e.g.
+  # correctness, which the tests step covers), comma list as gpu_kernels.py --skip.
+  skip=${BENCH_SKIP:-}
+  fla=()
+  if [ "${BENCH_FLA:-0}" = 1 ]; then
+    fla=(--fla-families "${FLA_FAMILIES:-linear_attn,delta_rule}" --fla-lengths "${FLA_LENGTHS:-2048,32768}"
+         --fla-timeout "${FLA_TIMEOUT:-300}")
+  else
+    skip=fla${skip:+,$skip}
+  fi
+  step bench "$BENCH_S" $PY benchmarks/gpu_kernels.py --out "$OUT/bench" ${skip:+--skip "$skip"} "${fla[@]}" \
+    --deadline $deadline --train-rounds "${TRAIN_ROUNDS:-3}" || failed=1
 fi
 if [ "${TRITON_CACHE_OUT:-0}" = 1 ]; then
   $PY benchmarks/triton_cache.py pack "$OUT/triton_cache.tgz" --cache "$TRITON_CACHE_DIR"
