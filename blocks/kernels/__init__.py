@@ -49,7 +49,20 @@ def disabled() -> Iterator[None]:
         _local.disabled = prev
 
 
+def triton_version() -> tuple[int, int]:
+    """The installed Triton's (major, minor): ``"3.6.0"`` -> ``(3, 6)``, ``"3.5.1+git..."`` -> ``(3, 5)``."""
+    import triton
+
+    parts = (triton.__version__.split("+")[0].split(".") + ["0"])[:2]
+    return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)
+
+
 _loaded = False
+# The oldest Triton every kernel compiles with (sm_90, both dtypes: tests/blocks/test_kernels_host_triton.py
+# with .triton-min/, make test-kernels; 3.4.0, 3.5.1 and the GPU host's 3.6 too, the interpreter tests 3.9).
+# Torch 2.7 ships 3.3; torch 2.5 / 2.6 ship 3.1 / 3.2, which the AOT tool cannot drive (ASTSource's arguments
+# differ), so the kernels are not offered there.
+MIN_TRITON = (3, 3)
 
 # The module holding each family's chunk kernels, and through it their LAUNCH table and SWITCHES.
 KERNEL_MODULES = {"linear_attn": "scalar_decay", "simple_gla": "scalar_decay", "gla": "gla",
@@ -121,11 +134,16 @@ def _load() -> None:
         return
     # Importing the kernel modules registers them. A Triton too old or too new for them must not
     # break the ops: they keep their PyTorch forms, and the warning says why.
+    import warnings
+
+    if triton_version() < MIN_TRITON:
+        warnings.warn(f"blocks.kernels: Triton {triton.__version__} is older than "
+                      f"{'.'.join(map(str, MIN_TRITON))}, the oldest the kernels are compiled with (make "
+                      f"test-kernels); the ops run their PyTorch forms", RuntimeWarning, stacklevel=2)
+        return
     try:
         from . import decode_attention, decode_mixer, delta, gla, rope_cache, scalar_decay, skinny, step  # noqa: F401
     except (ImportError, AttributeError, TypeError) as exc:  # pragma: no cover - depends on the install
-        import warnings
-
         warnings.warn(f"blocks.kernels: Triton kernels unavailable ({type(exc).__name__}: {exc}); "
                       "the ops run their PyTorch forms", RuntimeWarning, stacklevel=2)
         _KERNELS.clear()

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from . import register_kernel
 from .step import state_buffers
+from .tiles import gdc_launch_dependents as _gdc_launch_dependents, gdc_wait as _gdc_wait
 from .tiles import INTERPRET as _INTERPRET, pdl_launch, pow2
 
 # Timed (H200, 2026-12-01 10:24, ``benchmarks/gpu_kernels.py --decode-mixers off,on``,
@@ -215,7 +216,7 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     EARLY_CACHE: tl.constexpr = WRITE_CACHE and not LATE_CACHE
     BC: tl.constexpr = BV // NC
     if TRIGGER == 1:
-        tl.extra.cuda.gdc_launch_dependents()
+        _gdc_launch_dependents()
     i_bh = tl.program_id(0).to(tl.int64)
     o_k = tl.arange(0, BK)
     o_c = tl.arange(0, BC)
@@ -225,7 +226,7 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     if EARLY:
         b_next = tl.load(s_in + p_s, mask=m_s0, other=0.)
     if PDL:  # launched early (PDL_WAIT_FIRST): every input but the state is the kernels before's output
-        tl.extra.cuda.gdc_wait()
+        _gdc_wait()
     if not EARLY:
         b_next = tl.load(s_in + p_s, mask=m_s0, other=0.)
     i_b = i_bh // H
@@ -247,7 +248,7 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
     if DELTA:
         beta = tl.sigmoid(tl.load(bl + i_b * sb_b + i_h).to(tl.float32))
     if TRIGGER == 2:
-        tl.extra.cuda.gdc_launch_dependents()
+        _gdc_launch_dependents()
     sum_sq = 0.
     for j in tl.static_range(NC):
         b_s = b_next
@@ -280,7 +281,7 @@ def _mixer_kernel(proj, sp_b, cache, new_cache, conv_w, a, sa_b, bl, sb_b, A_log
             tl.store(o + i_b * H * V + i_h * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
             sum_sq += tl.sum(b_o * b_o, 0)
     if TRIGGER == 3:
-        tl.extra.cuda.gdc_launch_dependents()
+        _gdc_launch_dependents()
     if NC > 1 and NORM:
         tl.debug_barrier()  # every thread's slice stores before the row is re-read (same CTA: visible)
         o_f = tl.arange(0, BV)

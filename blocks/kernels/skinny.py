@@ -37,6 +37,7 @@ import triton.language as tl
 
 from . import register_kernel
 from .fitted import jit as _jit
+from .tiles import gdc_launch_dependents as _gdc_launch_dependents, gdc_wait as _gdc_wait
 from .tiles import INTERPRET as _INTERPRET, cdiv, pdl_launch, pow2, sm_count
 
 MAX_ROWS = 16
@@ -224,7 +225,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
         acc2 = _acc_zeros(BM, 2 * BN, SWAP)
     k_end = tl.minimum(i_s * K_PER + K_PER, K)
     if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+        _gdc_launch_dependents()
         if PREFETCH > 0:
             if ONE_TILE:
                 _prefetch_l2(w, o_w, m_w, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
@@ -232,7 +233,7 @@ def _skinny_kernel(x, w, out, M, N, K, HALF, sxm, swn, so_s, so_m,
                 _prefetch_l2(w, o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
                 if SWIGLU:
                     _prefetch_l2(w, HALF + o_n, m_n, swn, i_s * K_PER, k_end, BK, PREFETCH, LINE, W_EVICT != "")
-        tl.extra.cuda.gdc_wait()  # x is the kernel before's output
+        _gdc_wait()  # x is the kernel before's output
     # the epilogue's operands, loaded before the K loop so that their latency hides behind it (by
     # every split: which one finishes the tile is known only at the end)
     m_mn = m_m[:, None] & m_n[None, :]
@@ -320,8 +321,8 @@ def _add_norm_kernel(part, res, rows, gamma, h, hn, M, N, R, srm, shm, snm, eps,
     o = tl.arange(0, BLOCK)
     m = o < N
     if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()  # the partials (or the rows) are the kernel before's output
+        _gdc_launch_dependents()
+        _gdc_wait()  # the partials (or the rows) are the kernel before's output
     if GATHER:
         r = tl.load(rows + i_m).to(tl.int64)
         ok = (r >= 0) & (r < R)

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_version
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # ``fast_exp``: exponentials with subnormal results flushed to zero (``ex2.approx.ftz.f32``), where
 # ``tl.exp`` lowers to ``ex2.approx.f32``, which ptxas wraps in a subnormal fix-up (a compare and two
@@ -60,17 +62,39 @@ def stages(x: torch.Tensor) -> int:
     return 1 if INTERPRET or x.dtype == torch.float32 else 2
 
 
+# Grid dependency control in Triton (``tl.extra.cuda.gdc_wait`` / ``gdc_launch_dependents``, placed by the
+# decode kernels' ``PDL`` constexpr): Triton 3.3 has none, and 3.4.0's pass its compiler an argument that
+# compiler no longer takes (TypeError: unexpected keyword argument '_semantic'); 3.5.1, 3.6 and 3.9 work (sm_90
+# compiles on a CPU: benchmarks/kernels_aot_regs.py under each, 2026-12-05). Before 3.5 the kernels get no-op
+# stand-ins and launch with PDL off: Triton resolves every name a kernel uses, even in a branch a constexpr
+# turns off (3.3 stopped at the missing attribute), and compiles the rest as on a GPU without PDL.
+TRITON_HAS_GDC = triton_version() >= (3, 5) and hasattr(tl.extra.cuda, "gdc_wait")
+if TRITON_HAS_GDC:
+    gdc_wait = tl.extra.cuda.gdc_wait
+    gdc_launch_dependents = tl.extra.cuda.gdc_launch_dependents
+else:
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+
 def pdl_launch(on: bool, device: torch.device) -> dict:
     """A kernel's programmatic-dependent-launch arguments: ``PDL`` (the kernel's constexpr that
-    places ``gdc_launch_dependents`` / ``gdc_wait``) and ``launch_pdl``, on only where switched on
-    and the GPU has grid dependency control (sm_90 and later; never in the interpreter)."""
+    places ``gdc_launch_dependents`` / ``gdc_wait``) and ``launch_pdl``, on only where switched on,
+    the GPU has grid dependency control (sm_90 and later) and this Triton does (``arch_has_gdc``;
+    never in the interpreter)."""
     on = bool(on) and not INTERPRET and device.type == "cuda" and _has_gdc(device)
     return dict(PDL=on, **({"launch_pdl": True} if on else {}))
 
 
 def arch_has_gdc(major: int) -> bool:
-    """Whether compute capability ``major``.x has grid dependency control (``griddepcontrol``: sm_90 on)."""
-    return major >= 9
+    """Whether kernels for compute capability ``major``.x get grid dependency control (``griddepcontrol``):
+    sm_90 on, with a Triton that has it (``TRITON_HAS_GDC``)."""
+    return TRITON_HAS_GDC and major >= 9
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,32 +17,52 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_TRITON = os.environ.get("ARCHSEARCH_HOST_TRITON")
+MIN_TRITON = os.environ.get("ARCHSEARCH_MIN_TRITON")
 
 
-def _host_triton_env() -> dict:
-    """This environment with the host's Triton first on the path, compiled rather than interpreted."""
+def _host_triton_env(folder: str | None = None) -> dict:
+    """This environment with the host's Triton (or the one in ``folder``) first on the path, compiled
+    rather than interpreted."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(HOST_TRITON).resolve())
+    env["PYTHONPATH"] = str(Path(folder or HOST_TRITON).resolve())
     return env
 
 
-@pytest.mark.skipif(not HOST_TRITON, reason="ARCHSEARCH_HOST_TRITON unset: a folder holding the GPU host's Triton "
-                                            "(make test-kernels installs it into .triton-host/)")
-def test_every_kernel_compiles_with_the_gpu_hosts_triton():
+def _every_kernel_compiles(folder: str) -> str:
     """``benchmarks/kernels_aot_regs.py`` (every chunk, walk, decode and skinny kernel as the host code
-    launches it, bf16 and float32) under the host's Triton: no kernel fails to compile, and the Triton
-    it ran is the one in ``ARCHSEARCH_HOST_TRITON`` (not another on the path)."""
-    host = Path(HOST_TRITON).resolve()
-    env = _host_triton_env()
+    launches it, bf16 and float32, sm_90) under the Triton in ``folder``: no kernel fails to compile, and the
+    Triton it ran is that one (not another on the path); returns its version."""
+    env = _host_triton_env(folder)
     where = subprocess.run([sys.executable, "-c", "import triton; print(triton.__file__, triton.__version__)"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert where.returncode == 0 and where.stdout.startswith(str(host)), where.stdout + where.stderr
+    assert where.returncode == 0 and where.stdout.startswith(str(Path(folder).resolve())), where.stdout + where.stderr
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels_aot_regs.py"), "--dtype", "both"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     failed = [line for line in run.stdout.splitlines() if "FAILED" in line]
     compiled = [line for line in run.stdout.splitlines() if line.startswith("| ") and " | bf16 | " in line]
     assert run.returncode == 0 and not failed and compiled, (
         f"Triton {where.stdout.split()[-1]}:\n" + "\n".join(failed) + run.stderr[-3000:])
+    return where.stdout.split()[-1]
+
+
+@pytest.mark.skipif(not HOST_TRITON, reason="ARCHSEARCH_HOST_TRITON unset: a folder holding the GPU host's Triton "
+                                            "(make test-kernels installs it into .triton-host/)")
+def test_every_kernel_compiles_with_the_gpu_hosts_triton():
+    """Every kernel under the GPU host's Triton (3.6): the decode kernels with their grid dependency control."""
+    _every_kernel_compiles(HOST_TRITON)
+
+
+@pytest.mark.skipif(not MIN_TRITON, reason="ARCHSEARCH_MIN_TRITON unset: a folder holding the oldest Triton the "
+                                           "kernels are offered with (make test-kernels installs it into .triton-min/)")
+def test_every_kernel_compiles_with_the_oldest_triton_offered():
+    """Every kernel under ``blocks.kernels.MIN_TRITON``'s Triton (3.3.1, torch 2.7's), which has no grid
+    dependency control: the decode kernels compile with ``tiles``' stand-ins and PDL off, as they launch there
+    (before the stand-ins, Triton 3.3 stopped at the missing ``tl.extra.cuda.gdc_launch_dependents`` and 3.4.0 at
+    its own ``gdc_wait``: every decode layer's first step on a GPU raised)."""
+    from blocks.kernels import MIN_TRITON as oldest
+
+    version = _every_kernel_compiles(MIN_TRITON)
+    assert tuple(int(p) for p in version.split(".")[:2]) == oldest, version
 
 
 @pytest.mark.skipif(not HOST_TRITON, reason="ARCHSEARCH_HOST_TRITON unset (see above)")

@@ -2270,3 +2270,33 @@ print("RC", int(rc))
     out = run_python(code, {"ARCHSEARCH_TEST_SET": "DQKWG_DS_UNMASKED=3"})
     assert "RC 4" in out, out  # pytest's usage-error exit code
 
+
+
+def test_kernels_are_offered_from_the_oldest_triton_they_compile_with(monkeypatch):
+    """``blocks.kernels``: Triton's version read from ``triton.__version__`` (local and git suffixes too); a
+    Triton older than ``MIN_TRITON`` (torch 2.5 / 2.6's 3.1 / 3.2) registers no kernel and says so in one
+    warning, so the ops keep their PyTorch forms on a GPU; grid dependency control (``tiles.arch_has_gdc``,
+    which ``pdl_launch`` asks) needs a Triton that has it, sm_90 or not."""
+    import warnings
+
+    import triton
+
+    import blocks.kernels as kernels
+
+    for text, version in (("3.6.0", (3, 6)), ("3.5.1+git1a2b3c", (3, 5)), ("3.10.0rc1", (3, 10)), ("4", (4, 0))):
+        monkeypatch.setattr(triton, "__version__", text)
+        assert kernels.triton_version() == version
+    monkeypatch.setattr(triton, "__version__", "3.2.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernels, "_loaded", False)
+    monkeypatch.setattr(kernels, "_KERNELS", {})
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert kernels.get_kernel("gla", "chunk") is None and not kernels.has_kernel("delta_rule", "chunk")
+    assert [str(w.message) for w in seen] == [
+        "blocks.kernels: Triton 3.2.0 is older than 3.3, the oldest the kernels are compiled with (make "
+        "test-kernels); the ops run their PyTorch forms"]
+    monkeypatch.setattr(tiles, "TRITON_HAS_GDC", False)  # Triton 3.3 / 3.4: stand-ins, PDL off everywhere
+    assert not tiles.arch_has_gdc(9) and not tiles.arch_has_gdc(10)
+    monkeypatch.setattr(tiles, "TRITON_HAS_GDC", True)
+    assert tiles.arch_has_gdc(9) and not tiles.arch_has_gdc(8)
