@@ -96,6 +96,49 @@ def front_table(study: optuna.Study):
                    "(n,m): later trials of the same spec, their result reused")
 
 
+# What a throughput measurement depends on besides the architecture (a record's ``throughput`` keys): trials
+# measured under different values compare machines or modes, not only models. A study whose hosts carry
+# different GPUs, or whose decode graph could not be captured for some candidates (they decode eagerly:
+# ``decode_graph_error`` says why), gets such a front.
+THROUGHPUT_CONDITIONS = ("device", "decode_mode", "dtype")
+
+
+def throughput_condition_notes(study: optuna.Study) -> list[str]:
+    """One line per ``THROUGHPUT_CONDITIONS`` key whose value differs across the feasible complete trials'
+    measured throughput (their first record's; trials without one, e.g. a study with no throughput
+    objective, are left out): each value with its trials, and why a decode graph was not used where one
+    was not. Empty when every trial was measured alike."""
+    by_key: dict[str, dict[str, list[int]]] = {k: {} for k in THROUGHPUT_CONDITIONS}
+    why: dict[int, str] = {}
+    for t in _feasible_complete(study):
+        records = t.user_attrs.get(RECORDS) or []
+        tp = records[0].get("throughput") if records and isinstance(records[0], dict) else None
+        if not isinstance(tp, dict) or tp.get("decode_tokens_per_s") is None:
+            continue
+        for key in THROUGHPUT_CONDITIONS:
+            by_key[key].setdefault(str(tp.get(key)), []).append(t.number)
+        if tp.get("decode_graph_error"):
+            why[t.number] = str(tp["decode_graph_error"])
+    notes = []
+    for key, groups in by_key.items():
+        if len(groups) < 2:
+            continue
+        parts = ", ".join(f"{value} (trial{'s' if len(nums) > 1 else ''} {_numbers(nums)})"
+                          for value, nums in sorted(groups.items(), key=lambda kv: -len(kv[1])))
+        notes.append(f"throughput measured with different {key}: {parts}; those trials' throughput compares "
+                     f"that too, not only their architectures")
+    if why and len(by_key["decode_mode"]) > 1:
+        first = min(why)
+        notes.append(f"no decode graph for trial {first}: {why[first]}"
+                     + (f" (and {len(why) - 1} more: archsearch show N)" if len(why) > 1 else ""))
+    return notes
+
+
+def _numbers(nums: list[int], shown: int = 6) -> str:
+    head = ", ".join(map(str, nums[:shown]))
+    return head + (f" and {len(nums) - shown} more" if len(nums) > shown else "")
+
+
 def unique_by_spec(trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, list[FrozenTrial]]]:
     """Group trials of one spec hash (reused results): ``[(first trial, [repeats]), ...]`` in order."""
     groups: dict[str, tuple[FrozenTrial, list[FrozenTrial]]] = {}

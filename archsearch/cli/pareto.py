@@ -26,6 +26,8 @@ def report(study, out_dir: Path, console) -> None:
     names = pareto.metric_names(study)
     console.print(f"hypervolume {pareto.hypervolume(study, ref):.6g} (reference point "
                   + ", ".join(f"{n}={pareto.format_value(n, v)}" for n, v in zip(names, ref)) + ")")
+    for note in pareto.throughput_condition_notes(study):
+        console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
     png = pareto.write_png(study, out_dir / "pareto.png")
     html = pareto.write_html(study, out_dir / "pareto.html")
     console.print(f"plots: {png}  {html}")

@@ -86,3 +86,34 @@ def test_plots_into_a_file_are_a_user_error(tmp_path):
         pareto.write_png(study, tmp_path / "f" / "pareto.png")
     with pytest.raises(UserError, match=r"^plot directory .*f: exists and is not a directory$"):
         pareto.write_html(study, tmp_path / "f" / "pareto.html")
+
+
+def _throughput_study(conditions):
+    """A study whose trial i carries a first record measured under ``conditions[i]`` (a dict of throughput
+    keys, or None: throughput not measured)."""
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    study.set_metric_names(["mqar.accuracy", "decode_tokens_per_s"])
+    for i, cond in enumerate(conditions):
+        tp = {"decode_tokens_per_s": None} if cond is None else {
+            "decode_tokens_per_s": 1000.0 + i, "device": "NVIDIA H100", "decode_mode": "cuda_graph", "dtype": "bfloat16",
+            **cond}
+        study.add_trial(create_trial(values=[0.5 + i / 10, 1000.0 - i], user_attrs={"records": [{"throughput": tp}]},
+                                     system_attrs={"constraints:max_params": -1.0}))
+    return study
+
+
+def test_throughput_measured_under_different_conditions_is_noted():
+    """A front whose trials' throughput was measured on different GPUs, in different decode modes or dtypes
+    gets one line per condition naming each value's trials (most first), and why a graph was not used;
+    trials measured alike, or without throughput, get none."""
+    alike = _throughput_study([{}, {}, None])
+    assert pareto.throughput_condition_notes(alike) == []
+    mixed = _throughput_study([{}, {"device": "NVIDIA A100-SXM4-80GB"}, {},
+                               {"decode_mode": "eager", "decode_graph_error": "capture: KernelDoesNotFit ..."}])
+    notes = pareto.throughput_condition_notes(mixed)
+    assert notes == [
+        "throughput measured with different device: NVIDIA H100 (trials 0, 2, 3), NVIDIA A100-SXM4-80GB (trial 1); "
+        "those trials' throughput compares that too, not only their architectures",
+        "throughput measured with different decode_mode: cuda_graph (trials 0, 1, 2), eager (trial 3); "
+        "those trials' throughput compares that too, not only their architectures",
+        "no decode graph for trial 3: capture: KernelDoesNotFit ..."]
