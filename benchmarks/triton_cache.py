@@ -20,7 +20,6 @@ with it set, and the group paths would still name the old folder.)
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sys
@@ -110,7 +109,7 @@ def main(argv=None) -> int:
         return 1
     try:
         count = unpack(a.archive, cache)
-    except (tarfile.TarError, OSError, json.JSONDecodeError, io.UnsupportedOperation) as exc:
+    except (tarfile.TarError, OSError, json.JSONDecodeError) as exc:
         print(f"triton_cache: {a.archive}: cannot unpack ({exc}); the kernels compile as usual", file=sys.stderr)
         return 1
     print(f"triton_cache: {count} kernels from {a.archive} -> {cache}")
